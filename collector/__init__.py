@@ -1,0 +1,1 @@
+"""loopwatch collector: OTLP in, secrets out, stops stored and counted (DESIGN section 5)."""

@@ -1,0 +1,75 @@
+"""loopwatch.instrumentation: guard an agent loop and say why it stopped.
+
+The agent side of loopwatch. It depends on ``opentelemetry-api`` only: with no SDK
+installed the spans are no-ops and the guard still works. Entry points:
+
+- :func:`agent`, :func:`decision`, :func:`tool`: decorators for the loop, the model call
+  and each tool (sync and async).
+- :class:`Run`: the same as an explicit context manager.
+- :class:`Guard`: the pure stop logic, for custom integrations and offline replay.
+- :class:`Policy`, :func:`load_policy`, :func:`builtin_profiles`: limits from TOML or code.
+- :mod:`loopwatch.instrumentation.testing`: scripted model, fake clock, adversarial tools
+  and trace-invariant assertions for your own tests.
+- :mod:`loopwatch.instrumentation.otlp`: wires the OpenTelemetry SDK and OTLP/HTTP
+  exporter (``pip install 'loopwatch[otlp]'``).
+"""
+
+from __future__ import annotations
+
+from .errors import LoopwatchError, PolicyError, PolicyProblem, RunStateError, StopRun
+from .failures import FailureClass, ToolFailure, classify_exception
+from .guard import (
+    Decision,
+    DecisionType,
+    Dimension,
+    Evidence,
+    Guard,
+    Outcome,
+    Stop,
+    StopReason,
+    ToolCall,
+    ToolRecord,
+    ToolTicket,
+    Usage,
+    Verdict,
+)
+from .policy import Policy, ToolPolicy, builtin_profiles, check_policy_file, load_policies, load_policy
+from .run import Run, agent, current_run, decision, tool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Decision",
+    "DecisionType",
+    "Dimension",
+    "Evidence",
+    "FailureClass",
+    "Guard",
+    "LoopwatchError",
+    "Outcome",
+    "Policy",
+    "PolicyError",
+    "PolicyProblem",
+    "Run",
+    "RunStateError",
+    "Stop",
+    "StopReason",
+    "StopRun",
+    "ToolCall",
+    "ToolFailure",
+    "ToolPolicy",
+    "ToolRecord",
+    "ToolTicket",
+    "Usage",
+    "Verdict",
+    "__version__",
+    "agent",
+    "builtin_profiles",
+    "check_policy_file",
+    "classify_exception",
+    "current_run",
+    "decision",
+    "load_policies",
+    "load_policy",
+    "tool",
+]

@@ -1,0 +1,322 @@
+"""Span emission for a run: the wire format of DESIGN section 4.
+
+Uses the OpenTelemetry *API* only; with no SDK installed every call is a cheap no-op. No
+call here raises into the agent: a failure is logged once at debug level and counted
+(:func:`telemetry_drops`), because telemetry failure is not a stop (STYLE rule 2).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+
+from . import _semconv as sc
+from .guard import Decision, Guard, Outcome, Stop, ToolRecord, ToolTicket
+
+__all__ = ["RunTelemetry", "telemetry_drops"]
+
+_log = logging.getLogger("loopwatch.instrumentation")
+_drops = 0
+_drops_lock = threading.Lock()
+_VERSION = "0.1.0"
+
+
+def telemetry_drops() -> int:
+    """How many span operations failed and were dropped in this process."""
+    return _drops
+
+
+def _dropped(exc: BaseException) -> None:
+    global _drops
+    with _drops_lock:
+        _drops += 1
+        first = _drops == 1
+    if first:
+        _log.debug("loopwatch: span emission failed (%s); counting further drops", type(exc).__name__)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+
+
+def stop_attributes(stop: Stop, guard: Guard) -> dict[str, Any]:
+    """Attributes describing ``stop`` (stop span and, at its end, run span)."""
+    usage = guard.usage()
+    attrs: dict[str, Any] = {
+        sc.LW_STOP_REASON: stop.reason.value,
+        sc.GEN_AI_AGENT_FINISH_REASON: stop.reason.value,
+        sc.LW_STOP_EVIDENCE: _json(stop.evidence.to_dict()),
+        sc.LW_STOP_MESSAGE: stop.message,
+        sc.LW_STEPS_SINCE_PROGRESS: usage.steps_since_progress,
+        sc.LW_USAGE_MODEL_TURNS: usage.model_turns,
+        sc.LW_USAGE_TOOL_ATTEMPTS: usage.tool_attempts,
+        sc.LW_USAGE_TOOL_SUCCESSES: usage.tool_successes,
+        sc.LW_USAGE_TOKENS: usage.tokens,
+        sc.LW_USAGE_COST_USD: float(usage.cost_usd),
+        sc.LW_USAGE_ELAPSED_SECONDS: float(usage.elapsed_seconds),
+    }
+    if stop.dimension is not None:
+        attrs[sc.LW_STOP_DIMENSION] = stop.dimension.value
+    if stop.limit is not None:
+        attrs[sc.LW_STOP_LIMIT] = float(stop.limit)
+    if stop.observed is not None:
+        attrs[sc.LW_STOP_OBSERVED] = float(stop.observed)
+    if stop.basis is not None:
+        attrs[sc.LW_STOP_BASIS] = stop.basis
+    return attrs
+
+
+class RunTelemetry:
+    """Emits the run, decision, tool and stop spans of one run.
+
+    Args:
+        agent: the agent name (low cardinality: it goes into span names).
+        guard: the run's guard (read for ids, step and usage).
+        tracer_provider: where spans go; the global provider when None.
+        parent_run_id: the parent run's id for a child run.
+        agent_id / conversation_id: optional GenAI attributes.
+
+    Thread-safety: methods may be called from several threads of one run.
+    """
+
+    def __init__(
+        self,
+        agent: str,
+        guard: Guard,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        parent_run_id: str | None = None,
+        agent_id: str | None = None,
+        conversation_id: str | None = None,
+    ) -> None:
+        self.agent = agent
+        self.guard = guard
+        self._parent_run_id = parent_run_id
+        self._agent_id = agent_id
+        self._conversation_id = conversation_id
+        self._tracer: Tracer | None = None
+        self._provider = tracer_provider
+        self._run_span: Span | None = None
+        self._run_ctx: otel_context.Context | None = None
+        self._stop_emitted = False
+        self._lock = threading.Lock()
+        self._decision_name = sc.SPAN_DECISION.format(agent=agent)
+        self._stop_name = sc.SPAN_STOP.format(agent=agent)
+
+    @property
+    def run_context(self) -> otel_context.Context | None:
+        """The OpenTelemetry context holding the run span (children attach to it)."""
+        return self._run_ctx
+
+    def _get_tracer(self) -> Tracer:
+        if self._tracer is None:
+            self._tracer = trace.get_tracer(
+                sc.INSTRUMENTATION_NAME, _VERSION, tracer_provider=self._provider
+            )
+        return self._tracer
+
+    def start_run(self, mode: str) -> None:
+        """Start the ``invoke_agent {agent}`` span."""
+        try:
+            g = self.guard
+            attrs: dict[str, Any] = {
+                sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
+                sc.GEN_AI_AGENT_NAME: self.agent,
+                sc.LW_RUN_ID: g.run_id,
+                sc.LW_POLICY_NAME: g.policy.name,
+                sc.LW_POLICY_VERSION: g.policy.version,
+                sc.LW_DETECTOR_VERSION: sc.DETECTOR_VERSION,
+                sc.LW_LIMITS: g.policy.limits_json(),
+                sc.LW_MODE: mode,
+            }
+            if self._parent_run_id:
+                attrs[sc.LW_PARENT_RUN_ID] = self._parent_run_id
+            if self._agent_id:
+                attrs[sc.GEN_AI_AGENT_ID] = self._agent_id
+            if self._conversation_id:
+                attrs[sc.GEN_AI_CONVERSATION_ID] = self._conversation_id
+            span = self._get_tracer().start_span(
+                sc.SPAN_RUN.format(agent=self.agent), kind=SpanKind.INTERNAL, attributes=attrs
+            )
+            self._run_span = span
+            self._run_ctx = trace.set_span_in_context(span)
+        except Exception as exc:
+            _dropped(exc)
+
+    def start_decision(self) -> Span | None:
+        """Start a ``decide {agent}`` span (child of the run span)."""
+        try:
+            return self._get_tracer().start_span(
+                self._decision_name,
+                context=self._run_ctx,
+                kind=SpanKind.INTERNAL,
+                attributes={
+                    sc.LW_EVENT: sc.EVENT_DECISION,
+                    sc.LW_RUN_ID: self.guard.run_id,
+                    sc.LW_STEP: self.guard.step,
+                },
+            )
+        except Exception as exc:
+            _dropped(exc)
+            return None
+
+    def end_decision(
+        self, span: Span | None, decision: Decision | None, *, error: BaseException | None = None
+    ) -> None:
+        """Finish a decision span with the decision's type, fingerprint and usage."""
+        if span is None:
+            return
+        try:
+            attrs: dict[str, Any] = {sc.LW_STEPS_SINCE_PROGRESS: self.guard.steps_since_progress}
+            if decision is not None:
+                attrs[sc.LW_DECISION_TYPE] = decision.type.value
+                if decision.type.value != "tool":
+                    attrs[sc.LW_DECISION_FINGERPRINT] = decision.fingerprint()
+                if decision.input_tokens:
+                    attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = int(decision.input_tokens)
+                if decision.output_tokens:
+                    attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(decision.output_tokens)
+                if decision.cost_usd:
+                    attrs[sc.LW_COST_USD] = float(decision.cost_usd)
+            span.set_attributes(attrs)
+            if error is not None:
+                span.set_attribute(sc.ERROR_TYPE, type(error).__name__)
+                span.set_status(Status(StatusCode.ERROR))
+            span.end()
+        except Exception as exc:
+            _dropped(exc)
+
+    def start_tool(self, ticket: ToolTicket, arguments_json: str | None) -> Span | None:
+        """Start an ``execute_tool {tool}`` span for an allowed call."""
+        try:
+            attrs: dict[str, Any] = {
+                sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
+                sc.GEN_AI_TOOL_NAME: ticket.tool,
+                sc.GEN_AI_TOOL_CALL_ID: ticket.call_id or "",
+                sc.LW_EVENT: sc.EVENT_TOOL_RESULT,
+                sc.LW_RUN_ID: self.guard.run_id,
+                sc.LW_STEP: ticket.step,
+                sc.LW_ACTION_FINGERPRINT: ticket.fingerprint,
+                sc.LW_TOOL_RISK: ticket.risk,
+            }
+            if arguments_json is not None:
+                attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = arguments_json
+            if ticket.would_stop is not None:
+                attrs[sc.LW_OBSERVE_STOP_REASON] = ticket.would_stop.reason.value
+            return self._get_tracer().start_span(
+                sc.SPAN_TOOL.format(tool=ticket.tool),
+                context=self._run_ctx,
+                kind=SpanKind.INTERNAL,
+                attributes=attrs,
+            )
+        except Exception as exc:
+            _dropped(exc)
+            return None
+
+    def end_tool(
+        self,
+        span: Span | None,
+        record: ToolRecord,
+        *,
+        result_json: str | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Finish a tool span with outcome, observation digest and progress."""
+        if span is None:
+            return
+        try:
+            attrs: dict[str, Any] = {
+                sc.LW_TOOL_OUTCOME: record.outcome if record.accepted else sc.OUTCOME_ERROR,
+                sc.LW_PROGRESS: record.progress,
+                sc.LW_STEPS_SINCE_PROGRESS: record.steps_since_progress,
+            }
+            if record.observation_digest:
+                attrs[sc.LW_OBSERVATION_DIGEST] = record.observation_digest
+            if result_json is not None:
+                attrs[sc.GEN_AI_TOOL_CALL_RESULT] = result_json
+            if error is not None or record.outcome == sc.OUTCOME_ERROR:
+                attrs[sc.ERROR_TYPE] = record.error_type or (type(error).__name__ if error else "error")
+                if record.failure_class is not None:
+                    attrs[sc.LW_TOOL_FAILURE_CLASS] = record.failure_class.value
+                span.set_status(Status(StatusCode.ERROR))
+            if not record.accepted:
+                attrs[sc.ERROR_TYPE] = "late_result"
+            span.set_attributes(attrs)
+            span.end()
+        except Exception as exc:
+            _dropped(exc)
+
+    def blocked_tool(self, ticket: ToolTicket, arguments_json: str | None) -> None:
+        """Emit a zero-length tool span with outcome ``blocked`` (or the unknown-tool error)."""
+        try:
+            unknown = ticket.blocked_by == "unknown_tool"
+            attrs: dict[str, Any] = {
+                sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
+                sc.GEN_AI_TOOL_NAME: ticket.tool,
+                sc.GEN_AI_TOOL_CALL_ID: ticket.call_id or "",
+                sc.LW_EVENT: sc.EVENT_TOOL_RESULT,
+                sc.LW_RUN_ID: self.guard.run_id,
+                sc.LW_STEP: ticket.step,
+                sc.LW_ACTION_FINGERPRINT: ticket.fingerprint,
+                sc.LW_TOOL_RISK: ticket.risk,
+                sc.LW_TOOL_OUTCOME: sc.OUTCOME_ERROR if unknown else sc.OUTCOME_BLOCKED,
+                sc.LW_PROGRESS: False,
+                sc.LW_STEPS_SINCE_PROGRESS: self.guard.steps_since_progress,
+                sc.LW_TOOL_BLOCKED_BY: ticket.blocked_by or "guard",
+            }
+            if unknown:
+                attrs[sc.ERROR_TYPE] = "unknown_tool"
+                attrs[sc.LW_TOOL_FAILURE_CLASS] = "unknown_tool"
+            if arguments_json is not None:
+                attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = arguments_json
+            span = self._get_tracer().start_span(
+                sc.SPAN_TOOL.format(tool=ticket.tool),
+                context=self._run_ctx,
+                kind=SpanKind.INTERNAL,
+                attributes=attrs,
+            )
+            if unknown:
+                span.set_status(Status(StatusCode.ERROR))
+            span.end()
+        except Exception as exc:
+            _dropped(exc)
+
+    def stop(self, outcome: Outcome) -> None:
+        """Emit the one ``stop {agent}`` span and end the run span. Idempotent."""
+        with self._lock:
+            if self._stop_emitted:
+                return
+            self._stop_emitted = True
+        try:
+            attrs = stop_attributes(outcome.stop, self.guard)
+            attrs[sc.LW_EVENT] = sc.EVENT_STOP
+            attrs[sc.LW_RUN_ID] = self.guard.run_id
+            attrs[sc.LW_STEP] = outcome.stop.step
+            if outcome.observed_stops:
+                first = outcome.observed_stops[0]
+                attrs[sc.LW_OBSERVE_STOP_REASON] = first.reason.value
+                attrs[sc.LW_OBSERVE_STOP_STEP] = first.step
+            span = self._get_tracer().start_span(
+                self._stop_name, context=self._run_ctx, kind=SpanKind.INTERNAL, attributes=attrs
+            )
+            span.end()
+            run_span = self._run_span
+            if run_span is not None:
+                run_attrs = dict(attrs)
+                del run_attrs[sc.LW_EVENT]
+                run_span.set_attributes(run_attrs)
+                if outcome.stop.reason.value == "error":
+                    run_span.set_status(Status(StatusCode.ERROR))
+                    error_type = outcome.stop.evidence.detail.get("exception_type")
+                    if isinstance(error_type, str):
+                        run_span.set_attribute(sc.ERROR_TYPE, error_type)
+                run_span.end()
+        except Exception as exc:
+            _dropped(exc)
+

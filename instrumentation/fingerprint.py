@@ -1,0 +1,179 @@
+"""Canonical JSON, action fingerprints and observation digests (DESIGN section 2).
+
+- *action fingerprint*: sha256 of the canonical JSON of ``{"tool": name, "arguments": args}``
+  after volatile fields are removed.
+- *intent fingerprint* (write tools): the same, also without the idempotency key, so a
+  fresh key per attempt is still the same intent.
+- *retry key*: a looser fingerprint (strings case-folded, inner whitespace collapsed) so a
+  retry with cosmetic argument changes after the same error still counts as a retry.
+- *observation digest*: sha256 of the canonical, redacted tool result with volatile fields
+  removed; an error observation digests its failure class, exception type and message.
+
+Canonical form: keys sorted, volatile keys dropped at any depth (progress-bearing keys are
+always kept), strings stripped, tuples and sets as lists (sets sorted), bytes as hex,
+non-finite floats as strings, other objects by ``str``. Hashing is constant work per value:
+no run state is involved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, is_dataclass
+from typing import Any, Final
+
+__all__ = [
+    "EMPTY_DIGEST",
+    "action_fingerprint",
+    "canonical_json",
+    "canonicalize",
+    "digest",
+    "is_empty_result",
+    "observation_digest",
+    "preview",
+    "text_fingerprint",
+]
+
+_WS: Final = re.compile(r"\s+")
+_MAX_DEPTH: Final = 64
+
+
+def canonicalize(
+    value: Any,
+    volatile: frozenset[str] = frozenset(),
+    keep: frozenset[str] = frozenset(),
+    *,
+    loose: bool = False,
+    _depth: int = 0,
+) -> Any:
+    """Return a JSON-ready canonical copy of ``value``.
+
+    Args:
+        value: any Python value (dicts, lists, scalars, dataclasses, bytes, sets).
+        volatile: keys dropped at any depth (compared case-insensitively).
+        keep: keys never dropped (progress-bearing fields), even if volatile.
+        loose: also case-fold strings and collapse inner whitespace (retry keys).
+
+    Deeper than 64 levels, a value is replaced by its type name (hostile input cannot
+    exhaust the stack).
+    """
+    if _depth > _MAX_DEPTH:
+        return f"<{type(value).__name__}>"
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, str):
+        s = value.strip()
+        return _WS.sub(" ", s).casefold() if loose else s
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            key = str(k)
+            lowered = key.lower()
+            if lowered in volatile and lowered not in keep:
+                continue
+            out[key] = canonicalize(v, volatile, keep, loose=loose, _depth=_depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        return [canonicalize(v, volatile, keep, loose=loose, _depth=_depth + 1) for v in value]
+    if isinstance(value, set | frozenset):
+        items = [canonicalize(v, volatile, keep, loose=loose, _depth=_depth + 1) for v in value]
+        return sorted(items, key=lambda x: json.dumps(x, sort_keys=True, default=str))
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).hex()
+    if is_dataclass(value) and not isinstance(value, type):
+        return canonicalize(asdict(value), volatile, keep, loose=loose, _depth=_depth + 1)
+    return str(value)
+
+
+def canonical_json(value: Any) -> str:
+    """Compact JSON with sorted keys of an already canonical value."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def digest(text: str) -> str:
+    """sha256 hex digest (64 lowercase hex chars) of UTF-8 ``text``."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _keys(fields: Iterable[str]) -> frozenset[str]:
+    return frozenset(f.lower() for f in fields)
+
+
+def action_fingerprint(
+    tool: str,
+    arguments: Any,
+    volatile: frozenset[str] = frozenset(),
+    keep: frozenset[str] = frozenset(),
+    *,
+    loose: bool = False,
+) -> str:
+    """Fingerprint of calling ``tool`` with ``arguments``.
+
+    Args:
+        tool: tool name.
+        arguments: the call's arguments (usually a dict).
+        volatile: lowercase keys to drop (defaults plus the tool's own, plus the
+            idempotency key for an intent fingerprint).
+        keep: lowercase progress-bearing keys, never dropped.
+        loose: the retry-key variant (case-folded, whitespace-collapsed strings).
+
+    Returns:
+        64 lowercase hex chars.
+    """
+    canon = canonicalize(arguments, volatile, keep, loose=loose)
+    return digest(canonical_json({"tool": tool, "arguments": canon}))
+
+
+EMPTY_DIGEST: Final = digest(canonical_json(None))
+
+
+def observation_digest(
+    result: Any,
+    volatile: frozenset[str] = frozenset(),
+    keep: frozenset[str] = frozenset(),
+    *,
+    scrub: Callable[[Any], Any] | None = None,
+) -> str:
+    """Digest of a tool result (64 lowercase hex chars).
+
+    Args:
+        result: the tool's return value (for an error, pass a dict describing it).
+        volatile / keep: as for :func:`action_fingerprint`.
+        scrub: redaction applied to the canonical value before hashing, so a rotating
+            secret in a result (a fresh session token) is not mistaken for a new
+            observation.
+    """
+    canon = canonicalize(result, volatile, keep)
+    if scrub is not None:
+        canon = scrub(canon)
+    return digest(canonical_json(canon))
+
+
+def text_fingerprint(text: str | None) -> str:
+    """Fingerprint of a non-tool decision's text: case-folded, whitespace-collapsed.
+
+    Empty or whitespace-only text yields the fingerprint of ``""``, so five empty
+    messages are five identical decisions.
+    """
+    norm = _WS.sub(" ", (text or "").strip()).casefold()
+    return digest(canonical_json({"decision": norm}))
+
+
+def is_empty_result(result: Any) -> bool:
+    """True for an empty but valid result: ``None``, ``""``, ``[]``, ``{}``."""
+    return result is None or (isinstance(result, str | list | tuple | dict | set) and len(result) == 0)
+
+
+def preview(tool: str, fingerprint: str) -> str:
+    """A redacted preview of an action for evidence: tool name and fingerprint prefix."""
+    return f"{tool}#{fingerprint[:12]}"
+
+
+def fields_lower(fields: Iterable[str]) -> frozenset[str]:
+    """Lowercase a set of field names (volatile and progress lists are case-insensitive)."""
+    return _keys(fields)

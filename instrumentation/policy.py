@@ -1,0 +1,534 @@
+"""Policies: immutable, named, versioned limits and detector settings.
+
+A policy (a *profile*) is loaded from TOML under source control or built in code; no limit
+ever comes from a prompt or a tool result. The file format is a contract (DESIGN section 3)::
+
+    [profiles.investigate-readonly]
+    version = "2026-11-30"
+    max_model_turns = 8
+    max_tool_attempts = 12
+    repeat_limit = 3
+
+    [profiles.investigate-readonly.tools.search_orders]
+    risk = "read"
+    volatile = ["request_id", "client_timestamp"]
+    progress = ["cursor", "page"]
+    repeat_limit = 4
+
+Every effective limit records where it came from: ``default``, ``file``, ``env``,
+``call`` (a keyword override in code) or ``parent`` (capped by a parent run's remaining
+budget). Precedence, highest first: call > env > file > default. Environment overrides are
+``LOOPWATCH_POLICY_<FIELD>`` (e.g. ``LOOPWATCH_POLICY_MAX_MODEL_TURNS=5``).
+
+Validation reports every problem with its path (:class:`PolicyError`): unknown keys, bad
+types (a bool is not a number), negative or non-finite numbers (``inf`` and ``nan`` are
+refused: an omitted limit takes its documented default, never "unbounded"), a zero wall
+clock. Zero tool attempts is legal (a model-only profile).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from .errors import PolicyError, PolicyProblem
+
+__all__ = [
+    "DEFAULT_VOLATILE_FIELDS",
+    "LIMIT_FIELDS",
+    "Policy",
+    "ToolPolicy",
+    "builtin_profiles",
+    "check_policy_file",
+    "load_policies",
+    "load_policy",
+]
+
+Risk = Literal["read", "write"]
+LimitSource = Literal["default", "file", "env", "call", "parent"]
+
+# Dropped before fingerprinting at any depth, for every tool (DESIGN section 3: request ids,
+# trace ids and timestamps vary per call and say nothing about what the action or the
+# observation was). Per-tool ``volatile`` lists add to these.
+DEFAULT_VOLATILE_FIELDS: Final[frozenset[str]] = frozenset(
+    {
+        "request_id",
+        "requestid",
+        "trace_id",
+        "span_id",
+        "correlation_id",
+        "timestamp",
+        "client_timestamp",
+        "server_timestamp",
+        "ts",
+        "now",
+        "server_time",
+        "fetched_at",
+        "retrieved_at",
+        "generated_at",
+        "checked_at",
+        "elapsed_ms",
+        "latency_ms",
+        "duration_ms",
+    }
+)
+
+_INT = "int"
+_FLOAT = "float"
+# field -> (kind, default, minimum, strict minimum?)
+_LIMIT_SPEC: Final[dict[str, tuple[str, float, float, bool]]] = {
+    "max_model_turns": (_INT, 20, 0, False),
+    "max_tool_attempts": (_INT, 40, 0, False),
+    "max_tool_successes": (_INT, 40, 0, False),
+    "max_retries_per_action": (_INT, 2, 0, False),
+    "max_elapsed_seconds": (_FLOAT, 300.0, 0, True),
+    "max_tokens": (_INT, 1_000_000, 0, False),
+    "max_cost_usd": (_FLOAT, 10.0, 0, False),
+    "tool_timeout_seconds": (_FLOAT, 60.0, 0, True),
+    "repeat_limit": (_INT, 3, 1, False),
+    "cycle_max_period": (_INT, 4, 2, False),
+    "cycle_repetitions": (_INT, 2, 2, False),
+    "no_progress_patience": (_INT, 8, 1, False),
+    "repeated_decision_limit": (_INT, 3, 1, False),
+    "detector_window": (_INT, 64, 8, False),
+}
+LIMIT_FIELDS: Final[tuple[str, ...]] = tuple(_LIMIT_SPEC)
+_MAX_DETECTOR_WINDOW: Final = 4096
+_PROFILE_KEYS: Final = frozenset({*_LIMIT_SPEC, "version", "description", "strict_tools", "tools"})
+_TOOL_KEYS: Final = frozenset(
+    {"risk", "volatile", "progress", "repeat_limit", "idempotency_key", "timeout_seconds"}
+)
+# Write tools default to a stricter repeat limit than the profile's: the second execution
+# of the same intent is refused unless declared otherwise.
+_WRITE_REPEAT_LIMIT_DEFAULT: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """Per-tool settings.
+
+    Attributes:
+        name: the tool name as the agent calls it (``gen_ai.tool.name``).
+        risk: ``"read"`` or ``"write"``. Writes get a stricter repeat limit and are checked
+            for duplicate intent across the detector window, not only in a row.
+        volatile: argument/result fields dropped before fingerprinting, at any depth, in
+            addition to :data:`DEFAULT_VOLATILE_FIELDS`.
+        progress: progress-bearing fields (``cursor``, ``page``): always kept, and a changed
+            value in the arguments or the result is progress evidence.
+        repeat_limit: the N-th identical occurrence is refused (N < 2 behaves as 2: the
+            first occurrence is never a repeat). ``None``: the profile's ``repeat_limit``
+            for reads, 2 for writes.
+        idempotency_key: argument holding the idempotency key of a write. The key is left
+            out of the *intent* fingerprint, so a fresh key per attempt does not evade the
+            duplicate-intent check; repeating the same key after a success is an idempotent
+            replay (stable completion), not a new side effect.
+        timeout_seconds: per-call timeout; ``None`` uses the profile's
+            ``tool_timeout_seconds``. The run's remaining wall clock always bounds it.
+    """
+
+    name: str
+    risk: Risk = "read"
+    volatile: frozenset[str] = frozenset()
+    progress: frozenset[str] = frozenset()
+    repeat_limit: int | None = None
+    idempotency_key: str | None = None
+    timeout_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """An immutable, named, versioned profile of limits and detector settings.
+
+    Budget limits (``limit`` permits exactly ``limit`` uses; the next is refused before it
+    leaves the process):
+
+    - ``max_model_turns`` (count), ``max_tool_attempts`` (dispatched calls),
+      ``max_tool_successes`` (calls that returned without error),
+      ``max_retries_per_action`` (the first attempt is not a retry),
+      ``max_elapsed_seconds`` (wall clock, > 0; ``elapsed >= limit`` is expired),
+      ``max_tokens`` (input + output), ``max_cost_usd``.
+
+    Detector settings: ``repeat_limit`` (identical action with unchanged observation, in a
+    row: the N-th is refused), ``cycle_max_period`` and ``cycle_repetitions`` (periods
+    2..k repeated r times with unchanged observations), ``no_progress_patience`` (steps
+    without progress evidence), ``repeated_decision_limit`` (same non-tool decision N
+    times in the window), ``detector_window`` (steps of history kept; bounds memory).
+
+    ``tool_timeout_seconds`` bounds one tool call. ``strict_tools``: a tool not listed in
+    ``tools`` is an unknown tool (never dispatched).
+
+    Attributes:
+        name / version: recorded with every run and stop.
+        sources: where each limit came from (``default|file|env|call|parent``).
+        origin: the file the profile was read from, or ``"<code>"``.
+    """
+
+    name: str = "default"
+    version: str = "builtin"
+    max_model_turns: int = 20
+    max_tool_attempts: int = 40
+    max_tool_successes: int = 40
+    max_retries_per_action: int = 2
+    max_elapsed_seconds: float = 300.0
+    max_tokens: int = 1_000_000
+    max_cost_usd: float = 10.0
+    tool_timeout_seconds: float = 60.0
+    repeat_limit: int = 3
+    cycle_max_period: int = 4
+    cycle_repetitions: int = 2
+    no_progress_patience: int = 8
+    repeated_decision_limit: int = 3
+    detector_window: int = 64
+    strict_tools: bool = False
+    description: str = ""
+    tools: Mapping[str, ToolPolicy] = field(default_factory=dict)
+    sources: Mapping[str, LimitSource] = field(default_factory=dict)
+    origin: str = "<code>"
+
+    def __post_init__(self) -> None:
+        problems = _validate_values(
+            {f: getattr(self, f) for f in LIMIT_FIELDS}, f"profiles.{self.name}", self.origin
+        )
+        if not self.name:
+            problems.append(PolicyProblem(f"profiles.{self.name}", "name is empty", self.origin))
+        if problems:
+            raise PolicyError(problems)
+        sources = {f: self.sources.get(f, "default") for f in LIMIT_FIELDS}
+        object.__setattr__(self, "sources", sources)
+        object.__setattr__(self, "tools", dict(self.tools))
+
+    @classmethod
+    def build(cls, name: str = "default", version: str = "builtin", **overrides: Any) -> Policy:
+        """Build a policy in code; every given limit is recorded with source ``call``.
+
+        Raises:
+            PolicyError: an unknown field or an invalid value (all problems listed).
+        """
+        tools_raw = overrides.pop("tools", None)
+        unknown = sorted(set(overrides) - set(_LIMIT_SPEC) - {"strict_tools", "description"})
+        if unknown:
+            raise PolicyError(
+                [PolicyProblem(f"profiles.{name}.{k}", "unknown key") for k in unknown]
+            )
+        problems = _validate_values(overrides, f"profiles.{name}", "<code>")
+        if problems:
+            raise PolicyError(problems)
+        tools: dict[str, ToolPolicy] = {}
+        for t in tools_raw or ():
+            tools[t.name] = t
+        sources: dict[str, LimitSource] = {k: "call" for k in overrides if k in _LIMIT_SPEC}
+        return cls(name=name, version=version, tools=tools, sources=sources, **overrides)
+
+    def with_overrides(self, source: LimitSource = "call", **overrides: Any) -> Policy:
+        """A copy with some limits replaced; the new values record ``source``.
+
+        Raises:
+            PolicyError: an unknown field or an invalid value.
+        """
+        unknown = sorted(set(overrides) - set(_LIMIT_SPEC))
+        problems = [PolicyProblem(f"profiles.{self.name}.{k}", "unknown key") for k in unknown]
+        problems += _validate_values(overrides, f"profiles.{self.name}", f"<{source}>")
+        if problems:
+            raise PolicyError(problems)
+        sources = dict(self.sources)
+        sources.update({k: source for k in overrides})
+        return replace(self, sources=sources, **overrides)
+
+    def with_env(self, environ: Mapping[str, str] | None = None) -> Policy:
+        """Apply ``LOOPWATCH_POLICY_<FIELD>`` overrides from the environment.
+
+        Raises:
+            PolicyError: a value that does not parse or validate (all problems listed).
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        problems: list[PolicyProblem] = []
+        for name, (kind, *_rest) in _LIMIT_SPEC.items():
+            raw = env.get(f"LOOPWATCH_POLICY_{name.upper()}")
+            if raw is None:
+                continue
+            try:
+                values[name] = int(raw) if kind == _INT else float(raw)
+            except ValueError:
+                problems.append(
+                    PolicyProblem(
+                        f"LOOPWATCH_POLICY_{name.upper()}", f"not a number: {raw[:40]!r}", "<env>"
+                    )
+                )
+        if problems:
+            raise PolicyError(problems)
+        return self.with_overrides("env", **values) if values else self
+
+    def tool(self, name: str) -> ToolPolicy:
+        """Settings of tool ``name`` (defaults for an undeclared tool)."""
+        found = self.tools.get(name)
+        return found if found is not None else ToolPolicy(name=name)
+
+    def repeat_limit_for(self, tool: ToolPolicy) -> int:
+        """Effective repeat limit of ``tool`` (at least 2)."""
+        if tool.repeat_limit is not None:
+            return max(tool.repeat_limit, 2)
+        if tool.risk == "write":
+            return min(_WRITE_REPEAT_LIMIT_DEFAULT, max(self.repeat_limit, 2))
+        return max(self.repeat_limit, 2)
+
+    def timeout_for(self, tool: ToolPolicy) -> float:
+        """Per-call timeout of ``tool`` in seconds."""
+        return tool.timeout_seconds if tool.timeout_seconds is not None else self.tool_timeout_seconds
+
+    def limits(self) -> dict[str, dict[str, Any]]:
+        """Each effective limit and where it came from: ``{field: {"value", "source"}}``."""
+        return {f: {"value": getattr(self, f), "source": self.sources[f]} for f in LIMIT_FIELDS}
+
+    def limits_json(self) -> str:
+        """:meth:`limits` as compact JSON (the ``loopwatch.limits`` span attribute)."""
+        return json.dumps(self.limits(), separators=(",", ":"), sort_keys=True)
+
+
+def _validate_values(values: Mapping[str, Any], prefix: str, source: str) -> list[PolicyProblem]:
+    problems: list[PolicyProblem] = []
+    for key, value in values.items():
+        spec = _LIMIT_SPEC.get(key)
+        if spec is None:
+            continue
+        kind, _default, minimum, strict = spec
+        path = f"{prefix}.{key}"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            problems.append(
+                PolicyProblem(path, f"must be a number, got {type(value).__name__}", source)
+            )
+            continue
+        if kind == _INT and not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                pass
+            else:
+                problems.append(PolicyProblem(path, f"must be a whole number, got {value!r}", source))
+                continue
+        if not math.isfinite(value):
+            problems.append(
+                PolicyProblem(path, f"must be finite, got {value!r} (omit it for the default)", source)
+            )
+            continue
+        if strict and value <= minimum:
+            problems.append(PolicyProblem(path, f"must be > {minimum:g}, got {value!r}", source))
+        elif value < minimum:
+            problems.append(PolicyProblem(path, f"must be >= {minimum:g}, got {value!r}", source))
+        if key == "detector_window" and value > _MAX_DETECTOR_WINDOW:
+            problems.append(
+                PolicyProblem(path, f"must be <= {_MAX_DETECTOR_WINDOW}, got {value!r}", source)
+            )
+    return problems
+
+
+def _string_list(value: Any, path: str, source: str, problems: list[PolicyProblem]) -> frozenset[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        problems.append(PolicyProblem(path, "must be a list of non-empty strings", source))
+        return frozenset()
+    return frozenset(value)
+
+
+def _parse_tool(
+    name: str, raw: Any, path: str, source: str, problems: list[PolicyProblem]
+) -> ToolPolicy | None:
+    if not isinstance(raw, dict):
+        problems.append(PolicyProblem(path, "must be a table", source))
+        return None
+    for key in sorted(set(raw) - _TOOL_KEYS):
+        problems.append(PolicyProblem(f"{path}.{key}", "unknown key", source))
+    risk = raw.get("risk", "read")
+    if risk not in ("read", "write"):
+        problems.append(PolicyProblem(f"{path}.risk", f"must be 'read' or 'write', got {risk!r}", source))
+        risk = "read"
+    volatile = _string_list(raw.get("volatile", []), f"{path}.volatile", source, problems)
+    progress = _string_list(raw.get("progress", []), f"{path}.progress", source, problems)
+    repeat_limit = raw.get("repeat_limit")
+    if repeat_limit is not None and (
+        isinstance(repeat_limit, bool) or not isinstance(repeat_limit, int) or repeat_limit < 1
+    ):
+        problems.append(
+            PolicyProblem(f"{path}.repeat_limit", f"must be a whole number >= 1, got {repeat_limit!r}", source)
+        )
+        repeat_limit = None
+    key = raw.get("idempotency_key")
+    if key is not None and (not isinstance(key, str) or not key):
+        problems.append(PolicyProblem(f"{path}.idempotency_key", "must be a non-empty string", source))
+        key = None
+    if key is not None and risk != "write":
+        problems.append(PolicyProblem(f"{path}.idempotency_key", "only write tools take an idempotency key", source))
+    timeout = raw.get("timeout_seconds")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        problems.append(
+            PolicyProblem(f"{path}.timeout_seconds", f"must be a finite number > 0, got {timeout!r}", source)
+        )
+        timeout = None
+    return ToolPolicy(
+        name=name,
+        risk=risk,
+        volatile=volatile,
+        progress=progress,
+        repeat_limit=repeat_limit,
+        idempotency_key=key,
+        timeout_seconds=None if timeout is None else float(timeout),
+    )
+
+
+def _parse_profile(name: str, raw: Any, source: str, problems: list[PolicyProblem]) -> Policy | None:
+    path = f"profiles.{name}"
+    if not isinstance(raw, dict):
+        problems.append(PolicyProblem(path, "must be a table", source))
+        return None
+    before = len(problems)
+    for key in sorted(set(raw) - _PROFILE_KEYS):
+        problems.append(PolicyProblem(f"{path}.{key}", "unknown key", source))
+    version = raw.get("version")
+    if not isinstance(version, str) or not version.strip():
+        problems.append(
+            PolicyProblem(f"{path}.version", "required: a non-empty string (recorded with every stop)", source)
+        )
+        version = "invalid"
+    limits = {k: raw[k] for k in _LIMIT_SPEC if k in raw}
+    problems.extend(_validate_values(limits, path, source))
+    strict_tools = raw.get("strict_tools", False)
+    if not isinstance(strict_tools, bool):
+        problems.append(PolicyProblem(f"{path}.strict_tools", "must be true or false", source))
+        strict_tools = False
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        problems.append(PolicyProblem(f"{path}.description", "must be a string", source))
+        description = ""
+    tools: dict[str, ToolPolicy] = {}
+    tools_raw = raw.get("tools", {})
+    if not isinstance(tools_raw, dict):
+        problems.append(PolicyProblem(f"{path}.tools", "must be a table of tool tables", source))
+        tools_raw = {}
+    for tool_name, tool_raw in tools_raw.items():
+        parsed = _parse_tool(tool_name, tool_raw, f"{path}.tools.{tool_name}", source, problems)
+        if parsed is not None:
+            tools[tool_name] = parsed
+    if len(problems) > before:
+        return None
+    values = {k: (int(v) if _LIMIT_SPEC[k][0] == _INT else float(v)) for k, v in limits.items()}
+    return Policy(
+        name=name,
+        version=version,
+        strict_tools=strict_tools,
+        description=description,
+        tools=tools,
+        sources={k: "file" for k in values},
+        origin=source,
+        **values,
+    )
+
+
+def _parse_document(text: str, source: str) -> tuple[dict[str, Policy], list[PolicyProblem]]:
+    problems: list[PolicyProblem] = []
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        return {}, [PolicyProblem("<toml>", f"not valid TOML: {exc}", source)]
+    for key in sorted(set(doc) - {"profiles"}):
+        problems.append(PolicyProblem(key, "unknown top-level key (profiles live under [profiles.NAME])", source))
+    profiles_raw = doc.get("profiles")
+    if not isinstance(profiles_raw, dict) or not profiles_raw:
+        problems.append(PolicyProblem("profiles", "no profiles: add a [profiles.NAME] table", source))
+        return {}, problems
+    out: dict[str, Policy] = {}
+    for name, raw in profiles_raw.items():
+        parsed = _parse_profile(name, raw, source, problems)
+        if parsed is not None:
+            out[name] = parsed
+    return out, problems
+
+
+def load_policies(path: str | os.PathLike[str]) -> dict[str, Policy]:
+    """Load every profile of a policy file.
+
+    Args:
+        path: a TOML file in the format above.
+
+    Returns:
+        ``{profile name: Policy}`` in file order.
+
+    Raises:
+        PolicyError: the file is unreadable or any profile is invalid (every problem).
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError([PolicyProblem("<file>", f"cannot read: {exc.__class__.__name__}", source)]) from None
+    profiles, problems = _parse_document(text, source)
+    if problems:
+        raise PolicyError(problems)
+    return profiles
+
+
+def load_policy(
+    path: str | os.PathLike[str],
+    profile: str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Policy:
+    """Load one profile, then apply environment and call overrides (call > env > file).
+
+    Args:
+        path: policy TOML file.
+        profile: profile name; may be omitted when the file has exactly one profile.
+        environ: environment to read ``LOOPWATCH_POLICY_<FIELD>`` from (``os.environ``
+            when ``None``; pass ``{}`` to ignore the environment).
+        **overrides: limits set in code (source ``call``).
+
+    Raises:
+        PolicyError: invalid file, unknown or ambiguous profile, invalid override.
+    """
+    profiles = load_policies(path)
+    return _select(profiles, profile, str(path)).with_env(environ).with_overrides("call", **overrides)
+
+
+def _select(profiles: Mapping[str, Policy], profile: str | None, source: str) -> Policy:
+    if profile is None:
+        if len(profiles) != 1:
+            raise PolicyError(
+                [PolicyProblem("profiles", f"name a profile: one of {', '.join(profiles)}", source)]
+            )
+        return next(iter(profiles.values()))
+    if profile not in profiles:
+        raise PolicyError(
+            [PolicyProblem(f"profiles.{profile}", f"no such profile (have: {', '.join(profiles)})", source)]
+        )
+    return profiles[profile]
+
+
+def builtin_profiles() -> dict[str, Policy]:
+    """The seed's four example profiles shipped with the package.
+
+    ``summarize-local`` (3 model turns, 0 tools), ``investigate-readonly`` (8, 12),
+    ``change-small`` (6, 8), ``external-write`` (4, 2); see ``profiles/seed.toml``.
+    """
+    ref = Path(__file__).with_name("profiles") / "seed.toml"
+    profiles, problems = _parse_document(ref.read_text(encoding="utf-8"), "seed.toml")
+    if problems:  # pragma: no cover - the shipped file is tested
+        raise PolicyError(problems)
+    return profiles
+
+
+def check_policy_file(path: str | os.PathLike[str]) -> list[PolicyProblem]:
+    """Validate a policy file; returns every problem (empty when valid). Never raises."""
+    try:
+        load_policies(path)
+    except PolicyError as exc:
+        return list(exc.problems)
+    return []
+

@@ -1,0 +1,1 @@
+"""Policy profiles shipped with loopwatch (``seed.toml``: the four seed profiles)."""

@@ -1,0 +1,797 @@
+"""The run API and decorators around an agent loop.
+
+Two ways in, sync and async alike:
+
+- decorators: ``@agent`` on the loop function, ``@decision`` on the function that asks the
+  model, ``@tool`` on each tool. The current run is found through ``contextvars``.
+- an explicit :class:`Run` context manager for code that cannot be decorated.
+
+In ``enforce`` mode the guard ends the loop: a refused call raises :class:`StopRun`
+inside the loop, which ``@agent`` and ``Run`` catch, so the caller receives an
+:class:`Outcome` (expected exits are data). In ``observe`` mode nothing is refused; the
+stops the guard would have made are recorded on the spans and in the outcome.
+
+Example::
+
+    @tool
+    def search_orders(query: str, cursor: str | None = None) -> dict: ...
+
+    @decision
+    def decide(messages: list[dict]) -> Decision: ...
+
+    @agent(name="support", policy=builtin_profiles()["investigate-readonly"])
+    def support(task: str) -> str:
+        messages = [{"role": "user", "content": task}]
+        while True:
+            d = decide(messages)
+            if d.type == "final":
+                return d.answer
+            for call in d.tool_calls:
+                messages.append(run_tool(call))
+
+    outcome = support("Where is order 42?")
+    outcome.stop.reason  # StopReason.COMPLETED, or why it was stopped
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import inspect
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Literal, ParamSpec, TypeVar, overload
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import TracerProvider
+
+from . import _content
+from . import _semconv as sc
+from ._tracing import RunTelemetry
+from .errors import RunStateError, StopRun
+from .failures import FailureClass, ToolFailure
+from .guard import Decision, Guard, Outcome, ToolRecord, ToolTicket
+from .policy import Policy, builtin_profiles, load_policy
+
+__all__ = ["Run", "agent", "current_run", "decision", "tool"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Mode = Literal["enforce", "observe"]
+
+_current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("loopwatch_run", default=None)
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def current_run() -> Run | None:
+    """The run of the current context (thread or asyncio task), or None."""
+    return _current.get()
+
+
+def _tool_executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=32, thread_name_prefix="loopwatch-tool"
+            )
+        return _executor
+
+
+def _resolve_policy(policy: Policy | str | os.PathLike[str] | None) -> Policy:
+    if policy is None:
+        return Policy()
+    if isinstance(policy, Policy):
+        return policy
+    text = os.fspath(policy)
+    builtin = builtin_profiles()
+    if text in builtin:
+        return builtin[text]
+    path, _, profile = text.partition(":") if ":" in text and not os.path.exists(text) else (text, "", "")
+    return load_policy(path, profile or None)
+
+
+class Run:
+    """One execution of an agent loop: guard + spans + the current-run context.
+
+    Args:
+        agent: agent name (low cardinality; it appears in span names and metric labels).
+        policy: a :class:`Policy`, a built-in profile name, or ``FILE[:PROFILE]``.
+        mode: ``enforce`` (refuse and stop) or ``observe`` (record only).
+        goal_check: ``answer -> bool`` run on the final answer.
+        tools: ``{name: callable}`` the loop may call by name through :meth:`call_tool`;
+            when given, any other name is an unknown tool.
+        capture_content: record tool arguments and results on spans (truncated and
+            scrubbed). None: follow ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``.
+        clock: monotonic clock in seconds (inject a fake one in tests).
+        run_id: the run id (random when omitted).
+        tracer_provider: where spans go (the global provider when None).
+        agent_id / conversation_id: optional GenAI attributes.
+        guard: resume with an existing guard (see :meth:`resume`).
+
+    Raises:
+        PolicyError: an invalid policy file or profile (before any model or tool call).
+    """
+
+    def __init__(
+        self,
+        agent: str,
+        policy: Policy | str | os.PathLike[str] | None = None,
+        *,
+        mode: Mode = "enforce",
+        goal_check: Callable[[Any], bool] | None = None,
+        tools: Mapping[str, Callable[..., Any]] | None = None,
+        capture_content: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        run_id: str | None = None,
+        tracer_provider: TracerProvider | None = None,
+        agent_id: str | None = None,
+        conversation_id: str | None = None,
+        guard: Guard | None = None,
+        _parent: Run | None = None,
+    ) -> None:
+        resolved = guard.policy if guard is not None else _resolve_policy(policy)
+        self.agent = agent
+        self.mode: Mode = mode
+        self.tools: dict[str, Callable[..., Any]] = dict(tools or {})
+        if guard is None:
+            if _parent is not None:
+                guard = _parent.guard.child(
+                    resolved if policy is not None else None,
+                    run_id=run_id,
+                    mode=mode,
+                    goal_check=goal_check,
+                    known_tools=self.tools or None,
+                )
+            else:
+                guard = Guard(
+                    resolved,
+                    clock=clock,
+                    mode=mode,
+                    goal_check=goal_check,
+                    run_id=run_id,
+                    known_tools=self.tools or None,
+                    scrub=_content.scrub_for_digest(),
+                )
+        self.guard = guard
+        self.capture_content = _content.capture_enabled(capture_content)
+        self._telemetry = RunTelemetry(
+            agent,
+            guard,
+            tracer_provider=tracer_provider or (_parent._provider if _parent else None),
+            parent_run_id=_parent.run_id if _parent is not None else None,
+            agent_id=agent_id,
+            conversation_id=conversation_id,
+        )
+        self._provider = tracer_provider
+        self._token: contextvars.Token[Run | None] | None = None
+        self._otel_token: object | None = None
+        self._outcome: Outcome | None = None
+        self._started = False
+
+    # ----------------------------------------------------------------- basics
+
+    @property
+    def run_id(self) -> str:
+        """The run's id (``loopwatch.run.id``)."""
+        return self.guard.run_id
+
+    @property
+    def outcome(self) -> Outcome:
+        """The outcome, once the run has ended.
+
+        Raises:
+            RunStateError: the run has not ended.
+        """
+        if self._outcome is None:
+            raise RunStateError("the run has not ended yet")
+        return self._outcome
+
+    @property
+    def stopped(self) -> bool:
+        """True once the guard has ended the run."""
+        return self.guard.stopped
+
+    def start(self) -> Run:
+        """Start the run span and make this the current run (``with`` does this)."""
+        if not self._started:
+            self._started = True
+            self._telemetry.start_run(self.mode)
+        self._token = _current.set(self)
+        ctx = self._telemetry.run_context
+        if ctx is not None:
+            self._otel_token = otel_context.attach(ctx)
+        return self
+
+    def _detach(self) -> None:
+        if self._otel_token is not None:
+            try:
+                otel_context.detach(self._otel_token)  # type: ignore[arg-type]
+            except Exception:  # a context detached in another task is not the agent's problem
+                self._otel_token = None
+            self._otel_token = None
+        if self._token is not None:
+            try:
+                _current.reset(self._token)
+            except ValueError:
+                _current.set(None)
+            self._token = None
+
+    def __enter__(self) -> Run:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        try:
+            if exc is None:
+                self.finish()
+                return False
+            if isinstance(exc, StopRun):
+                self._close(self.guard.outcome())
+                return True
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+                self._close(self.guard.cancel())
+                return False
+            self._close(self.guard.fail(exc))
+            return False
+        finally:
+            self._detach()
+
+    async def __aenter__(self) -> Run:
+        return self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+    def _close(self, outcome: Outcome) -> Outcome:
+        if self._outcome is None:
+            self._outcome = outcome
+            self._telemetry.stop(outcome)
+        return self._outcome
+
+    def finish(self, answer: Any = None) -> Outcome:
+        """End the run (a return without a ``final`` decision: ``answer`` is final)."""
+        return self._close(self.guard.finish(answer))
+
+    def cancel(self) -> Outcome:
+        """End the run as ``cancelled``."""
+        return self._close(self.guard.cancel())
+
+    def _raise_if_stopped(self, verdict_stop: Any) -> None:
+        if verdict_stop is not None and self.mode == "enforce":
+            self._close(self.guard.outcome())
+            raise StopRun(verdict_stop)
+
+    def progress(self, note: str | None = None) -> None:
+        """Record explicit progress evidence from the environment (never the model's)."""
+        self.guard.progress(note)
+
+    def provided(self, *fields: str) -> None:
+        """Note fields the user has provided (evidence for re-asks)."""
+        self.guard.provided(*fields)
+
+    # ---------------------------------------------------------------- children
+
+    def child(
+        self,
+        agent: str,
+        policy: Policy | str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> Run:
+        """A child run drawing from this run's remaining budget (see :meth:`Guard.child`)."""
+        return Run(agent, policy, mode=kwargs.pop("mode", self.mode), _parent=self, **kwargs)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Serialize the run's usage and detector state (see :meth:`Guard.snapshot`)."""
+        return self.guard.snapshot()
+
+    @classmethod
+    def resume(
+        cls,
+        agent: str,
+        policy: Policy | str | os.PathLike[str] | None,
+        state: Mapping[str, Any],
+        **kwargs: Any,
+    ) -> Run:
+        """Resume a run from :meth:`snapshot`: usage and windows carry over, no fresh budget.
+
+        Raises:
+            ValueError: not a snapshot, or the run had stopped.
+        """
+        resolved = _resolve_policy(policy)
+        tools = kwargs.get("tools")
+        guard = Guard.restore(
+            resolved,
+            state,
+            clock=kwargs.pop("clock", time.monotonic),
+            mode=kwargs.get("mode", "enforce"),
+            goal_check=kwargs.pop("goal_check", None),
+            known_tools=list(tools) if tools else None,
+            scrub=_content.scrub_for_digest(),
+        )
+        return cls(agent, resolved, guard=guard, **kwargs)
+
+    # -------------------------------------------------------------- decisions
+
+    @contextmanager
+    def model_call(
+        self, *, estimate_tokens: int | None = None, estimate_cost_usd: float | None = None
+    ) -> Iterator[_ModelCall]:
+        """Guard one model call: checked and reserved before, recorded after.
+
+        Use ``call.record(decision)`` inside the block. The ``decide`` span is current
+        inside the block, so model-call spans of other instrumentations nest in it.
+
+        Raises:
+            StopRun: the guard refused the call (enforce mode), or the decision ended the
+                run.
+        """
+        verdict = self.guard.before_model_call(
+            estimate_tokens=estimate_tokens, estimate_cost_usd=estimate_cost_usd
+        )
+        if not verdict.allowed:
+            self._raise_if_stopped(verdict.stop)
+        span = self._telemetry.start_decision()
+        token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
+        call = _ModelCall(self)
+        try:
+            yield call
+        except BaseException as exc:
+            if token is not None:
+                otel_context.detach(token)
+                token = None
+            self._telemetry.end_decision(span, call.decision, error=None if isinstance(exc, StopRun) else exc)
+            raise
+        if token is not None:
+            otel_context.detach(token)
+        self._telemetry.end_decision(span, call.decision)
+        if call.stop is not None:
+            self._raise_if_stopped(call.stop)
+
+    def decide(
+        self,
+        fn: Callable[..., Decision],
+        *args: Any,
+        estimate_tokens: int | None = None,
+        estimate_cost_usd: float | None = None,
+        **kwargs: Any,
+    ) -> Decision:
+        """Call the model function ``fn`` under the guard and record its :class:`Decision`.
+
+        Raises:
+            StopRun: refused before the call, or the decision ended the run.
+            TypeError: ``fn`` did not return a Decision.
+        """
+        with self.model_call(estimate_tokens=estimate_tokens, estimate_cost_usd=estimate_cost_usd) as call:
+            decision = fn(*args, **kwargs)
+            call.record(decision)
+        return decision
+
+    async def adecide(
+        self,
+        fn: Callable[..., Awaitable[Decision]],
+        *args: Any,
+        estimate_tokens: int | None = None,
+        estimate_cost_usd: float | None = None,
+        **kwargs: Any,
+    ) -> Decision:
+        """Async :meth:`decide`."""
+        with self.model_call(estimate_tokens=estimate_tokens, estimate_cost_usd=estimate_cost_usd) as call:
+            decision = await fn(*args, **kwargs)
+            call.record(decision)
+        return decision
+
+    # ------------------------------------------------------------------ tools
+
+    def _invoker(
+        self, name: str, args: dict[str, Any], fn: Callable[..., Any] | None
+    ) -> Callable[[], Any]:
+        target = fn if fn is not None else self.tools.get(name)
+        if target is None:
+            if not self.tools:
+                raise RunStateError(f"no callable for tool {name[:80]!r}: pass fn= or tools=")
+
+            def unknown() -> Any:
+                raise ToolFailure(f"unknown tool: {name[:80]}", FailureClass.UNKNOWN_TOOL)
+
+            return unknown
+        return functools.partial(target, **args)
+
+    def _check_tool(self, name: str, arguments: Mapping[str, Any], call_id: str | None) -> tuple[ToolTicket, str | None]:
+        if self._outcome is not None and self.mode == "enforce":
+            raise StopRun(self._outcome.stop)
+        ticket = self.guard.before_tool_call(name, arguments, call_id=call_id)
+        args_json = _content.capture_json(arguments) if self.capture_content else None
+        if not ticket.allowed:
+            if ticket.blocked_by == "run_stopped":
+                self._raise_if_stopped(ticket.stop)
+            self._telemetry.blocked_tool(ticket, args_json)
+            if ticket.stop is not None:
+                self._raise_if_stopped(ticket.stop)
+            raise ToolFailure(f"unknown tool: {name[:80]}", FailureClass.UNKNOWN_TOOL)
+        return ticket, args_json
+
+    @contextmanager
+    def tool_call(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, call_id: str | None = None
+    ) -> Iterator[_ToolCall]:
+        """Guard one tool call that the caller runs itself (no timeout enforcement).
+
+        Inside the block call ``call.set_result(value)``; an exception raised in the block
+        is recorded as the tool's error and re-raised.
+
+        Raises:
+            StopRun: the guard refused the call and ended the run (enforce mode).
+            ToolFailure: an unknown tool (class ``unknown_tool``); not dispatched.
+        """
+        args = arguments if arguments is not None else {}
+        ticket, args_json = self._check_tool(name, args, call_id)
+        span = self._telemetry.start_tool(ticket, args_json)
+        token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
+        handle = _ToolCall(ticket)
+        try:
+            yield handle
+        except StopRun:
+            if token is not None:
+                otel_context.detach(token)
+            record = self.guard.record_tool_result(ticket, error=RuntimeError("stopped"))
+            self._telemetry.end_tool(span, record)
+            raise
+        except BaseException as exc:
+            if token is not None:
+                otel_context.detach(token)
+            record = self.guard.record_tool_result(ticket, error=exc)
+            self._telemetry.end_tool(span, record, error=exc)
+            raise
+        if token is not None:
+            otel_context.detach(token)
+        record = self.guard.record_tool_result(ticket, result=handle.result)
+        result_json = _content.capture_json(handle.result) if self.capture_content else None
+        self._telemetry.end_tool(span, record, result_json=result_json)
+        handle.record = record
+
+    def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        fn: Callable[..., Any] | None = None,
+        call_id: str | None = None,
+        _invoke: Callable[[], Any] | None = None,
+    ) -> Any:
+        """Dispatch a tool under the guard, with its per-call timeout.
+
+        Args:
+            name: tool name.
+            arguments: keyword arguments for the tool.
+            fn: the callable; defaults to ``tools[name]`` given to the run.
+            call_id: the model's tool-call id.
+
+        Returns:
+            The tool's result.
+
+        Raises:
+            StopRun: the guard refused the call and ended the run (enforce mode).
+            ToolFailure: an unknown tool (never dispatched).
+            TimeoutError: the call exceeded its timeout (the tool's own, capped by the
+                run's remaining wall clock); a result arriving later is discarded.
+            Exception: whatever the tool raised, after it was recorded.
+        """
+        args = dict(arguments or {})
+        invoke = _invoke or self._invoker(name, args, fn)
+        ticket, args_json = self._check_tool(name, args, call_id)
+        span = self._telemetry.start_tool(ticket, args_json)
+        ctx = contextvars.copy_context()
+        if span is not None:
+            ctx.run(otel_context.attach, trace.set_span_in_context(span))
+        future = _tool_executor().submit(ctx.run, invoke)
+        try:
+            result = future.result(timeout=max(ticket.timeout_seconds, 0.0))
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            err = TimeoutError(f"tool {name[:80]!r} timed out after {ticket.timeout_seconds:.3g} s")
+            record = self.guard.record_tool_result(ticket, error=err, failure_class=FailureClass.TIMEOUT)
+            self._telemetry.end_tool(span, record, error=err)
+            raise err from None
+        except BaseException as exc:
+            record = self.guard.record_tool_result(ticket, error=exc)
+            self._telemetry.end_tool(span, record, error=exc)
+            raise
+        record = self.guard.record_tool_result(ticket, result=result)
+        result_json = _content.capture_json(result) if self.capture_content else None
+        self._telemetry.end_tool(span, record, result_json=result_json)
+        return result
+
+    async def acall_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        fn: Callable[..., Any] | None = None,
+        call_id: str | None = None,
+        _invoke: Callable[[], Any] | None = None,
+        _is_async: bool | None = None,
+    ) -> Any:
+        """Async :meth:`call_tool`: a coroutine tool is awaited with ``asyncio.wait_for``
+        (cancelled at its timeout); a sync tool runs in a worker thread."""
+        args = dict(arguments or {})
+        target = fn if fn is not None else self.tools.get(name)
+        invoke = _invoke or self._invoker(name, args, fn)
+        is_async = _is_async if _is_async is not None else inspect.iscoroutinefunction(target)
+        ticket, args_json = self._check_tool(name, args, call_id)
+        span = self._telemetry.start_tool(ticket, args_json)
+        token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
+        try:
+            if is_async:
+                result = await asyncio.wait_for(invoke(), timeout=ticket.timeout_seconds)
+            else:
+                loop = asyncio.get_running_loop()
+                ctx = contextvars.copy_context()
+                result = await asyncio.wait_for(
+                    loop.run_in_executor(_tool_executor(), functools.partial(ctx.run, invoke)),
+                    timeout=ticket.timeout_seconds,
+                )
+        except (TimeoutError, asyncio.TimeoutError):
+            err = TimeoutError(f"tool {name[:80]!r} timed out after {ticket.timeout_seconds:.3g} s")
+            record = self.guard.record_tool_result(ticket, error=err, failure_class=FailureClass.TIMEOUT)
+            self._telemetry.end_tool(span, record, error=err)
+            raise err from None
+        except BaseException as exc:
+            record = self.guard.record_tool_result(ticket, error=exc)
+            self._telemetry.end_tool(span, record, error=exc)
+            raise
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+        record = self.guard.record_tool_result(ticket, result=result)
+        result_json = _content.capture_json(result) if self.capture_content else None
+        self._telemetry.end_tool(span, record, result_json=result_json)
+        return result
+
+
+class _ModelCall:
+    """Handle yielded by :meth:`Run.model_call`."""
+
+    __slots__ = ("_run", "decision", "stop")
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self.decision: Decision | None = None
+        self.stop: Any = None
+
+    def record(self, decision: Decision) -> None:
+        """Record the model's decision.
+
+        Raises:
+            TypeError: ``decision`` is not a :class:`Decision`.
+        """
+        if not isinstance(decision, Decision):
+            raise TypeError(
+                f"a loopwatch decision function must return loopwatch.instrumentation.Decision, "
+                f"got {type(decision).__name__}"
+            )
+        self.decision = decision
+        verdict = self._run.guard.record_decision(decision)
+        if not verdict.allowed:
+            self.stop = verdict.stop
+
+
+class _ToolCall:
+    """Handle yielded by :meth:`Run.tool_call`."""
+
+    __slots__ = ("record", "result", "ticket")
+
+    def __init__(self, ticket: ToolTicket) -> None:
+        self.ticket = ticket
+        self.result: Any = None
+        self.record: ToolRecord | None = None
+
+    def set_result(self, value: Any) -> None:
+        """The tool's result (recorded when the block exits)."""
+        self.result = value
+
+
+# --------------------------------------------------------------------- decorators
+
+
+def _require_run(what: str) -> Run:
+    run = _current.get()
+    if run is None:
+        raise RunStateError(f"{what} called outside a run: decorate the loop with @agent or use Run")
+    return run
+
+
+@overload
+def agent(fn: Callable[P, R], /) -> Callable[P, Outcome]: ...
+
+
+@overload
+def agent(
+    *,
+    name: str | None = None,
+    policy: Policy | str | os.PathLike[str] | None = None,
+    mode: Mode = "enforce",
+    goal_check: Callable[[Any], bool] | None = None,
+    **run_kwargs: Any,
+) -> Callable[[Callable[P, R]], Callable[P, Outcome]]: ...
+
+
+def agent(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    policy: Policy | str | os.PathLike[str] | None = None,
+    mode: Mode = "enforce",
+    goal_check: Callable[[Any], bool] | None = None,
+    **run_kwargs: Any,
+) -> Any:
+    """Decorate an agent loop function (sync or async); each call is one run.
+
+    The decorated function returns an :class:`Outcome` instead of the loop's value; the
+    loop's return value is the final answer unless a ``final`` decision was recorded.
+    A call made inside another run becomes a child run (it draws from the parent's
+    budget). The policy is resolved at decoration time, so an invalid policy fails
+    before any model or tool call.
+
+    Args:
+        name: agent name (default: the function's name).
+        policy / mode / goal_check / run_kwargs: as for :class:`Run`.
+
+    Raises:
+        PolicyError: invalid policy (at decoration time).
+        Exception: an unexpected exception of the loop, after the run was stopped as
+            ``error`` (the exception type is the evidence).
+    """
+
+    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        agent_name = name or func.__name__
+        resolved = _resolve_policy(policy)
+
+        def make_run() -> Run:
+            parent = _current.get()
+            if parent is not None and not parent.stopped:
+                return parent.child(agent_name, resolved if policy is not None else None, goal_check=goal_check, **run_kwargs)
+            return Run(agent_name, resolved, mode=mode, goal_check=goal_check, **run_kwargs)
+
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Outcome:
+                run = make_run()
+                async with run:
+                    answer = await func(*args, **kwargs)
+                    run.finish(answer)
+                return run.outcome
+
+            return async_wrapper
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Outcome:
+            run = make_run()
+            with run:
+                answer = func(*args, **kwargs)
+                run.finish(answer)
+            return run.outcome
+
+        return wrapper
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def decision(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    estimate_tokens: Callable[..., int] | None = None,
+) -> Any:
+    """Decorate the function that asks the model; it must return a :class:`Decision`.
+
+    The guard checks and reserves the model turn before the function runs, and records
+    the decision after (``decide {agent}`` span). Sync and async.
+
+    Args:
+        estimate_tokens: optional ``(*args, **kwargs) -> int`` giving the projected
+            tokens of the call (checked against ``max_tokens`` before the call).
+
+    Raises:
+        StopRun: the guard refused the call or the decision ended the run (caught by
+            ``@agent``).
+        RunStateError: called outside a run.
+    """
+
+    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Decision:
+                run = _require_run("a @decision function")
+                est = estimate_tokens(*args, **kwargs) if estimate_tokens else None
+                return await run.adecide(func, *args, estimate_tokens=est, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Decision:
+            run = _require_run("a @decision function")
+            est = estimate_tokens(*args, **kwargs) if estimate_tokens else None
+            return run.decide(func, *args, estimate_tokens=est, **kwargs)
+
+        return wrapper
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def tool(fn: Callable[P, R] | None = None, /, *, name: str | None = None) -> Any:
+    """Decorate a tool (sync or async). Inside a run, each call is guarded and traced.
+
+    The call's arguments are bound to the signature (defaults applied) and fingerprinted
+    by name. Outside a run the tool runs unguarded. The per-call timeout applies (a sync
+    tool runs in a worker thread; an async tool is cancelled at its timeout).
+
+    Args:
+        name: tool name (default: the function's name).
+
+    Raises:
+        StopRun: refused and the run ended (caught by ``@agent``).
+        ToolFailure: unknown tool (``strict_tools`` policy or a ``tools`` registry).
+        TimeoutError: the call timed out.
+    """
+
+    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        tool_name = name or func.__name__
+        sig = inspect.signature(func)
+
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                run = _current.get()
+                if run is None:
+                    return await func(*args, **kwargs)
+                bound = sig.bind(*args, **kwargs)
+                bound.apply_defaults()
+                return await run.acall_tool(
+                    tool_name,
+                    dict(bound.arguments),
+                    _invoke=functools.partial(func, *bound.args, **bound.kwargs),
+                    _is_async=True,
+                )
+
+            async_wrapper.__loopwatch_tool__ = tool_name  # type: ignore[attr-defined]
+            return async_wrapper
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            run = _current.get()
+            if run is None:
+                return func(*args, **kwargs)
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return run.call_tool(
+                tool_name,
+                dict(bound.arguments),
+                _invoke=functools.partial(func, *bound.args, **bound.kwargs),
+            )
+
+        wrapper.__loopwatch_tool__ = tool_name  # type: ignore[attr-defined]
+        return wrapper
+
+    return wrap(fn) if fn is not None else wrap
