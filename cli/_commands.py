@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-
 from loopwatch.instrumentation import __version__
 from loopwatch.instrumentation.policy import check_policy_file, load_policies
 

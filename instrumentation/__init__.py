@@ -33,7 +33,14 @@ from .guard import (
     Usage,
     Verdict,
 )
-from .policy import Policy, ToolPolicy, builtin_profiles, check_policy_file, load_policies, load_policy
+from .policy import (
+    Policy,
+    ToolPolicy,
+    builtin_profiles,
+    check_policy_file,
+    load_policies,
+    load_policy,
+)
 from .run import Run, agent, current_run, decision, tool
 
 __version__ = "0.1.0"

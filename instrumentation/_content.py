@@ -32,7 +32,9 @@ def capture_enabled(flag: bool | None) -> bool:
     return os.environ.get(sc.ENV_CAPTURE_CONTENT, "").strip().lower() in _TRUE
 
 
-def truncate(value: Any, *, max_string: int = _MAX_STRING, max_items: int = _MAX_ITEMS, _depth: int = 0) -> Any:
+def truncate(
+    value: Any, *, max_string: int = _MAX_STRING, max_items: int = _MAX_ITEMS, _depth: int = 0
+) -> Any:
     """Shorten a JSON-like value while keeping it valid JSON of the same shape.
 
     Long strings end with ``…[+N chars]``; long lists keep ``max_items`` items and a
@@ -51,10 +53,15 @@ def truncate(value: Any, *, max_string: int = _MAX_STRING, max_items: int = _MAX
             if i >= max_items:
                 out["…"] = f"[+{len(value) - max_items} keys]"
                 break
-            out[str(k)[:max_string]] = truncate(v, max_string=max_string, max_items=max_items, _depth=_depth + 1)
+            out[str(k)[:max_string]] = truncate(
+                v, max_string=max_string, max_items=max_items, _depth=_depth + 1
+            )
         return out
     if isinstance(value, list | tuple):
-        items = [truncate(v, max_string=max_string, max_items=max_items, _depth=_depth + 1) for v in value[:max_items]]
+        items = [
+            truncate(v, max_string=max_string, max_items=max_items, _depth=_depth + 1)
+            for v in value[:max_items]
+        ]
         if len(value) > max_items:
             items.append(f"…[+{len(value) - max_items} items]")
         return items
@@ -78,7 +85,9 @@ def capture_json(value: Any, *, max_chars: int = MAX_CAPTURE_CHARS) -> str:
     max_string = _MAX_STRING
     text = ""
     for _ in range(6):
-        text = json.dumps(scrub(truncate(canon, max_string=max_string)), ensure_ascii=False, separators=(",", ":"))
+        text = json.dumps(
+            scrub(truncate(canon, max_string=max_string)), ensure_ascii=False, separators=(",", ":")
+        )
         if len(text) <= max_chars:
             return text
         max_string //= 4

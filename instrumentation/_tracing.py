@@ -38,7 +38,9 @@ def _dropped(exc: BaseException) -> None:
         _drops += 1
         first = _drops == 1
     if first:
-        _log.debug("loopwatch: span emission failed (%s); counting further drops", type(exc).__name__)
+        _log.debug(
+            "loopwatch: span emission failed (%s); counting further drops", type(exc).__name__
+        )
 
 
 def _json(value: Any) -> str:
@@ -241,7 +243,9 @@ class RunTelemetry:
             if result_json is not None:
                 attrs[sc.GEN_AI_TOOL_CALL_RESULT] = result_json
             if error is not None or record.outcome == sc.OUTCOME_ERROR:
-                attrs[sc.ERROR_TYPE] = record.error_type or (type(error).__name__ if error else "error")
+                attrs[sc.ERROR_TYPE] = record.error_type or (
+                    type(error).__name__ if error else "error"
+                )
                 if record.failure_class is not None:
                     attrs[sc.LW_TOOL_FAILURE_CLASS] = record.failure_class.value
                 span.set_status(Status(StatusCode.ERROR))
@@ -319,4 +323,3 @@ class RunTelemetry:
                 run_span.end()
         except Exception as exc:
             _dropped(exc)
-

@@ -79,7 +79,7 @@ class ScriptExhaustedError(LoopwatchError):
     """A strict scripted model was called after its script ran out."""
 
 
-class StopRun(BaseException):  # noqa: N818 - control flow, named like GeneratorExit
+class StopRun(BaseException):
     """Raised inside an agent loop when the guard has ended the run.
 
     The ``@agent`` decorator and the ``Run`` context manager catch it and turn it into

@@ -54,7 +54,9 @@ class ToolFailure(Exception):
         ValueError: an unknown failure class.
     """
 
-    def __init__(self, message: str, failure_class: FailureClass | str = FailureClass.PERMANENT) -> None:
+    def __init__(
+        self, message: str, failure_class: FailureClass | str = FailureClass.PERMANENT
+    ) -> None:
         super().__init__(message)
         self.failure_class = FailureClass(failure_class)
 

@@ -47,52 +47,78 @@ def canonicalize(
     keep: frozenset[str] = frozenset(),
     *,
     loose: bool = False,
-    _depth: int = 0,
 ) -> Any:
     """Return a JSON-ready canonical copy of ``value``.
 
     Args:
         value: any Python value (dicts, lists, scalars, dataclasses, bytes, sets).
-        volatile: keys dropped at any depth (compared case-insensitively).
-        keep: keys never dropped (progress-bearing fields), even if volatile.
+        volatile: lowercase keys dropped at any depth (matched case-insensitively).
+        keep: lowercase keys never dropped (progress-bearing fields), even if volatile.
         loose: also case-fold strings and collapse inner whitespace (retry keys).
 
     Deeper than 64 levels, a value is replaced by its type name (hostile input cannot
     exhaust the stack).
     """
-    if _depth > _MAX_DEPTH:
-        return f"<{type(value).__name__}>"
-    if value is None or isinstance(value, bool | int):
-        return value
-    if isinstance(value, str):
+    drop = volatile - keep if keep else volatile
+    return _canon(value, drop, loose, 0)
+
+
+def _canon(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
+    kind = type(value)
+    if kind is str:
         s = value.strip()
         return _WS.sub(" ", s).casefold() if loose else s
-    if isinstance(value, float):
+    if kind is int or kind is bool or value is None:
+        return value
+    if depth > _MAX_DEPTH:
+        return f"<{kind.__name__}>"
+    if kind is dict:
+        if drop:
+            return {
+                k if type(k) is str else str(k): _canon(v, drop, loose, depth + 1)
+                for k, v in value.items()
+                if (k.lower() if type(k) is str else str(k).lower()) not in drop
+            }
+        return {
+            k if type(k) is str else str(k): _canon(v, drop, loose, depth + 1)
+            for k, v in value.items()
+        }
+    if kind is list or kind is tuple:
+        return [_canon(v, drop, loose, depth + 1) for v in value]
+    if kind is float:
         return value if math.isfinite(value) else str(value)
+    return _canon_other(value, drop, loose, depth)
+
+
+def _canon_other(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
+    if isinstance(value, str):
+        return _canon(str(value), drop, loose, depth)
+    if isinstance(value, bool | int):
+        return int(value)
+    if isinstance(value, float):
+        return _canon(float(value), drop, loose, depth)
     if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            key = str(k)
-            lowered = key.lower()
-            if lowered in volatile and lowered not in keep:
-                continue
-            out[key] = canonicalize(v, volatile, keep, loose=loose, _depth=_depth + 1)
-        return out
+        return _canon(dict(value), drop, loose, depth)
     if isinstance(value, list | tuple):
-        return [canonicalize(v, volatile, keep, loose=loose, _depth=_depth + 1) for v in value]
+        return _canon(list(value), drop, loose, depth)
     if isinstance(value, set | frozenset):
-        items = [canonicalize(v, volatile, keep, loose=loose, _depth=_depth + 1) for v in value]
-        return sorted(items, key=lambda x: json.dumps(x, sort_keys=True, default=str))
+        items = [_canon(v, drop, loose, depth + 1) for v in value]
+        return sorted(items, key=canonical_json)
     if isinstance(value, bytes | bytearray):
         return bytes(value).hex()
     if is_dataclass(value) and not isinstance(value, type):
-        return canonicalize(asdict(value), volatile, keep, loose=loose, _depth=_depth + 1)
+        return _canon(asdict(value), drop, loose, depth + 1)
     return str(value)
+
+
+_ENCODER: Final = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+)
 
 
 def canonical_json(value: Any) -> str:
     """Compact JSON with sorted keys of an already canonical value."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return _ENCODER.encode(value)
 
 
 def digest(text: str) -> str:
@@ -166,7 +192,9 @@ def text_fingerprint(text: str | None) -> str:
 
 def is_empty_result(result: Any) -> bool:
     """True for an empty but valid result: ``None``, ``""``, ``[]``, ``{}``."""
-    return result is None or (isinstance(result, str | list | tuple | dict | set) and len(result) == 0)
+    return result is None or (
+        isinstance(result, str | list | tuple | dict | set) and len(result) == 0
+    )
 
 
 def preview(tool: str, fingerprint: str) -> str:

@@ -145,7 +145,9 @@ _MESSAGES: Final[dict[StopReason, str]] = {
     StopReason.COMPLETED: "The run completed with a final answer.",
     StopReason.FINAL_UNVERIFIED: "The run gave a final answer that failed the goal check.",
     StopReason.REFUSED: "The model refused the task.",
-    StopReason.BUDGET_EXHAUSTED: "Stopped: the {dimension} budget is exhausted ({observed} > {limit}).",
+    StopReason.BUDGET_EXHAUSTED: (
+        "Stopped: the {dimension} budget is exhausted ({observed} > {limit})."
+    ),
     StopReason.DEADLINE_EXCEEDED: "Stopped: the wall-clock deadline of {limit} s was reached.",
     StopReason.REPEATED_ACTION: "Stopped: the same action repeated with an unchanged result.",
     StopReason.ACTION_CYCLE: "Stopped: a cycle of actions repeated with unchanged results.",
@@ -207,7 +209,9 @@ class Decision:
         return cls(DecisionType.FINAL, answer=answer, **usage)
 
     @classmethod
-    def message(cls, text: str | None = None, *, asks_for: Sequence[str] = (), **usage: Any) -> Decision:
+    def message(
+        cls, text: str | None = None, *, asks_for: Sequence[str] = (), **usage: Any
+    ) -> Decision:
         """A ``message`` decision (plan, clarification, empty message)."""
         return cls(DecisionType.MESSAGE, text=text, asks_for=tuple(asks_for), **usage)
 
@@ -392,6 +396,7 @@ class ToolTicket:
     timeout_seconds: float = 0.0
     would_stop: Stop | None = None
     done: bool = False
+    arguments: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,6 +485,9 @@ class _LRU:
     def __contains__(self, key: Any) -> bool:
         return key in self._data
 
+    def pop(self, key: Any) -> None:
+        self._data.pop(key, None)
+
     def set(self, key: Any, value: Any) -> None:
         self._data[key] = value
         self._data.move_to_end(key)
@@ -491,12 +499,6 @@ class _LRU:
 
     def __len__(self) -> int:
         return len(self._data)
-
-
-def _tool_fields(policy: Policy, tool: ToolPolicy) -> tuple[frozenset[str], frozenset[str]]:
-    keep = fields_lower(tool.progress)
-    volatile = DEFAULT_VOLATILE_FIELDS | fields_lower(tool.volatile)
-    return volatile, keep
 
 
 class Guard:
@@ -576,6 +578,7 @@ class Guard:
         self._decisions: deque[tuple[str, int]] = deque(maxlen=window)
         self._decision_counts: Counter[str] = Counter()
         self._call_ids = itertools.count(1)
+        self._tool_cache = _LRU(256)
 
     # ------------------------------------------------------------------ state
 
@@ -696,7 +699,9 @@ class Guard:
             )
         return None
 
-    def _ceiling(self, dimension: Dimension, limit: float, would_be: float, tool: str | None = None) -> Stop:
+    def _ceiling(
+        self, dimension: Dimension, limit: float, would_be: float, tool: str | None = None
+    ) -> Stop:
         return self._make_stop(
             StopReason.BUDGET_EXHAUSTED,
             dimension=dimension,
@@ -800,7 +805,7 @@ class Guard:
                 if getattr(base, name) > left:
                     caps[name] = type(getattr(base, name))(max(left, 0))
             seconds_left = self.remaining_seconds()
-            if base.max_elapsed_seconds > seconds_left and seconds_left > 0:
+            if base.max_elapsed_seconds > seconds_left > 0:
                 caps["max_elapsed_seconds"] = seconds_left
             child_policy = base.with_overrides("parent", **caps) if caps else base
             return Guard(
@@ -848,14 +853,18 @@ class Guard:
                 stop = self._ceiling(Dimension.MODEL_TURNS, p.max_model_turns, self._turns + 1)
             if stop is None:
                 projected = tokens + (estimate_tokens or 0)
-                if (estimate_tokens is not None and projected > p.max_tokens) or tokens >= p.max_tokens:
+                if (
+                    estimate_tokens is not None and projected > p.max_tokens
+                ) or tokens >= p.max_tokens:
                     stop = self._ceiling(Dimension.TOKENS, p.max_tokens, max(projected, tokens))
             if stop is None:
                 projected_cost = self._cost + (estimate_cost_usd or 0.0)
                 if (
                     estimate_cost_usd is not None and projected_cost > p.max_cost_usd
                 ) or self._cost >= p.max_cost_usd:
-                    stop = self._ceiling(Dimension.COST, p.max_cost_usd, max(projected_cost, self._cost))
+                    stop = self._ceiling(
+                        Dimension.COST, p.max_cost_usd, max(projected_cost, self._cost)
+                    )
             if stop is None:
                 needs: dict[Dimension, float] = {Dimension.MODEL_TURNS: 1}
                 if estimate_tokens:
@@ -941,7 +950,11 @@ class Guard:
         if count < self.policy.repeated_decision_limit:
             return _ALLOWED
         steps = tuple(s for f, s in self._decisions if f == fp)
-        detail: dict[str, Any] = {"kind": "ask" if decision.asks_for else ("empty" if not (decision.text or "").strip() else "text")}
+        detail: dict[str, Any] = {
+            "kind": "ask"
+            if decision.asks_for
+            else ("empty" if not (decision.text or "").strip() else "text")
+        }
         if decision.asks_for:
             asked = sorted({f.strip().casefold() for f in decision.asks_for})
             detail["asks_for"] = asked
@@ -999,9 +1012,16 @@ class Guard:
                 ok = False
                 detail["goal_check_error"] = type(exc).__name__
         if ok:
-            return self._decide(self._make_stop(StopReason.COMPLETED, evidence=Evidence(detector="goal_check") if self._goal_check else None))
+            return self._decide(
+                self._make_stop(
+                    StopReason.COMPLETED,
+                    evidence=Evidence(detector="goal_check") if self._goal_check else None,
+                )
+            )
         return self._decide(
-            self._make_stop(StopReason.FINAL_UNVERIFIED, evidence=Evidence(detector="goal_check", detail=detail))
+            self._make_stop(
+                StopReason.FINAL_UNVERIFIED, evidence=Evidence(detector="goal_check", detail=detail)
+            )
         )
 
     # ------------------------------------------------------------ tool calls
@@ -1024,18 +1044,18 @@ class Guard:
         """
         args: Mapping[str, Any] = arguments if arguments is not None else {}
         with self._lock:
-            tp = self.policy.tool(tool)
-            volatile, keep = _tool_fields(self.policy, tp)
+            tp, volatile, keep, intent_volatile = self._tool_settings(tool)
             fp = action_fingerprint(tool, args, volatile, keep)
             key_field = tp.idempotency_key.lower() if tp.idempotency_key else None
             idem_value = None
+            intent = fp
             if key_field is not None:
                 for k, v in args.items():
                     if str(k).lower() == key_field and v not in (None, ""):
                         idem_value = canonical_json(canonicalize(v))
-            intent_volatile = volatile | {key_field} if key_field else volatile
-            intent = fp if key_field is None else action_fingerprint(tool, args, intent_volatile, keep)
-            retry_key = action_fingerprint(tool, args, intent_volatile, keep, loose=True)
+                intent = action_fingerprint(tool, args, intent_volatile, keep)
+            # The loose retry key only matters once some action has failed.
+            retry_key = self._retry_key(tool, args) if len(self._last_failure) else ""
             ticket = ToolTicket(
                 allowed=False,
                 tool=tool,
@@ -1046,6 +1066,7 @@ class Guard:
                 intent=intent,
                 retry_key=retry_key,
                 idempotency_key=idem_value,
+                arguments=args,
             )
             if self._stop is not None:
                 ticket.stop = self._stop
@@ -1054,12 +1075,16 @@ class Guard:
             if not self._step_open:
                 self._step = max(self._step, 1)
             unknown = (self._known_tools is not None and tool not in self._known_tools) or (
-                self._known_tools is None and self.policy.strict_tools and tool not in self.policy.tools
+                self._known_tools is None
+                and self.policy.strict_tools
+                and tool not in self.policy.tools
             )
             if unknown:
                 ticket.done = True
                 if self._last_failure.get(retry_key) is FailureClass.UNKNOWN_TOOL:
-                    verdict = self._decide(self._retry_stop(ticket, FailureClass.UNKNOWN_TOOL, 0, 0))
+                    verdict = self._decide(
+                        self._retry_stop(ticket, FailureClass.UNKNOWN_TOOL, 0, 0)
+                    )
                     if not verdict.allowed:
                         self._blocked += 1
                         ticket.stop = verdict.stop
@@ -1090,16 +1115,26 @@ class Guard:
             ticket.timeout_seconds = min(self.policy.timeout_for(tp), self.remaining_seconds())
             return ticket
 
-    def _pre_dispatch(self, ticket: ToolTicket, tp: ToolPolicy) -> tuple[Stop | None, str | None, bool]:
+    def _pre_dispatch(
+        self, ticket: ToolTicket, tp: ToolPolicy
+    ) -> tuple[Stop | None, str | None, bool]:
         p = self.policy
         stop = self._check_deadline()
         if stop is not None:
             return stop, "deadline", False
         if self._attempts >= p.max_tool_attempts:
-            return self._ceiling(Dimension.TOOL_ATTEMPTS, p.max_tool_attempts, self._attempts + 1, ticket.tool), "ceiling", False
+            return (
+                self._ceiling(
+                    Dimension.TOOL_ATTEMPTS, p.max_tool_attempts, self._attempts + 1, ticket.tool
+                ),
+                "ceiling",
+                False,
+            )
         if self._successes >= p.max_tool_successes:
             return (
-                self._ceiling(Dimension.TOOL_SUCCESSES, p.max_tool_successes, self._successes + 1, ticket.tool),
+                self._ceiling(
+                    Dimension.TOOL_SUCCESSES, p.max_tool_successes, self._successes + 1, ticket.tool
+                ),
                 "ceiling",
                 False,
             )
@@ -1126,7 +1161,9 @@ class Guard:
             return stop, "action_cycle", False
         return None, None, False
 
-    def _retry_stop(self, ticket: ToolTicket, failure: FailureClass, allowance: int, used: int) -> Stop:
+    def _retry_stop(
+        self, ticket: ToolTicket, failure: FailureClass, allowance: int, used: int
+    ) -> Stop:
         return self._make_stop(
             StopReason.BUDGET_EXHAUSTED,
             dimension=Dimension.ACTION_RETRIES,
@@ -1147,10 +1184,12 @@ class Guard:
         streak = self._streak
         if tp.risk == "write":
             prior: list[tuple[str | None, int]] = self._writes.get(ticket.intent) or []
-            replay = ticket.idempotency_key is not None and any(k == ticket.idempotency_key for k, _ in prior)
+            replay = ticket.idempotency_key is not None and any(
+                k == ticket.idempotency_key for k, _ in prior
+            )
             duplicates = [(k, s) for k, s in prior if k is None or k != ticket.idempotency_key]
             if not replay and len(duplicates) + 1 >= limit and duplicates:
-                steps = tuple(s for _, s in duplicates) + (ticket.step,)
+                steps = (*(s for _, s in duplicates), ticket.step)
                 return self._make_stop(
                     StopReason.REPEATED_ACTION,
                     limit=limit,
@@ -1161,7 +1200,10 @@ class Guard:
                         repetitions=len(duplicates) + 1,
                         step_indices=steps[-self._window :],
                         fingerprint_previews=(preview(ticket.tool, ticket.intent),),
-                        detail={"risk": "write", "idempotency_key_changed": ticket.idempotency_key is not None},
+                        detail={
+                            "risk": "write",
+                            "idempotency_key_changed": ticket.idempotency_key is not None,
+                        },
                     ),
                 )
         if tp.risk == "write" and ticket.idempotency_key is not None:
@@ -1194,13 +1236,17 @@ class Guard:
             length = period * reps
             if n < length - 1:
                 break
+            if actions[n - period].fingerprint != ticket.fingerprint:
+                continue
             seq = [actions[i] for i in range(n - (length - 1), n)]
             fps = [a.fingerprint for a in seq] + [ticket.fingerprint]
             if len(set(fps[:period])) < 2:
                 continue
             if any(fps[i] != fps[i - period] for i in range(period, length)):
                 continue
-            if any(seq[i].observation != seq[i - period].observation for i in range(period, length - 1)):
+            if any(
+                seq[i].observation != seq[i - period].observation for i in range(period, length - 1)
+            ):
                 continue
             tools = [a.tool for a in seq[:period]]
             previews = tuple(preview(a.tool, a.fingerprint) for a in seq[:period])
@@ -1220,12 +1266,33 @@ class Guard:
             )
         return None
 
+    def _tool_settings(
+        self, tool: str
+    ) -> tuple[ToolPolicy, frozenset[str], frozenset[str], frozenset[str]]:
+        cached: tuple[ToolPolicy, frozenset[str], frozenset[str], frozenset[str]] | None = (
+            self._tool_cache.get(tool)
+        )
+        if cached is None:
+            tp = self.policy.tool(tool)
+            keep = fields_lower(tp.progress)
+            volatile = DEFAULT_VOLATILE_FIELDS | fields_lower(tp.volatile)
+            intent_volatile = volatile | {tp.idempotency_key.lower()} if tp.idempotency_key else volatile
+            cached = (tp, volatile, keep, intent_volatile)
+            self._tool_cache.set(tool, cached)
+        return cached
+
+    def _retry_key(self, tool: str, args: Mapping[str, Any]) -> str:
+        _tp, _volatile, keep, intent_volatile = self._tool_settings(tool)
+        return action_fingerprint(tool, args, intent_volatile, keep, loose=True)
+
     def _remember_failure(self, ticket: ToolTicket, failure: FailureClass | None) -> None:
         if failure is None:
-            if ticket.retry_key in self._last_failure:
-                self._last_failure.set(ticket.retry_key, None)
-        else:
-            self._last_failure.set(ticket.retry_key, failure)
+            if ticket.retry_key:
+                self._last_failure.pop(ticket.retry_key)
+            return
+        if not ticket.retry_key:
+            ticket.retry_key = self._retry_key(ticket.tool, ticket.arguments or {})
+        self._last_failure.set(ticket.retry_key, failure)
 
     def record_tool_result(
         self,
@@ -1255,17 +1322,24 @@ class Guard:
                 ticket.done = True
                 return ToolRecord(accepted=False, steps_since_progress=self._steps_since_progress)
             ticket.done = True
-            tp = self.policy.tool(ticket.tool)
-            volatile, keep = _tool_fields(self.policy, tp)
+            tp, volatile, keep, _intent = self._tool_settings(ticket.tool)
             progress = False
             fc: FailureClass | None = None
             error_type: str | None = None
             if error is not None:
-                fc = FailureClass(failure_class) if failure_class is not None else classify_exception(error)
+                fc = (
+                    FailureClass(failure_class)
+                    if failure_class is not None
+                    else classify_exception(error)
+                )
                 error_type = type(error).__name__
                 obs = digest(
                     canonical_json(
-                        {"error": fc.value, "type": error_type, "message": str(error)[:_ERROR_MESSAGE_CHARS]}
+                        {
+                            "error": fc.value,
+                            "type": error_type,
+                            "message": str(error)[:_ERROR_MESSAGE_CHARS],
+                        }
                     )
                 )
                 self._errors += 1
@@ -1279,7 +1353,9 @@ class Guard:
                     progress = True
                 if tp.risk == "write":
                     prior = list(self._writes.get(ticket.intent) or [])
-                    if ticket.idempotency_key is None or all(k != ticket.idempotency_key for k, _ in prior):
+                    if ticket.idempotency_key is None or all(
+                        k != ticket.idempotency_key for k, _ in prior
+                    ):
                         prior.append((ticket.idempotency_key, ticket.step))
                     self._writes.set(ticket.intent, prior[-self._window :])
             self._seen.set(obs, None)
@@ -1287,7 +1363,11 @@ class Guard:
             action = _Action(ticket.fingerprint, obs, ticket.tool, ticket.step)
             self._actions.append(action)
             streak = self._streak
-            if streak is not None and streak.fingerprint == action.fingerprint and streak.observation == obs:
+            if (
+                streak is not None
+                and streak.fingerprint == action.fingerprint
+                and streak.observation == obs
+            ):
                 self._streak_steps.append(ticket.step)
             else:
                 self._streak = action
@@ -1407,7 +1487,9 @@ class Guard:
             if self._stop is None:
                 self._stop = self._make_stop(
                     StopReason.ERROR,
-                    evidence=Evidence(detector="exception", detail={"exception_type": type(exc).__name__}),
+                    evidence=Evidence(
+                        detector="exception", detail={"exception_type": type(exc).__name__}
+                    ),
                 )
             return self.outcome()
 
@@ -1469,8 +1551,12 @@ class Guard:
                 "stop": self._stop.to_dict() if self._stop is not None else None,
                 "actions": [[a.fingerprint, a.observation, a.tool, a.step] for a in self._actions],
                 "streak_steps": list(self._streak_steps),
-                "last_failure": [[k, v.value if v else None] for k, v in self._last_failure.items()],
-                "retries": [[k[0], k[1].value if k[1] else None, v] for k, v in self._retries.items()],
+                "last_failure": [
+                    [k, v.value if v else None] for k, v in self._last_failure.items()
+                ],
+                "retries": [
+                    [k[0], k[1].value if k[1] else None, v] for k, v in self._retries.items()
+                ],
                 "writes": [[k, [list(x) for x in v]] for k, v in self._writes.items()],
                 "seen": [k for k, _ in self._seen.items()],
                 "progress_values": [[list(k), v] for k, v in self._progress_values.items()],
@@ -1501,8 +1587,15 @@ class Guard:
             raise ValueError("not a loopwatch guard snapshot")
         if state.get("stop"):
             raise ValueError("the run had already stopped; start a new run instead")
-        g = cls(policy, clock=clock, mode=mode, goal_check=goal_check, run_id=str(state["run_id"]),
-                known_tools=known_tools, scrub=scrub)
+        g = cls(
+            policy,
+            clock=clock,
+            mode=mode,
+            goal_check=goal_check,
+            run_id=str(state["run_id"]),
+            known_tools=known_tools,
+            scrub=scrub,
+        )
         c = state["counters"]
         g._elapsed_offset = float(state["elapsed_seconds"])
         g._turns = int(c["turns"])
@@ -1545,4 +1638,3 @@ def _fmt(value: float | None) -> str:
     if isinstance(value, float) and not value.is_integer():
         return f"{value:.4g}"
     return str(int(value))
-

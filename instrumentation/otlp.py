@@ -4,7 +4,7 @@ Library code never configures a tracer provider; *applications* call this once a
 start-up (or configure the SDK themselves)::
 
     from loopwatch.instrumentation.otlp import configure_otlp
-    provider = configure_otlp(endpoint="http://127.0.0.1:4318/v1/traces", service_name="support-bot")
+    provider = configure_otlp(service_name="support-bot")  # 127.0.0.1:4318 by default
     ...
     provider.shutdown()   # flushes pending spans
 """

@@ -280,7 +280,9 @@ class Policy:
 
     def timeout_for(self, tool: ToolPolicy) -> float:
         """Per-call timeout of ``tool`` in seconds."""
-        return tool.timeout_seconds if tool.timeout_seconds is not None else self.tool_timeout_seconds
+        return (
+            tool.timeout_seconds if tool.timeout_seconds is not None else self.tool_timeout_seconds
+        )
 
     def limits(self) -> dict[str, dict[str, Any]]:
         """Each effective limit and where it came from: ``{field: {"value", "source"}}``."""
@@ -304,16 +306,15 @@ def _validate_values(values: Mapping[str, Any], prefix: str, source: str) -> lis
                 PolicyProblem(path, f"must be a number, got {type(value).__name__}", source)
             )
             continue
-        if kind == _INT and not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                pass
-            else:
-                problems.append(PolicyProblem(path, f"must be a whole number, got {value!r}", source))
-                continue
         if not math.isfinite(value):
             problems.append(
-                PolicyProblem(path, f"must be finite, got {value!r} (omit it for the default)", source)
+                PolicyProblem(
+                    path, f"must be finite, got {value!r} (omit it for the default)", source
+                )
             )
+            continue
+        if kind == _INT and not isinstance(value, int) and not value.is_integer():
+            problems.append(PolicyProblem(path, f"must be a whole number, got {value!r}", source))
             continue
         if strict and value <= minimum:
             problems.append(PolicyProblem(path, f"must be > {minimum:g}, got {value!r}", source))
@@ -326,7 +327,9 @@ def _validate_values(values: Mapping[str, Any], prefix: str, source: str) -> lis
     return problems
 
 
-def _string_list(value: Any, path: str, source: str, problems: list[PolicyProblem]) -> frozenset[str]:
+def _string_list(
+    value: Any, path: str, source: str, problems: list[PolicyProblem]
+) -> frozenset[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         problems.append(PolicyProblem(path, "must be a list of non-empty strings", source))
         return frozenset()
@@ -343,7 +346,9 @@ def _parse_tool(
         problems.append(PolicyProblem(f"{path}.{key}", "unknown key", source))
     risk = raw.get("risk", "read")
     if risk not in ("read", "write"):
-        problems.append(PolicyProblem(f"{path}.risk", f"must be 'read' or 'write', got {risk!r}", source))
+        problems.append(
+            PolicyProblem(f"{path}.risk", f"must be 'read' or 'write', got {risk!r}", source)
+        )
         risk = "read"
     volatile = _string_list(raw.get("volatile", []), f"{path}.volatile", source, problems)
     progress = _string_list(raw.get("progress", []), f"{path}.progress", source, problems)
@@ -352,15 +357,23 @@ def _parse_tool(
         isinstance(repeat_limit, bool) or not isinstance(repeat_limit, int) or repeat_limit < 1
     ):
         problems.append(
-            PolicyProblem(f"{path}.repeat_limit", f"must be a whole number >= 1, got {repeat_limit!r}", source)
+            PolicyProblem(
+                f"{path}.repeat_limit", f"must be a whole number >= 1, got {repeat_limit!r}", source
+            )
         )
         repeat_limit = None
     key = raw.get("idempotency_key")
     if key is not None and (not isinstance(key, str) or not key):
-        problems.append(PolicyProblem(f"{path}.idempotency_key", "must be a non-empty string", source))
+        problems.append(
+            PolicyProblem(f"{path}.idempotency_key", "must be a non-empty string", source)
+        )
         key = None
     if key is not None and risk != "write":
-        problems.append(PolicyProblem(f"{path}.idempotency_key", "only write tools take an idempotency key", source))
+        problems.append(
+            PolicyProblem(
+                f"{path}.idempotency_key", "only write tools take an idempotency key", source
+            )
+        )
     timeout = raw.get("timeout_seconds")
     if timeout is not None and (
         isinstance(timeout, bool)
@@ -369,7 +382,9 @@ def _parse_tool(
         or timeout <= 0
     ):
         problems.append(
-            PolicyProblem(f"{path}.timeout_seconds", f"must be a finite number > 0, got {timeout!r}", source)
+            PolicyProblem(
+                f"{path}.timeout_seconds", f"must be a finite number > 0, got {timeout!r}", source
+            )
         )
         timeout = None
     return ToolPolicy(
@@ -383,7 +398,9 @@ def _parse_tool(
     )
 
 
-def _parse_profile(name: str, raw: Any, source: str, problems: list[PolicyProblem]) -> Policy | None:
+def _parse_profile(
+    name: str, raw: Any, source: str, problems: list[PolicyProblem]
+) -> Policy | None:
     path = f"profiles.{name}"
     if not isinstance(raw, dict):
         problems.append(PolicyProblem(path, "must be a table", source))
@@ -394,7 +411,9 @@ def _parse_profile(name: str, raw: Any, source: str, problems: list[PolicyProble
     version = raw.get("version")
     if not isinstance(version, str) or not version.strip():
         problems.append(
-            PolicyProblem(f"{path}.version", "required: a non-empty string (recorded with every stop)", source)
+            PolicyProblem(
+                f"{path}.version", "required: a non-empty string (recorded with every stop)", source
+            )
         )
         version = "invalid"
     limits = {k: raw[k] for k in _LIMIT_SPEC if k in raw}
@@ -418,7 +437,9 @@ def _parse_profile(name: str, raw: Any, source: str, problems: list[PolicyProble
             tools[tool_name] = parsed
     if len(problems) > before:
         return None
-    values = {k: (int(v) if _LIMIT_SPEC[k][0] == _INT else float(v)) for k, v in limits.items()}
+    values: dict[str, Any] = {
+        k: (int(v) if _LIMIT_SPEC[k][0] == _INT else float(v)) for k, v in limits.items()
+    }
     return Policy(
         name=name,
         version=version,
@@ -438,10 +459,16 @@ def _parse_document(text: str, source: str) -> tuple[dict[str, Policy], list[Pol
     except tomllib.TOMLDecodeError as exc:
         return {}, [PolicyProblem("<toml>", f"not valid TOML: {exc}", source)]
     for key in sorted(set(doc) - {"profiles"}):
-        problems.append(PolicyProblem(key, "unknown top-level key (profiles live under [profiles.NAME])", source))
+        problems.append(
+            PolicyProblem(
+                key, "unknown top-level key (profiles live under [profiles.NAME])", source
+            )
+        )
     profiles_raw = doc.get("profiles")
     if not isinstance(profiles_raw, dict) or not profiles_raw:
-        problems.append(PolicyProblem("profiles", "no profiles: add a [profiles.NAME] table", source))
+        problems.append(
+            PolicyProblem("profiles", "no profiles: add a [profiles.NAME] table", source)
+        )
         return {}, problems
     out: dict[str, Policy] = {}
     for name, raw in profiles_raw.items():
@@ -467,7 +494,9 @@ def load_policies(path: str | os.PathLike[str]) -> dict[str, Policy]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError([PolicyProblem("<file>", f"cannot read: {exc.__class__.__name__}", source)]) from None
+        raise PolicyError(
+            [PolicyProblem("<file>", f"cannot read: {exc.__class__.__name__}", source)]
+        ) from None
     profiles, problems = _parse_document(text, source)
     if problems:
         raise PolicyError(problems)
@@ -494,7 +523,9 @@ def load_policy(
         PolicyError: invalid file, unknown or ambiguous profile, invalid override.
     """
     profiles = load_policies(path)
-    return _select(profiles, profile, str(path)).with_env(environ).with_overrides("call", **overrides)
+    return (
+        _select(profiles, profile, str(path)).with_env(environ).with_overrides("call", **overrides)
+    )
 
 
 def _select(profiles: Mapping[str, Policy], profile: str | None, source: str) -> Policy:
@@ -506,7 +537,11 @@ def _select(profiles: Mapping[str, Policy], profile: str | None, source: str) ->
         return next(iter(profiles.values()))
     if profile not in profiles:
         raise PolicyError(
-            [PolicyProblem(f"profiles.{profile}", f"no such profile (have: {', '.join(profiles)})", source)]
+            [
+                PolicyProblem(
+                    f"profiles.{profile}", f"no such profile (have: {', '.join(profiles)})", source
+                )
+            ]
         )
     return profiles[profile]
 
@@ -531,4 +566,3 @@ def check_policy_file(path: str | os.PathLike[str]) -> list[PolicyProblem]:
     except PolicyError as exc:
         return list(exc.problems)
     return []
-

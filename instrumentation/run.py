@@ -53,7 +53,6 @@ from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
 
 from . import _content
-from . import _semconv as sc
 from ._tracing import RunTelemetry
 from .errors import RunStateError, StopRun
 from .failures import FailureClass, ToolFailure
@@ -95,7 +94,9 @@ def _resolve_policy(policy: Policy | str | os.PathLike[str] | None) -> Policy:
     builtin = builtin_profiles()
     if text in builtin:
         return builtin[text]
-    path, _, profile = text.partition(":") if ":" in text and not os.path.exists(text) else (text, "", "")
+    path, _, profile = (
+        text.partition(":") if ":" in text and not os.path.exists(text) else (text, "", "")
+    )
     return load_policy(path, profile or None)
 
 
@@ -120,6 +121,9 @@ class Run:
     Raises:
         PolicyError: an invalid policy file or profile (before any model or tool call).
     """
+
+    guard: Guard
+    _provider: TracerProvider | None
 
     def __init__(
         self,
@@ -357,7 +361,9 @@ class Run:
             if token is not None:
                 otel_context.detach(token)
                 token = None
-            self._telemetry.end_decision(span, call.decision, error=None if isinstance(exc, StopRun) else exc)
+            self._telemetry.end_decision(
+                span, call.decision, error=None if isinstance(exc, StopRun) else exc
+            )
             raise
         if token is not None:
             otel_context.detach(token)
@@ -379,7 +385,9 @@ class Run:
             StopRun: refused before the call, or the decision ended the run.
             TypeError: ``fn`` did not return a Decision.
         """
-        with self.model_call(estimate_tokens=estimate_tokens, estimate_cost_usd=estimate_cost_usd) as call:
+        with self.model_call(
+            estimate_tokens=estimate_tokens, estimate_cost_usd=estimate_cost_usd
+        ) as call:
             decision = fn(*args, **kwargs)
             call.record(decision)
         return decision
@@ -393,7 +401,9 @@ class Run:
         **kwargs: Any,
     ) -> Decision:
         """Async :meth:`decide`."""
-        with self.model_call(estimate_tokens=estimate_tokens, estimate_cost_usd=estimate_cost_usd) as call:
+        with self.model_call(
+            estimate_tokens=estimate_tokens, estimate_cost_usd=estimate_cost_usd
+        ) as call:
             decision = await fn(*args, **kwargs)
             call.record(decision)
         return decision
@@ -414,7 +424,9 @@ class Run:
             return unknown
         return functools.partial(target, **args)
 
-    def _check_tool(self, name: str, arguments: Mapping[str, Any], call_id: str | None) -> tuple[ToolTicket, str | None]:
+    def _check_tool(
+        self, name: str, arguments: Mapping[str, Any], call_id: str | None
+    ) -> tuple[ToolTicket, str | None]:
         if self._outcome is not None and self.mode == "enforce":
             raise StopRun(self._outcome.stop)
         ticket = self.guard.before_tool_call(name, arguments, call_id=call_id)
@@ -507,7 +519,9 @@ class Run:
         except concurrent.futures.TimeoutError:
             future.cancel()
             err = TimeoutError(f"tool {name[:80]!r} timed out after {ticket.timeout_seconds:.3g} s")
-            record = self.guard.record_tool_result(ticket, error=err, failure_class=FailureClass.TIMEOUT)
+            record = self.guard.record_tool_result(
+                ticket, error=err, failure_class=FailureClass.TIMEOUT
+            )
             self._telemetry.end_tool(span, record, error=err)
             raise err from None
         except BaseException as exc:
@@ -548,9 +562,11 @@ class Run:
                     loop.run_in_executor(_tool_executor(), functools.partial(ctx.run, invoke)),
                     timeout=ticket.timeout_seconds,
                 )
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             err = TimeoutError(f"tool {name[:80]!r} timed out after {ticket.timeout_seconds:.3g} s")
-            record = self.guard.record_tool_result(ticket, error=err, failure_class=FailureClass.TIMEOUT)
+            record = self.guard.record_tool_result(
+                ticket, error=err, failure_class=FailureClass.TIMEOUT
+            )
             self._telemetry.end_tool(span, record, error=err)
             raise err from None
         except BaseException as exc:
@@ -614,7 +630,9 @@ class _ToolCall:
 def _require_run(what: str) -> Run:
     run = _current.get()
     if run is None:
-        raise RunStateError(f"{what} called outside a run: decorate the loop with @agent or use Run")
+        raise RunStateError(
+            f"{what} called outside a run: decorate the loop with @agent or use Run"
+        )
     return run
 
 
@@ -668,7 +686,12 @@ def agent(
         def make_run() -> Run:
             parent = _current.get()
             if parent is not None and not parent.stopped:
-                return parent.child(agent_name, resolved if policy is not None else None, goal_check=goal_check, **run_kwargs)
+                return parent.child(
+                    agent_name,
+                    resolved if policy is not None else None,
+                    goal_check=goal_check,
+                    **run_kwargs,
+                )
             return Run(agent_name, resolved, mode=mode, goal_check=goal_check, **run_kwargs)
 
         if inspect.iscoroutinefunction(func):

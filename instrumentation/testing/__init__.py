@@ -112,15 +112,23 @@ class ScriptedModel:
         if self._tick is not None and self._seconds:
             self._tick.advance(self._seconds)
         item = self.script[index]
-        return item(index, *args, **kwargs) if callable(item) and not isinstance(item, Decision) else item
+        return (
+            item(index, *args, **kwargs)
+            if callable(item) and not isinstance(item, Decision)
+            else item
+        )
 
     @classmethod
-    def repeating(cls, decision: Decision, times: int, *, then: Sequence[Decision] = ()) -> ScriptedModel:
+    def repeating(
+        cls, decision: Decision, times: int, *, then: Sequence[Decision] = ()
+    ) -> ScriptedModel:
         """A script of ``decision`` repeated ``times`` times, then ``then``."""
         return cls([decision] * times + list(then))
 
 
-def tool_loop(name: str, arguments: dict[str, Any] | None = None, *, times: int, final: Any = None) -> ScriptedModel:
+def tool_loop(
+    name: str, arguments: dict[str, Any] | None = None, *, times: int, final: Any = None
+) -> ScriptedModel:
     """A script calling tool ``name`` with the same arguments ``times`` times, then final."""
     call = Decision.tool(ToolCall(name, dict(arguments or {})))
     return ScriptedModel([call] * times + ([Decision.final(final)] if final is not None else []))
@@ -316,7 +324,9 @@ def assert_trace_invariants(spans: Iterable[Any]) -> dict[str, RunTrace]:
             raise _fail(run_id, "exactly one stop", f"found {len(tr.stops)}")
         stop = tr.stops[0]
         sattrs = stop.attributes
-        if tr.run is not None and tr.run.attributes.get(sc.LW_STOP_REASON) != sattrs.get(sc.LW_STOP_REASON):
+        if tr.run is not None and tr.run.attributes.get(sc.LW_STOP_REASON) != sattrs.get(
+            sc.LW_STOP_REASON
+        ):
             raise _fail(run_id, "run span carries the stop", "reasons differ")
         for span in itertools.chain(tr.decisions, tr.tools):
             if span.start_time > stop.start_time:
@@ -331,15 +341,26 @@ def assert_trace_invariants(spans: Iterable[Any]) -> dict[str, RunTrace]:
             if outcome == sc.OUTCOME_OK:
                 ok += 1
                 if t.start_time > t.end_time:
-                    raise _fail(run_id, "success has an earlier start", f"{t.name} ends before it starts")
+                    raise _fail(
+                        run_id, "success has an earlier start", f"{t.name} ends before it starts"
+                    )
                 if tr.run is not None and t.start_time < tr.run.start_time:
-                    raise _fail(run_id, "success has an earlier start", f"{t.name} starts before the run")
+                    raise _fail(
+                        run_id, "success has an earlier start", f"{t.name} starts before the run"
+                    )
                 step = int(t.attributes.get(sc.LW_STEP, 0))
                 if decision_starts:
                     earlier = [s for k, s in decision_starts.items() if k <= step]
                     if not earlier or min(earlier) > t.start_time:
-                        raise _fail(run_id, "success has an earlier start", f"{t.name} at step {step} has no earlier decision")
-            if outcome in (sc.OUTCOME_OK, sc.OUTCOME_ERROR) and t.attributes.get(sc.ERROR_TYPE) != "unknown_tool":
+                        raise _fail(
+                            run_id,
+                            "success has an earlier start",
+                            f"{t.name} at step {step} has no earlier decision",
+                        )
+            if (
+                outcome in (sc.OUTCOME_OK, sc.OUTCOME_ERROR)
+                and t.attributes.get(sc.ERROR_TYPE) != "unknown_tool"
+            ):
                 attempted += 1
         if ok > attempted:
             raise _fail(run_id, "successes <= attempts", f"{ok} > {attempted}")
@@ -352,7 +373,9 @@ def assert_trace_invariants(spans: Iterable[Any]) -> dict[str, RunTrace]:
             raise _fail(run_id, "successes <= attempts", "stop usage counts")
         for key, count in expected.items():
             if int(sattrs.get(key, -1)) != count:
-                raise _fail(run_id, "counters equal events", f"{key}={sattrs.get(key)} but {count} spans")
+                raise _fail(
+                    run_id, "counters equal events", f"{key}={sattrs.get(key)} but {count} spans"
+                )
     return runs
 
 

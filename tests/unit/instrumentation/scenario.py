@@ -6,12 +6,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from loopwatch.instrumentation import Outcome, Policy, Run, ToolFailure
+from loopwatch.instrumentation.testing import FakeClock, ScriptedModel, assert_trace_invariants
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-from loopwatch.instrumentation import Outcome, Policy, Run, ToolFailure
-from loopwatch.instrumentation.testing import FakeClock, ScriptedModel, assert_trace_invariants
 
 
 @dataclass
@@ -49,7 +48,9 @@ def run_scenario(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     clock = clock or FakeClock()
     errors: list[BaseException] = []
-    with Run("scenario", policy, tools=dict(tools), clock=clock, tracer_provider=provider, **run_kwargs) as run:
+    with Run(
+        "scenario", policy, tools=dict(tools), clock=clock, tracer_provider=provider, **run_kwargs
+    ) as run:
         while True:
             decision = run.decide(model)
             if decision.type == "final":

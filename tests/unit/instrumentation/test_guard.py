@@ -7,7 +7,6 @@ import tracemalloc
 from typing import Any
 
 import pytest
-
 from loopwatch.instrumentation import (
     Decision,
     Dimension,
@@ -28,7 +27,13 @@ def guard(**limits: Any) -> Guard:
     return Guard(Policy.build(tools=tools, **limits), clock=FakeClock())
 
 
-def step_tool(g: Guard, tool: str, args: dict[str, Any], result: Any = None, error: BaseException | None = None):
+def step_tool(
+    g: Guard,
+    tool: str,
+    args: dict[str, Any],
+    result: Any = None,
+    error: BaseException | None = None,
+):
     v = g.before_model_call()
     if not v.allowed:
         return v.stop
@@ -73,7 +78,11 @@ def test_zero_tool_attempts_is_legal_and_refuses_the_first_call() -> None:
     g = guard(max_tool_attempts=0)
     g.before_model_call()
     ticket = g.before_tool_call("t", {})
-    assert not ticket.allowed and ticket.stop is not None and ticket.stop.dimension is Dimension.TOOL_ATTEMPTS
+    assert (
+        not ticket.allowed
+        and ticket.stop is not None
+        and ticket.stop.dimension is Dimension.TOOL_ATTEMPTS
+    )
 
 
 def test_counters_are_kept_separately() -> None:
@@ -95,7 +104,11 @@ def test_tokens_projected_before_the_call() -> None:
     g.record_decision(Decision.message("a", input_tokens=500, output_tokens=100))
     v = g.before_model_call(estimate_tokens=500)
     assert not v.allowed and v.stop is not None
-    assert (v.stop.dimension, v.stop.basis, v.stop.observed) == (Dimension.TOKENS, "projected", 1100)
+    assert (v.stop.dimension, v.stop.basis, v.stop.observed) == (
+        Dimension.TOKENS,
+        "projected",
+        1100,
+    )
 
 
 def test_tokens_observed_after_the_call() -> None:
@@ -173,12 +186,22 @@ def test_goal_check_exception_counts_as_failure() -> None:
         ({"q": "x", "request_id": "r1"}, {"q": "x", "request_id": "r2"}, True),
         ({"q": "x", "client_timestamp": 1}, {"q": "x", "client_timestamp": 2}, True),
         ({"q": "x", "cursor": "a"}, {"q": "x", "cursor": "b"}, False),
-        ({"q": "x", "nested": {"timestamp": 1, "v": 1}}, {"q": "x", "nested": {"timestamp": 9, "v": 1}}, True),
+        (
+            {"q": "x", "nested": {"timestamp": 1, "v": 1}},
+            {"q": "x", "nested": {"timestamp": 9, "v": 1}},
+            True,
+        ),
         ({"q": "x"}, {"q": "y"}, False),
     ],
 )
 def test_canonical_fingerprints(a: dict[str, Any], b: dict[str, Any], same: bool) -> None:
-    tools = (ToolPolicy("search", volatile=frozenset({"client_timestamp"}), progress=frozenset({"cursor", "page"})),)
+    tools = (
+        ToolPolicy(
+            "search",
+            volatile=frozenset({"client_timestamp"}),
+            progress=frozenset({"cursor", "page"}),
+        ),
+    )
     g = guard(tools=tools)
     g.before_model_call()
     fa = g.before_tool_call("search", a).fingerprint
@@ -190,7 +213,10 @@ def test_progress_fields_win_over_volatile() -> None:
     tools = (ToolPolicy("s", volatile=frozenset({"cursor"}), progress=frozenset({"cursor"})),)
     g = guard(tools=tools)
     g.before_model_call()
-    assert g.before_tool_call("s", {"cursor": "a"}).fingerprint != g.before_tool_call("s", {"cursor": "b"}).fingerprint
+    assert (
+        g.before_tool_call("s", {"cursor": "a"}).fingerprint
+        != g.before_tool_call("s", {"cursor": "b"}).fingerprint
+    )
 
 
 def test_same_action_changed_observation_is_allowed() -> None:
@@ -209,7 +235,10 @@ def test_test_edit_test_with_changed_file_digest_is_not_a_cycle() -> None:
     g = guard(cycle_max_period=4, cycle_repetitions=2)
     for i in range(5):
         assert step_tool(g, "run_tests", {}, result={"failed": 5 - i}) is None
-        assert step_tool(g, "edit_file", {"path": "a.py", "patch": f"p{i}"}, result={"ok": True}) is None
+        assert (
+            step_tool(g, "edit_file", {"path": "a.py", "patch": f"p{i}"}, result={"ok": True})
+            is None
+        )
 
 
 # ------------------------------------------------------------------ writes
@@ -221,7 +250,9 @@ def write_tools(**kw: Any) -> tuple[ToolPolicy, ...]:
 
 def test_write_duplicate_intent_with_a_fresh_key_is_refused() -> None:
     g = guard(tools=write_tools(repeat_limit=1))
-    assert step_tool(g, "send_email", {"to": "a@x", "idempotency_key": "k1"}, result={"id": 1}) is None
+    assert (
+        step_tool(g, "send_email", {"to": "a@x", "idempotency_key": "k1"}, result={"id": 1}) is None
+    )
     stop = step_tool(g, "send_email", {"to": "a@x", "idempotency_key": "k2"}, result={"id": 2})
     assert stop is not None and stop.reason is StopReason.REPEATED_ACTION
     assert stop.evidence.detector == "duplicate_intent"
@@ -229,7 +260,9 @@ def test_write_duplicate_intent_with_a_fresh_key_is_refused() -> None:
 
 def test_write_duplicate_intent_not_only_in_a_row() -> None:
     g = guard(tools=write_tools())
-    assert step_tool(g, "send_email", {"to": "a@x", "idempotency_key": "k1"}, result={"id": 1}) is None
+    assert (
+        step_tool(g, "send_email", {"to": "a@x", "idempotency_key": "k1"}, result={"id": 1}) is None
+    )
     assert step_tool(g, "lookup", {"q": 1}, result={"r": 1}) is None
     stop = step_tool(g, "send_email", {"to": "a@x", "idempotency_key": "k9"}, result={"id": 2})
     assert stop is not None and stop.evidence.detector == "duplicate_intent"
@@ -237,8 +270,18 @@ def test_write_duplicate_intent_not_only_in_a_row() -> None:
 
 def test_write_same_key_is_stable_completion() -> None:
     g = guard(tools=write_tools(repeat_limit=1))
-    assert step_tool(g, "send_email", {"to": "a@x", "idempotency_key": "k1"}, result={"id": 1}) is None
-    assert step_tool(g, "send_email", {"to": "a@x", "idempotency_key": "k1"}, result={"id": 1, "replayed": True}) is None
+    assert (
+        step_tool(g, "send_email", {"to": "a@x", "idempotency_key": "k1"}, result={"id": 1}) is None
+    )
+    assert (
+        step_tool(
+            g,
+            "send_email",
+            {"to": "a@x", "idempotency_key": "k1"},
+            result={"id": 1, "replayed": True},
+        )
+        is None
+    )
 
 
 def test_write_default_repeat_limit_is_stricter_than_reads() -> None:
@@ -252,11 +295,18 @@ def test_write_timeout_retried_only_with_an_idempotency_key() -> None:
     stop = step_tool(g, "pay", {"amount": 5}, result={"ok": 1})
     assert stop is not None and stop.dimension is Dimension.ACTION_RETRIES and stop.limit == 0
     g2 = guard(tools=write_tools(), max_retries_per_action=3)
-    assert step_tool(g2, "send_email", {"to": "a", "idempotency_key": "k"}, error=TimeoutError()) is None
-    assert step_tool(g2, "send_email", {"to": "a", "idempotency_key": "k"}, result={"id": 1}) is None
+    assert (
+        step_tool(g2, "send_email", {"to": "a", "idempotency_key": "k"}, error=TimeoutError())
+        is None
+    )
+    assert (
+        step_tool(g2, "send_email", {"to": "a", "idempotency_key": "k"}, result={"id": 1}) is None
+    )
 
 
-@pytest.mark.parametrize("fc", [FailureClass.INVALID_ARGUMENTS, FailureClass.UNAUTHORIZED, FailureClass.PERMANENT])
+@pytest.mark.parametrize(
+    "fc", [FailureClass.INVALID_ARGUMENTS, FailureClass.UNAUTHORIZED, FailureClass.PERMANENT]
+)
 def test_non_retryable_failures_are_never_retried_as_is(fc: FailureClass) -> None:
     g = guard(max_retries_per_action=5)
     assert step_tool(g, "t", {"a": 1}, error=ToolFailure("no", fc)) is None
@@ -284,7 +334,11 @@ def test_deadline_checked_before_tool_dispatch_at_equality() -> None:
     g.before_model_call()
     clock.advance(5)
     ticket = g.before_tool_call("t", {})
-    assert not ticket.allowed and ticket.stop is not None and ticket.stop.reason is StopReason.DEADLINE_EXCEEDED
+    assert (
+        not ticket.allowed
+        and ticket.stop is not None
+        and ticket.stop.reason is StopReason.DEADLINE_EXCEEDED
+    )
 
 
 def test_tool_timeout_is_capped_by_the_remaining_deadline() -> None:
@@ -347,12 +401,19 @@ def test_unknown_mode_is_refused() -> None:
 
 
 def test_children_cannot_create_capacity() -> None:
-    parent = Guard(Policy.build(max_model_turns=10, repeated_decision_limit=100, no_progress_patience=100), clock=FakeClock())
+    parent = Guard(
+        Policy.build(max_model_turns=10, repeated_decision_limit=100, no_progress_patience=100),
+        clock=FakeClock(),
+    )
     parent.before_model_call()
     total_child_turns = 0
     for i in range(10):
         try:
-            child = parent.child(Policy.build(max_model_turns=10, repeated_decision_limit=100, no_progress_patience=100))
+            child = parent.child(
+                Policy.build(
+                    max_model_turns=10, repeated_decision_limit=100, no_progress_patience=100
+                )
+            )
         except RunStateError:
             break
         while child.before_model_call().allowed:
@@ -369,7 +430,10 @@ def test_child_limits_record_the_parent_as_source() -> None:
     t = parent.before_tool_call("a", {})
     parent.record_tool_result(t, result=1)
     child = parent.child(Policy.build(max_tool_attempts=10))
-    assert child.policy.max_tool_attempts == 4 and child.policy.sources["max_tool_attempts"] == "parent"
+    assert (
+        child.policy.max_tool_attempts == 4
+        and child.policy.sources["max_tool_attempts"] == "parent"
+    )
 
 
 def test_child_stop_by_parent_budget_names_the_parent_scope() -> None:
@@ -396,7 +460,9 @@ def test_resume_keeps_usage_and_fingerprint_window() -> None:
     resumed = Guard.restore(policy, state, clock=FakeClock())
     assert resumed.usage().model_turns == 3 and resumed.run_id == g.run_id
     stop = step_tool(resumed, "get", {"id": 1}, result={"v": 1})
-    assert stop is not None and stop.reason is StopReason.REPEATED_ACTION, "window survived the resume"
+    assert stop is not None and stop.reason is StopReason.REPEATED_ACTION, (
+        "window survived the resume"
+    )
     fresh = Guard.restore(policy, json.loads(json.dumps(g.snapshot())), clock=FakeClock())
     assert step_tool(fresh, "other", {}, result=1) is None
     assert step_tool(fresh, "other2", {}, result=2) is None
@@ -414,7 +480,9 @@ def test_resume_keeps_elapsed_time() -> None:
     clock = FakeClock()
     g = Guard(Policy.build(max_elapsed_seconds=10), clock=clock)
     clock.advance(8)
-    resumed = Guard.restore(Policy.build(max_elapsed_seconds=10), g.snapshot(), clock=FakeClock(5000))
+    resumed = Guard.restore(
+        Policy.build(max_elapsed_seconds=10), g.snapshot(), clock=FakeClock(5000)
+    )
     assert resumed.remaining_seconds() == pytest.approx(2)
 
 
@@ -428,7 +496,12 @@ def test_parallel_tool_calls_cannot_both_take_the_last_slot() -> None:
         allowed: list[bool] = []
         barrier = threading.Barrier(16)
 
-        def worker(i: int, g: Guard = g) -> None:
+        def worker(
+            i: int,
+            g: Guard = g,
+            barrier: threading.Barrier = barrier,
+            allowed: list[bool] = allowed,
+        ) -> None:
             barrier.wait()
             allowed.append(g.before_tool_call("t", {"i": i}).allowed)
 
@@ -445,8 +518,12 @@ def test_parallel_tool_calls_cannot_both_take_the_last_slot() -> None:
 
 def test_detector_memory_is_bounded_over_100k_steps() -> None:
     policy = Policy.build(
-        max_model_turns=10**7, max_tool_attempts=10**7, max_tool_successes=10**7,
-        max_elapsed_seconds=10**9, detector_window=64, no_progress_patience=10**6,
+        max_model_turns=10**7,
+        max_tool_attempts=10**7,
+        max_tool_successes=10**7,
+        max_elapsed_seconds=10**9,
+        detector_window=64,
+        no_progress_patience=10**6,
         repeated_decision_limit=10**6,
     )
     g = Guard(policy, clock=FakeClock())
@@ -457,7 +534,11 @@ def test_detector_memory_is_bounded_over_100k_steps() -> None:
             g.record_decision(Decision.message(f"plan {i % 7}") if i % 5 == 0 else Decision.tool())
             t = g.before_tool_call("t", {"i": i})
             assert t.allowed
-            g.record_tool_result(t, result={"i": i}, error=ToolFailure("x", FailureClass.TRANSIENT) if i % 11 == 0 else None)
+            g.record_tool_result(
+                t,
+                result={"i": i},
+                error=ToolFailure("x", FailureClass.TRANSIENT) if i % 11 == 0 else None,
+            )
 
     tracemalloc.start()
     run(1_000, 0)
@@ -465,8 +546,14 @@ def test_detector_memory_is_bounded_over_100k_steps() -> None:
     run(3_000, 1_000)
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
-    grown = sum(s.size_diff for s in after.compare_to(before, "filename") if "instrumentation" in str(s.traceback))
-    assert grown < 16 * 1024, f"guard state grew by {grown} bytes over 3k steps once its windows were full"
+    grown = sum(
+        s.size_diff
+        for s in after.compare_to(before, "filename")
+        if "instrumentation" in str(s.traceback)
+    )
+    assert grown < 16 * 1024, (
+        f"guard state grew by {grown} bytes over 3k steps once its windows were full"
+    )
     run(100_000, 4_000)
     assert len(g._actions) <= 64 and len(g._seen) <= 256 and len(g._decisions) <= 64
     assert len(g._last_failure) <= 64 and len(g._retries) <= 64 and len(g._writes) <= 64

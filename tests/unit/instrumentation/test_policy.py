@@ -1,0 +1,169 @@
+"""Policy loading and validation: every problem reported with its path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from loopwatch.instrumentation import (
+    Policy,
+    PolicyError,
+    ToolPolicy,
+    builtin_profiles,
+    load_policies,
+    load_policy,
+)
+from loopwatch.instrumentation.policy import LIMIT_FIELDS, check_policy_file
+
+from ...conftest import TESTDATA
+
+POLICIES = TESTDATA / "policies"
+
+INVALID = [
+    ("negative_limit.toml", ["profiles.p.max_tokens: must be >= 0, got -5"]),
+    (
+        "non_finite.toml",
+        ["profiles.p.max_cost_usd: must be finite", "profiles.p.max_tokens: must be finite"],
+    ),
+    ("zero_wall_clock.toml", ["profiles.p.max_elapsed_seconds: must be > 0, got 0"]),
+    (
+        "unknown_keys.toml",
+        ["profiles.p.max_modle_turns: unknown key", "profiles.p.tools.t.colour: unknown key"],
+    ),
+    (
+        "bad_types.toml",
+        [
+            "profiles.p.max_model_turns: must be a number, got str",
+            "profiles.p.repeat_limit: must be a number, got bool",
+            "profiles.p.max_tool_attempts: must be a whole number",
+            "profiles.p.tools.t.risk: must be 'read' or 'write'",
+            "profiles.p.tools.t.volatile: must be a list of non-empty strings",
+            "profiles.p.tools.t.idempotency_key: only write tools take an idempotency key",
+            "profiles.p.tools.t.timeout_seconds: must be a finite number > 0",
+        ],
+    ),
+    ("missing_version.toml", ["profiles.p.version: required"]),
+    ("not_toml.toml", ["<toml>: not valid TOML"]),
+    ("no_profiles.toml", ["title: unknown top-level key", "profiles: no profiles"]),
+]
+
+
+@pytest.mark.parametrize(("name", "expected"), INVALID, ids=[n for n, _ in INVALID])
+def test_invalid_policy_files_report_every_problem(name: str, expected: list[str]) -> None:
+    problems = [str(p) for p in check_policy_file(POLICIES / name)]
+    for fragment in expected:
+        assert any(fragment in p for p in problems), (fragment, problems)
+    assert len(problems) >= len(expected)
+    assert all(p.startswith(str(POLICIES / name)) for p in problems), "each line names the file"
+    with pytest.raises(PolicyError) as info:
+        load_policies(POLICIES / name)
+    assert len(info.value.problems) == len(problems)
+
+
+def test_zero_tool_attempts_is_legal() -> None:
+    policy = load_policy(POLICIES / "zero_tools_ok.toml", environ={})
+    assert policy.max_tool_attempts == 0 and policy.sources["max_tool_attempts"] == "file"
+
+
+def test_missing_file_is_a_policy_error() -> None:
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policies(POLICIES / "does-not-exist.toml")
+
+
+def test_seed_profiles() -> None:
+    profiles = builtin_profiles()
+    assert list(profiles) == [
+        "summarize-local",
+        "investigate-readonly",
+        "change-small",
+        "external-write",
+    ]
+    expected = {
+        "summarize-local": (3, 0),
+        "investigate-readonly": (8, 12),
+        "change-small": (6, 8),
+        "external-write": (4, 2),
+    }
+    for name, (turns, tools) in expected.items():
+        assert (profiles[name].max_model_turns, profiles[name].max_tool_attempts) == (turns, tools)
+        assert profiles[name].version == "2026-11-30"
+    ro = profiles["investigate-readonly"].tool("search_orders")
+    assert ro.repeat_limit == 4 and ro.progress == frozenset({"cursor", "page"})
+    email = profiles["external-write"].tool("send_email")
+    assert email.risk == "write" and email.idempotency_key == "idempotency_key"
+
+
+def test_limit_sources_and_precedence(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text(
+        '[profiles.a]\nversion = "v1"\nmax_model_turns = 8\nmax_tokens = 100\nmax_cost_usd = 2.0\n'
+    )
+    env = {"LOOPWATCH_POLICY_MAX_TOKENS": "50", "LOOPWATCH_POLICY_MAX_COST_USD": "1.5"}
+    p = load_policy(f, environ=env, max_cost_usd=0.5)
+    assert (p.max_model_turns, p.max_tokens, p.max_cost_usd) == (8, 50, 0.5)
+    assert p.sources["max_model_turns"] == "file"
+    assert p.sources["max_tokens"] == "env"
+    assert p.sources["max_cost_usd"] == "call"
+    assert p.sources["repeat_limit"] == "default"
+    assert set(p.limits()) == set(LIMIT_FIELDS)
+
+
+def test_bad_env_override_is_reported() -> None:
+    with pytest.raises(PolicyError, match="LOOPWATCH_POLICY_MAX_TOKENS"):
+        Policy().with_env({"LOOPWATCH_POLICY_MAX_TOKENS": "lots"})
+    with pytest.raises(PolicyError, match="must be >= 0"):
+        Policy().with_env({"LOOPWATCH_POLICY_MAX_TOKENS": "-1"})
+
+
+def test_profile_selection(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text('[profiles.a]\nversion = "1"\n[profiles.b]\nversion = "1"\n')
+    with pytest.raises(PolicyError, match="name a profile"):
+        load_policy(f, environ={})
+    with pytest.raises(PolicyError, match="no such profile"):
+        load_policy(f, "c", environ={})
+    assert load_policy(f, "b", environ={}).name == "b"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"max_model_turns": -1}, "max_model_turns: must be >= 0"),
+        ({"max_cost_usd": float("inf")}, "must be finite"),
+        ({"max_elapsed_seconds": 0}, "must be > 0"),
+        ({"repeat_limit": True}, "must be a number, got bool"),
+        ({"max_turns": 3}, "unknown key"),
+        ({"detector_window": 10**6}, "must be <= 4096"),
+    ],
+)
+def test_policies_built_in_code_are_validated(kwargs: dict[str, object], fragment: str) -> None:
+    with pytest.raises(PolicyError, match=fragment):
+        Policy.build(**kwargs)
+
+
+def test_policy_is_immutable() -> None:
+    p = Policy.build(max_model_turns=3, tools=(ToolPolicy("t"),))
+    with pytest.raises(AttributeError):
+        p.max_model_turns = 100  # type: ignore[misc]
+
+
+def test_check_policy_cli() -> None:
+    bad = subprocess.run(
+        [sys.executable, "-m", "loopwatch.cli", "check-policy", str(POLICIES / "bad_types.toml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 1
+    lines = bad.stdout.strip().splitlines()
+    assert len(lines) == 7 and all(str(POLICIES / "bad_types.toml") in line for line in lines)
+    seed = Path(__file__).resolve().parents[3] / "instrumentation" / "profiles" / "seed.toml"
+    ok = subprocess.run(
+        [sys.executable, "-m", "loopwatch.cli", "check-policy", str(seed)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ok.returncode == 0 and "ok (summarize-local" in ok.stdout
