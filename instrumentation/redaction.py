@@ -1,0 +1,1149 @@
+"""Redaction rules: the one place loopwatch decides what a secret looks like.
+
+The agent side scrubs captured tool arguments and results with these rules before they
+leave the process; the collector applies the same rules to every field of every span it
+receives (DESIGN section 5). Standard library only: this module runs inside agents whose
+only dependency is ``opentelemetry-api``.
+
+Three kinds of rule, applied in this order of precedence:
+
+1. **Canaries**: exact values planted on purpose (one per line in a canary file, or the
+   path in ``LOOPWATCH_REDACTION_CANARIES``). Each canary is also matched in its
+   JSON-escaped, URL-encoded and base64 forms (:func:`canary_forms`). A canary hit is the
+   signal that data leaked; it always wins over every allowlist.
+2. **Secret patterns** (:data:`BUILTIN_SECRET_RULES`): provider API keys, bearer tokens,
+   JWTs, AWS keys, PEM private key blocks, passwords in URLs, and ``name=value``
+   assignments whose name is a sensitive key name. Only the secret part of a match is
+   replaced (``Bearer [REDACTED:bearer]``).
+3. **Key names**: in a mapping (span attributes, kvlists, JSON objects), a value under a
+   sensitive key (``db.password``, ``http.request.header.authorization``, ``apiKey``) is
+   replaced whole.
+
+Placeholders are type-tagged: ``[REDACTED:<rule>]``, where ``<rule>`` is one of a closed
+set of rule names (:attr:`Redactor.rule_names`), also the ``rule`` label of
+``loopwatch_redactions_total``: ``canary``; the secret patterns ``private_key``,
+``anthropic_key``, ``openai_key``, ``github_token``, ``slack_token``, ``google_api_key``,
+``stripe_key``, ``jwt``, ``aws_access_key``, ``aws_secret_key``, ``bearer``,
+``url_password``, ``assignment`` (plus any custom :class:`SecretRule`); ``sensitive_key``
+(a value under a sensitive key); ``depth`` (a container nested past
+:attr:`RedactionRules.max_json_depth`, or text whose redaction did not settle, replaced
+whole: fail closed). When matches overlap, the union is replaced once and tagged with
+the first rule in that order. In HMAC mode the placeholder carries the first 8 hex chars
+of HMAC-SHA256(key, value) so equal secrets can be correlated without being revealed:
+``[REDACTED:jwt:3f9a1c2b]``. Placeholders are atomic (no rule matches inside one), so
+redacting twice equals redacting once.
+
+Pre-filter: a pattern runs only on text containing one of its literal triggers
+(:attr:`SecretRule.triggers`): by default one ``in`` test per trigger; the collector plugs
+in an Aho-Corasick matcher that finds all triggers in one pass. Lowercase alphanumeric
+strings (hex digests, ids) and strings under 5 characters skip the patterns entirely, and
+strings found clean are remembered in a bounded cache.
+
+This is one line of defence, not a guarantee: a secret with no known shape under an
+innocuous key name passes through. Plant canaries to measure what leaks.
+
+Example:
+    >>> redactor = Redactor(canaries=["lw-canary-7f3a9c21"])
+    >>> redactor.redact_text("curl -H 'Authorization: Bearer abc123def456ghi789jk'")
+    ("curl -H 'Authorization: Bearer [REDACTED:bearer]'", {'bearer': 1})
+    >>> redactor.redact_value({"db.password": "hunter2", "q": "lw-canary-7f3a9c21"})
+    {'db.password': '[REDACTED:sensitive_key]', 'q': '[REDACTED:canary]'}
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, Final, Protocol
+from urllib.parse import quote, quote_plus
+
+from ._semconv import (
+    ENV_CANARIES,
+    ERROR_TYPE,
+    GEN_AI_AGENT_FINISH_REASON,
+    GEN_AI_AGENT_ID,
+    GEN_AI_AGENT_NAME,
+    GEN_AI_CONVERSATION_ID,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_PROVIDER_NAME,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_SYSTEM,
+    GEN_AI_TOOL_CALL_ID,
+    GEN_AI_TOOL_NAME,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+    OPENINFERENCE_SPAN_KIND,
+    OPENINFERENCE_TOOL_NAME,
+)
+
+__all__ = [
+    "BUILTIN_SECRET_RULES",
+    "DEFAULT_ALLOWED_KEY_NAMES",
+    "DEFAULT_KEY_NAMES",
+    "MIN_CANARY_CHARS",
+    "PLACEHOLDER_PREFIX",
+    "RULE_ASSIGNMENT",
+    "RULE_CANARY",
+    "RULE_DEPTH",
+    "RULE_SENSITIVE_KEY",
+    "STRUCTURAL_KEYS",
+    "CanaryMatcher",
+    "Hits",
+    "RedactionRules",
+    "Redactor",
+    "RegexCanaryMatcher",
+    "SecretRule",
+    "canaries_from_env",
+    "canary_forms",
+    "default_redactor",
+    "is_placeholder",
+    "load_canaries",
+    "placeholder",
+]
+
+_logger = logging.getLogger(__name__)
+
+Hits = dict[str, int]
+"""Redaction counts by rule name (never the values)."""
+
+PLACEHOLDER_PREFIX: Final = "[REDACTED:"
+RULE_CANARY: Final = "canary"
+RULE_SENSITIVE_KEY: Final = "sensitive_key"
+RULE_ASSIGNMENT: Final = "assignment"
+RULE_DEPTH: Final = "depth"
+MIN_CANARY_CHARS: Final = 8
+HMAC_TAG_HEX_CHARS: Final = 8
+
+_RESERVED_RULE_NAMES: Final = frozenset({RULE_CANARY, RULE_SENSITIVE_KEY, RULE_DEPTH})
+_RULE_NAME_RE: Final = re.compile(r"[a-z][a-z0-9_]{0,39}")
+_KEY_NAME_RE: Final = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
+_PLACEHOLDER_RE: Final = re.compile(
+    rf"\[REDACTED:[a-z][a-z0-9_]*(?::[0-9a-f]{{{HMAC_TAG_HEX_CHARS}}})?\]"
+)
+_CAMEL_1: Final = re.compile(r"([A-Z]+)([A-Z][a-z])")
+_CAMEL_2: Final = re.compile(r"([a-z0-9])([A-Z])")
+_KEY_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+_KEY_LOOKBACK_CHARS: Final = 128
+_CLEAN_CACHE_MAX_ENTRIES: Final = 32768
+_CLEAN_CACHE_MAX_CHARS: Final = 256
+_KEY_CACHE_MAX_ENTRIES: Final = 8192
+_FIXPOINT_PASSES: Final = 4
+# Shortest text any built-in rule can match: "pwd=x" (assignment) or "://:x@" (URL).
+_MIN_SECRET_CHARS: Final = 5
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRule:
+    """One secret pattern.
+
+    Attributes:
+        name: rule name: the placeholder tag and the ``rule`` metric label;
+            ``[a-z][a-z0-9_]{0,39}``, unique, not ``canary``/``sensitive_key``/``depth``.
+        pattern: Python regular expression. If it has a group named ``secret``, only that
+            group is replaced; otherwise the whole match is.
+        triggers: literal substrings, at least one of which occurs in *every* match. The
+            pattern runs only on text containing a trigger (the cheap pre-filter), so a
+            trigger set that misses some matches makes the rule miss them too.
+        ignore_case: compile with ``re.IGNORECASE | re.ASCII`` and look for the triggers
+            (which must then be lowercase) in the lowercased text.
+    """
+
+    name: str
+    pattern: str
+    triggers: tuple[str, ...]
+    ignore_case: bool = False
+
+
+_TOKEN = r"A-Za-z0-9_\-"
+_Q = r"(?:\\?[\"'])?"  # optional quote, possibly JSON-escaped
+
+BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
+    # PEM / OpenSSH / OpenPGP private key blocks: RFC 7468 section 2 encapsulation
+    # boundaries, RFC 4880 section 6.2 armor. A truncated block (no END line) is still
+    # redacted up to the first character that cannot occur in a block.
+    SecretRule(
+        "private_key",
+        r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
+        r"(?:(?!-----END)[A-Za-z0-9+/=\s:,.()\\\-])*+"
+        r"(?:-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----)?",
+        ("PRIVATE KEY",),
+    ),
+    # Anthropic Console keys start "sk-ant-" (e.g. "sk-ant-api03-..."; docs.anthropic.com,
+    # "API keys"). Listed before OpenAI so an Anthropic key gets its own tag.
+    SecretRule(
+        "anthropic_key",
+        rf"sk-ant-(?<![{_TOKEN}]sk-ant-)[{_TOKEN}]{{20,}}+",
+        ("sk-ant-",),
+    ),
+    # OpenAI secret keys start "sk-": legacy "sk-<48>", project "sk-proj-", service
+    # account "sk-svcacct-", admin "sk-admin-" (platform.openai.com, "API keys").
+    SecretRule("openai_key", rf"sk-(?<![{_TOKEN}]sk-)[{_TOKEN}]{{20,}}+", ("sk-",)),
+    # GitHub tokens: ghp_ (classic PAT), gho_ (OAuth), ghu_ (user-to-server), ghs_
+    # (server-to-server), ghr_ (refresh) + 36 base62 chars ("Behind GitHub's new
+    # authentication token formats", github.blog 2021-04-05); fine-grained PATs start
+    # "github_pat_" (docs.github.com, "Managing your personal access tokens").
+    SecretRule(
+        "github_token",
+        r"(?:gh[pousr]_(?<![A-Za-z0-9]gh[pousr]_)[A-Za-z0-9]{30,}+"
+        r"|github_pat_(?<![A-Za-z0-9]github_pat_)[A-Za-z0-9_]{22,}+)",
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+    ),
+    # Slack tokens: xoxb- (bot), xoxp- (user), xoxa-/xoxr-/xoxs-, rotating "xoxe.xoxp-",
+    # app-level "xapp-" (api.slack.com, "Token types").
+    SecretRule(
+        "slack_token",
+        r"(?:xox[a-z](?<![A-Za-z0-9]xox[a-z])(?:\.xox[a-z])?-[A-Za-z0-9\-]{10,}+"
+        r"|xapp-(?<![A-Za-z0-9]xapp-)[A-Za-z0-9\-]{10,}+)",
+        ("xox", "xapp-"),
+    ),
+    # Google API keys: "AIza" + 35 chars [0-9A-Za-z_-] (the 39-char keys shown in Google
+    # Cloud "Manage API keys"; the same shape GitHub secret scanning uses).
+    SecretRule(
+        "google_api_key",
+        rf"AIza(?<![{_TOKEN}]AIza)[{_TOKEN}]{{35}}(?![{_TOKEN}])",
+        ("AIza",),
+    ),
+    # Stripe secret and restricted keys: sk_live_, sk_test_, rk_live_, rk_test_
+    # (docs.stripe.com, "API keys"; test keys are secrets too).
+    SecretRule(
+        "stripe_key",
+        r"(?<![A-Za-z0-9])[sr]k_(?:live|test)_[A-Za-z0-9]{16,}+",
+        ("k_live_", "k_test_"),
+    ),
+    # JWS/JWE compact serialization (RFC 7515 section 7.1, RFC 7519): base64url parts
+    # joined by dots; the JOSE header is a JSON object, so it starts "eyJ" ('{"').
+    SecretRule(
+        "jwt",
+        rf"eyJ(?<![{_TOKEN}]eyJ)[{_TOKEN}]{{10,}}+(?:\.[{_TOKEN}]*+){{2,4}}",
+        ("eyJ",),
+    ),
+    # AWS access key ids: AKIA (long-term) and ASIA (STS temporary), 20 chars
+    # (IAM User Guide, "Unique identifiers": ID prefixes).
+    SecretRule(
+        "aws_access_key",
+        r"A[KS]IA(?<![A-Za-z0-9]A[KS]IA)[A-Z0-9]{16}(?![A-Za-z0-9])",
+        ("AKIA", "ASIA"),
+    ),
+    # AWS secret access keys are 40 chars of base64 with no fixed prefix, so only matched
+    # next to their name (aws_secret_access_key=..., "SecretAccessKey": "...").
+    SecretRule(
+        "aws_secret_key",
+        rf"secret[_\-]?(?:access[_\-]?)?key{_Q}[ \t]{{0,5}}[:=][ \t]{{0,5}}{_Q}"
+        r"(?P<secret>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])",
+        ("secret",),
+        ignore_case=True,
+    ),
+    # Bearer tokens (RFC 6750 section 2.1, b64token syntax). A digit is required so prose
+    # ("bearer instruments") is left alone; "Authorization: Bearer <anything>" is caught
+    # by the assignment rule.
+    SecretRule(
+        "bearer",
+        r"bearer[ \t]{1,5}(?P<secret>(?=[A-Za-z0-9._~+/\-]*[0-9])[A-Za-z0-9._~+/\-]{16,}+=*)",
+        ("bearer",),
+        ignore_case=True,
+    ),
+    # Passwords in URL userinfo, scheme://user:password@host (RFC 3986 section 3.2.1).
+    SecretRule(
+        "url_password",
+        r"://[^\s:/?#@\[\]\"'<>]{0,256}:(?P<secret>[^\s/?#@\"'<>]{1,256})@",
+        ("://",),
+    ),
+)
+"""The built-in secret patterns, in priority order (an earlier rule tags an overlap)."""
+
+DEFAULT_KEY_NAMES: Final[tuple[str, ...]] = (
+    "password",
+    "passwd",
+    "pwd",
+    "passphrase",
+    "secret",
+    "client_secret",
+    "secret_key",
+    "secret_access_key",
+    "api_key",
+    "apikey",
+    "token",
+    "access_token",
+    "refresh_token",
+    "id_token",
+    "auth_token",
+    "session_token",
+    "authorization",
+    "proxy_authorization",
+    "cookie",
+    "set_cookie",
+    "private_key",
+    "credential",
+    "credentials",
+)
+"""Sensitive key names, normalized (see :meth:`RedactionRules.key_is_sensitive`)."""
+
+DEFAULT_ALLOWED_KEY_NAMES: Final[tuple[str, ...]] = (
+    "page_token",
+    "next_page_token",
+    "continuation_token",
+    "pagination_token",
+    "sync_token",
+    "token_type",
+)
+"""Key names never treated as sensitive: pagination cursors are progress evidence."""
+
+STRUCTURAL_KEYS: Final[frozenset[str]] = frozenset(
+    {
+        GEN_AI_OPERATION_NAME,
+        GEN_AI_AGENT_NAME,
+        GEN_AI_AGENT_ID,
+        GEN_AI_CONVERSATION_ID,
+        GEN_AI_TOOL_NAME,
+        GEN_AI_TOOL_CALL_ID,
+        GEN_AI_USAGE_INPUT_TOKENS,
+        GEN_AI_USAGE_OUTPUT_TOKENS,
+        GEN_AI_AGENT_FINISH_REASON,
+        GEN_AI_REQUEST_MODEL,
+        GEN_AI_SYSTEM,
+        GEN_AI_PROVIDER_NAME,
+        ERROR_TYPE,
+        OPENINFERENCE_SPAN_KIND,
+        OPENINFERENCE_TOOL_NAME,
+    }
+)
+"""Attribute keys exempt from key-name rules (their values are still scanned)."""
+
+
+def placeholder(rule: str, tag: str | None = None) -> str:
+    """Return the placeholder for ``rule``: ``[REDACTED:<rule>]`` or ``[REDACTED:<rule>:<tag>]``."""
+    return f"{PLACEHOLDER_PREFIX}{rule}]" if tag is None else f"{PLACEHOLDER_PREFIX}{rule}:{tag}]"
+
+
+def is_placeholder(text: str) -> bool:
+    """Return whether ``text`` is exactly one redaction placeholder."""
+    return text.startswith(PLACEHOLDER_PREFIX) and _PLACEHOLDER_RE.fullmatch(text) is not None
+
+
+def _normalize_key(segment: str) -> str:
+    snake = _CAMEL_2.sub(r"\1_\2", _CAMEL_1.sub(r"\1_\2", segment))
+    return snake.lower().replace("-", "_").replace(" ", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class _CompiledRule:
+    name: str
+    regex: re.Pattern[str]
+    secret_group: int
+    is_assignment: bool
+
+
+@dataclass(frozen=True)
+class RedactionRules:
+    """Immutable redaction configuration; every pattern is compiled once, here.
+
+    Attributes:
+        secret_rules: secret patterns, in priority order (default
+            :data:`BUILTIN_SECRET_RULES`).
+        key_names: sensitive key names, normalized (lowercase ``snake_case``). A key is
+            sensitive when its last dot-separated segment, normalized (camelCase and
+            ``-`` become ``_``, lowercased), equals a name, ends with ``_<name>``, or equals
+            a name once underscores are dropped (``accessToken``, ``X-Api-Key``,
+            ``db.password``).
+        allowed_key_names: normalized names never sensitive; an allowed name wins over a
+            sensitive one (``next_page_token``).
+        exempt_keys: exact attribute keys never redacted by key name (structural ids and
+            names; their values are still scanned by patterns and canaries).
+        exempt_key_prefixes: key prefixes exempt like ``exempt_keys`` (``loopwatch.``).
+        allowed_values: regexes; a pattern or key-name match whose whole value matches one
+            is kept (documentation examples such as ``AKIAIOSFODNN7EXAMPLE``). Canaries are
+            never allowed. Empty (the default) allows nothing.
+        text_assignments: also redact ``name=value`` / ``name: value`` in free text when
+            ``name`` is a sensitive key name (rule ``assignment``).
+        max_json_depth: container nesting bound, counted across JSON nested inside
+            strings; a deeper container is replaced whole by ``[REDACTED:depth]``. 1-256.
+        parse_json_strings: parse strings that hold a JSON object or array, redact the
+            structure, and re-serialize it compactly if anything changed.
+
+    Raises:
+        ValueError: at construction, for an invalid rule name, a duplicate or reserved
+            name, a pattern that does not compile or matches the empty string, a rule
+            without triggers, an uppercase trigger on an
+            ``ignore_case`` rule, a key name that is not normalized, or a depth out of range.
+    """
+
+    secret_rules: tuple[SecretRule, ...] = BUILTIN_SECRET_RULES
+    key_names: tuple[str, ...] = DEFAULT_KEY_NAMES
+    allowed_key_names: tuple[str, ...] = DEFAULT_ALLOWED_KEY_NAMES
+    exempt_keys: frozenset[str] = STRUCTURAL_KEYS
+    exempt_key_prefixes: tuple[str, ...] = ("loopwatch.",)
+    allowed_values: tuple[str, ...] = ()
+    text_assignments: bool = True
+    max_json_depth: int = 64
+    parse_json_strings: bool = True
+
+    _compiled: tuple[_CompiledRule, ...] = field(init=False, repr=False, compare=False)
+    _allowed: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+    _cs_triggers: tuple[tuple[str, frozenset[int]], ...] = field(
+        init=False, repr=False, compare=False
+    )
+    _ci_triggers: tuple[tuple[str, frozenset[int]], ...] = field(
+        init=False, repr=False, compare=False
+    )
+    _key_index: int = field(init=False, repr=False, compare=False)
+    _trigger_index: Mapping[str, frozenset[int]] = field(init=False, repr=False, compare=False)
+    _names_exact: frozenset[str] = field(init=False, repr=False, compare=False)
+    _names_suffix: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _names_nosep: frozenset[str] = field(init=False, repr=False, compare=False)
+    _alnum_lower_safe: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_json_depth <= 256:
+            raise ValueError(f"max_json_depth must be within 1..256, got {self.max_json_depth}")
+        for name in (*self.key_names, *self.allowed_key_names):
+            if not _KEY_NAME_RE.fullmatch(name):
+                raise ValueError(f"key name {name!r} is not normalized (lowercase snake_case)")
+        if self.text_assignments and not self.key_names:
+            raise ValueError("text_assignments needs at least one key name")
+        rules = list(self.secret_rules)
+        if self.text_assignments:
+            rules.append(self._assignment_rule())
+        seen: set[str] = set()
+        compiled: list[_CompiledRule] = []
+        for rule in rules:
+            if not _RULE_NAME_RE.fullmatch(rule.name):
+                raise ValueError(f"rule name {rule.name!r} must match [a-z][a-z0-9_]{{0,39}}")
+            if rule.name in seen or rule.name in _RESERVED_RULE_NAMES:
+                raise ValueError(f"rule name {rule.name!r} is duplicated or reserved")
+            seen.add(rule.name)
+            compiled.append(self._compile(rule))
+        allowed: list[re.Pattern[str]] = []
+        for pattern in self.allowed_values:
+            try:
+                allowed.append(re.compile(pattern))
+            except re.error as exc:
+                raise ValueError(
+                    f"allowed value pattern {pattern!r} does not compile: {exc}"
+                ) from None
+        cs: dict[str, set[int]] = {}
+        ci: dict[str, set[int]] = {}
+        for index, rule in enumerate(rules):
+            for trigger in rule.triggers:
+                (ci if rule.ignore_case else cs).setdefault(trigger, set()).add(index)
+        key_index = len(compiled)
+        for trigger in _key_triggers(self.key_names):
+            ci.setdefault(trigger, set()).add(key_index)
+        builtin = set(BUILTIN_SECRET_RULES)
+        setattr_ = object.__setattr__
+        setattr_(self, "_compiled", tuple(compiled))
+        setattr_(self, "_allowed", tuple(allowed))
+        setattr_(self, "_cs_triggers", tuple((t, frozenset(i)) for t, i in cs.items()))
+        setattr_(self, "_ci_triggers", tuple((t, frozenset(i)) for t, i in ci.items()))
+        setattr_(self, "_key_index", key_index)
+        lowered: dict[str, set[int]] = {}
+        for trigger, indices in (*cs.items(), *ci.items()):
+            lowered.setdefault(trigger.lower(), set()).update(indices)
+        setattr_(self, "_trigger_index", {t: frozenset(i) for t, i in lowered.items()})
+        setattr_(self, "_names_exact", frozenset(self.key_names))
+        setattr_(self, "_names_suffix", tuple("_" + n for n in self.key_names))
+        setattr_(self, "_names_nosep", frozenset(n.replace("_", "") for n in self.key_names))
+        # Every built-in rule needs an uppercase letter, punctuation or whitespace, so
+        # lowercase alphanumeric strings (hex digests, ids) can skip the pattern pass.
+        setattr_(self, "_alnum_lower_safe", all(r in builtin for r in self.secret_rules))
+
+    def _assignment_rule(self) -> SecretRule:
+        names = sorted(self.key_names, key=len, reverse=True)
+        alternation = "|".join(re.escape(n).replace("_", "[_-]?") for n in names)
+        return SecretRule(
+            RULE_ASSIGNMENT,
+            rf"(?:{alternation}){_Q}[ \t]{{0,5}}[:=][ \t]{{0,5}}{_Q}"
+            r"(?:(?:bearer|basic|token|digest)[ \t]+)?"
+            r"(?P<secret>[^\s\"'&,;<>\\]{1,512})",
+            _key_triggers(self.key_names),
+            ignore_case=True,
+        )
+
+    @staticmethod
+    def _compile(rule: SecretRule) -> _CompiledRule:
+        if not rule.triggers or not all(rule.triggers):
+            raise ValueError(f"rule {rule.name!r} needs at least one non-empty trigger")
+        if rule.ignore_case and any(t != t.lower() for t in rule.triggers):
+            raise ValueError(f"rule {rule.name!r} ignores case: its triggers must be lowercase")
+        flags = re.IGNORECASE | re.ASCII if rule.ignore_case else 0
+        try:
+            regex = re.compile(rule.pattern, flags)
+        except re.error as exc:
+            raise ValueError(f"rule {rule.name!r}: pattern does not compile: {exc}") from None
+        if regex.fullmatch(""):
+            raise ValueError(f"rule {rule.name!r}: pattern matches the empty string")
+        group = regex.groupindex.get("secret", 0)
+        return _CompiledRule(rule.name, regex, group, rule.name == RULE_ASSIGNMENT)
+
+    def key_is_sensitive(self, key: str) -> bool:
+        """Return whether a value under ``key`` is replaced whole (key-name rule)."""
+        if key in self.exempt_keys or key.startswith(self.exempt_key_prefixes):
+            return False
+        norm = _normalize_key(key.rsplit(".", 1)[-1])
+        if norm in self.allowed_key_names:
+            return False
+        return (
+            norm in self._names_exact
+            or norm.endswith(self._names_suffix)
+            or norm.replace("_", "") in self._names_nosep
+        )
+
+    @property
+    def rule_names(self) -> tuple[str, ...]:
+        """Every rule name a placeholder or hit can carry (a bounded metric label set)."""
+        return (RULE_CANARY, *(r.name for r in self._compiled), RULE_SENSITIVE_KEY, RULE_DEPTH)
+
+    @property
+    def triggers(self) -> frozenset[str]:
+        """Every pre-filter trigger, lowercased: what a ``trigger_matcher`` must find.
+
+        Searching these in lowercased text is a sound superset of the exact gate (a
+        case-sensitive trigger that occurs also occurs lowercased in the lowered text).
+        """
+        return frozenset(self._trigger_index)
+
+
+def _key_triggers(names: Iterable[str]) -> tuple[str, ...]:
+    # A normalized key keeps each underscore-separated part of the raw key contiguous
+    # (only case and separators change), so one part per name is a sound trigger.
+    chosen: list[str] = []
+    for name in sorted(names, key=lambda n: n.count("_")):
+        parts = name.split("_")
+        if any(any(c in p for c in chosen) for p in parts):
+            continue
+        chosen.append(max(parts, key=len))
+    return tuple(t for t in chosen if not any(o != t and o in t for o in chosen))
+
+
+class CanaryMatcher(Protocol):
+    """Finds canary occurrences; the collector plugs in an Aho-Corasick automaton."""
+
+    def find_spans(self, text: str) -> list[tuple[int, int]]:
+        """Return ``(start, end)`` of every occurrence of any canary form in ``text``.
+
+        Spans may overlap; an empty list means no canary. Must be thread-safe.
+        """
+        ...
+
+
+class RegexCanaryMatcher:
+    """Stdlib canary matcher: one compiled alternation over every form of every canary.
+
+    Finds overlapping occurrences (a zero-width lookahead at each position), so one form
+    cannot hide another. Cost grows with the number of forms; the collector uses an
+    Aho-Corasick automaton instead.
+
+    Args:
+        forms: every string to find (see :func:`canary_forms`); may be empty.
+    """
+
+    __slots__ = ("_regex",)
+
+    def __init__(self, forms: Iterable[str]) -> None:
+        ordered = sorted(set(forms), key=lambda f: (-len(f), f))
+        alternation = "|".join(re.escape(f) for f in ordered)
+        self._regex = re.compile(f"(?=({alternation}))") if ordered else None
+
+    def find_spans(self, text: str) -> list[tuple[int, int]]:
+        """See :meth:`CanaryMatcher.find_spans`."""
+        if self._regex is None:
+            return []
+        return [(m.start(), m.start() + len(m.group(1))) for m in self._regex.finditer(text)]
+
+
+def _base64_cores(data: bytes) -> set[str]:
+    # In the base64 of any byte string holding `data` at an offset r (mod 3), the chars
+    # whose 6 bits all come from `data` are fixed: chars ceil(8r/6) .. floor((8r+8n)/6)-1
+    # of the encoding of r filler bytes + data. Matching those covers every alignment.
+    forms: set[str] = set()
+    n = len(data)
+    for r in range(3):
+        encoded = base64.b64encode(b"\0" * r + data + b"\0\0").decode("ascii")
+        core = encoded[-(-8 * r // 6) : (8 * r + 8 * n) // 6]
+        forms.add(core)
+        forms.add(core.replace("+", "-").replace("/", "_"))
+    for encoder in (base64.b64encode, base64.urlsafe_b64encode):
+        full = encoder(data).decode("ascii")
+        forms.add(full)
+        forms.add(full.rstrip("="))
+    return forms
+
+
+def canary_forms(canary: str) -> frozenset[str]:
+    """Return every form of ``canary`` that redaction looks for.
+
+    The forms: the raw value; JSON-escaped (``ensure_ascii`` on and off, ``/`` escaped or
+    not, and escaped twice for JSON inside a JSON string); URL-encoded (``quote`` with
+    ``safe="/"`` and ``safe=""``, ``quote_plus``; upper- and lowercase hex); base64 and
+    base64url of the UTF-8 bytes, padded and unpadded, plus the three alignment cores that
+    occur when the canary sits inside a longer base64-encoded payload; and, for non-ASCII
+    forms, the Latin-1 reading of their UTF-8 bytes (bytes values that are not UTF-8 are
+    scanned as Latin-1).
+
+    Args:
+        canary: the exact canary value, at least :data:`MIN_CANARY_CHARS` characters.
+
+    Returns:
+        The forms; each at least 8 characters long.
+
+    Raises:
+        ValueError: the canary is too short, holds a line break, or could occur inside a
+            placeholder. The message never contains the value.
+    """
+    if len(canary) < MIN_CANARY_CHARS:
+        raise ValueError(f"a canary must be at least {MIN_CANARY_CHARS} characters long")
+    if "\n" in canary or "\r" in canary:
+        raise ValueError("a canary must not contain a line break")
+    if PLACEHOLDER_PREFIX[1:-1] in canary.upper() or re.fullmatch(r"[0-9a-f]{1,8}", canary):
+        raise ValueError("a canary must not be able to occur inside a placeholder")
+    forms: set[str] = {canary}
+    escaped = {json.dumps(canary)[1:-1], json.dumps(canary, ensure_ascii=False)[1:-1]}
+    escaped |= {e.replace("/", "\\/") for e in escaped}
+    escaped |= {json.dumps(e)[1:-1] for e in escaped}
+    forms |= escaped
+    encoded = {quote(canary), quote(canary, safe=""), quote_plus(canary)}
+    encoded |= {re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), e) for e in encoded}
+    forms |= encoded
+    forms |= _base64_cores(canary.encode("utf-8", "surrogatepass"))
+    forms |= {
+        f.encode("utf-8", "surrogatepass").decode("latin-1") for f in forms if not f.isascii()
+    }
+    return frozenset(forms)
+
+
+def load_canaries(path: str | os.PathLike[str]) -> tuple[str, ...]:
+    """Read a canary file: one value per line; blank lines and ``#`` lines are skipped.
+
+    A line whose first non-blank character is ``#`` is a comment; a ``#`` elsewhere is part
+    of the value. Surrounding whitespace is stripped. The file is UTF-8.
+
+    Returns:
+        The canaries, in file order, without duplicates.
+
+    Raises:
+        ValueError: the file cannot be read or a canary is invalid (:func:`canary_forms`);
+            the message gives the path and line number, never the value.
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(
+            f"cannot read canary file {os.fspath(path)!r}: {type(exc).__name__}"
+        ) from None
+    canaries: dict[str, None] = {}
+    for number, line in enumerate(lines, start=1):
+        value = line.strip()
+        if not value or value.startswith("#"):
+            continue
+        try:
+            canary_forms(value)
+        except ValueError as exc:
+            raise ValueError(f"{os.fspath(path)}:{number}: {exc}") from None
+        canaries[value] = None
+    return tuple(canaries)
+
+
+def canaries_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Load the canary file named by ``LOOPWATCH_REDACTION_CANARIES``, if set.
+
+    Returns:
+        The canaries, or ``()`` when the variable is unset or empty.
+
+    Raises:
+        ValueError: as :func:`load_canaries`.
+    """
+    path = (os.environ if environ is None else environ).get(ENV_CANARIES, "")
+    return load_canaries(path) if path else ()
+
+
+_DEFAULT: dict[str, Redactor] = {}
+
+
+def default_redactor() -> Redactor:
+    """The agent side's redactor: built-in rules plus the canaries named by the environment.
+
+    Cached per value of ``LOOPWATCH_REDACTION_CANARIES``. Never raises (telemetry must not
+    break the agent): an unreadable or invalid canary file is logged, without its content,
+    and the redactor runs without canaries; the collector still checks them.
+    """
+    path = os.environ.get(ENV_CANARIES, "")
+    redactor = _DEFAULT.get(path)
+    if redactor is None:
+        try:
+            redactor = Redactor(canaries=load_canaries(path) if path else ())
+        except ValueError as exc:
+            _logger.warning("redaction canaries not loaded: %s", exc)
+            redactor = Redactor()
+        _DEFAULT[path] = redactor
+    return redactor
+
+
+class Redactor:
+    """Applies :class:`RedactionRules` and canaries to text and JSON-like values.
+
+    Thread-safe: configuration is immutable; the internal caches are plain ``set``/``dict``
+    whose single operations are atomic. No input value makes it raise.
+
+    Args:
+        rules: the rules (default :class:`RedactionRules()`).
+        canaries: exact canary values (see :func:`canary_forms`).
+        canary_matcher: a faster matcher built from ``canary_forms`` of the same canaries;
+            default :class:`RegexCanaryMatcher`.
+        trigger_matcher: a multi-substring matcher over :attr:`RedactionRules.triggers`,
+            run on the lowercased text, replacing the default pre-filter (one ``in`` test
+            per trigger). It must find every occurrence of every trigger.
+        hmac_key: turns on HMAC mode: placeholders carry the first 8 hex chars of
+            HMAC-SHA256(hmac_key, value). At least 16 bytes.
+
+    Raises:
+        ValueError: an invalid canary or an HMAC key shorter than 16 bytes.
+
+    Example:
+        >>> text, hits = Redactor().redact_text("postgres://app:s3cret@db:5432/x")
+        >>> text, hits
+        ('postgres://app:[REDACTED:url_password]@db:5432/x', {'url_password': 1})
+    """
+
+    __slots__ = (
+        "_clean",
+        "_hmac_key",
+        "_key_cache",
+        "_matcher",
+        "_n_canaries",
+        "_placeholders",
+        "_trigger_matcher",
+        "rules",
+    )
+
+    def __init__(
+        self,
+        rules: RedactionRules | None = None,
+        *,
+        canaries: Iterable[str] = (),
+        canary_matcher: CanaryMatcher | None = None,
+        trigger_matcher: CanaryMatcher | None = None,
+        hmac_key: bytes | None = None,
+    ) -> None:
+        self.rules = RedactionRules() if rules is None else rules
+        forms: set[str] = set()
+        values = tuple(dict.fromkeys(canaries))
+        for value in values:
+            forms |= canary_forms(value)
+        if hmac_key is not None and len(hmac_key) < 16:
+            raise ValueError("hmac_key must be at least 16 bytes")
+        self._hmac_key = hmac_key
+        self._n_canaries = len(values)
+        if canary_matcher is None and forms:
+            canary_matcher = RegexCanaryMatcher(forms)
+        self._matcher = canary_matcher
+        self._trigger_matcher = trigger_matcher
+        self._placeholders = {name: placeholder(name) for name in self.rules.rule_names}
+        self._clean: set[str] = set()
+        self._key_cache: dict[str, bool] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"Redactor(rules={len(self.rules.rule_names)} rules, canaries={self._n_canaries}, "
+            f"hmac={'on' if self._hmac_key else 'off'})"
+        )
+
+    @property
+    def rule_names(self) -> tuple[str, ...]:
+        """Every rule name a hit can carry (the bounded ``rule`` label set)."""
+        return self.rules.rule_names
+
+    def redact_text(self, text: str) -> tuple[str, Hits]:
+        """Redact one string (JSON inside it included). Never raises.
+
+        Returns:
+            ``(redacted, hits)``; ``redacted is text`` when nothing matched. If the
+            caller's stack is too deep to finish, the whole text becomes
+            ``[REDACTED:depth]`` (fail closed).
+        """
+        hits: Hits = {}
+        try:
+            return self.scrub_text(text, hits), hits
+        except RecursionError:
+            # No function call here: the stack may have no room left for one.
+            return self._placeholders[RULE_DEPTH], {RULE_DEPTH: 1}
+
+    def redact_value(self, value: Any) -> Any:
+        """Redact a JSON-like value: ``dict``/``list``/``tuple``/``str``/``bytes``/scalars.
+
+        Copy-on-write: the input is never mutated; an unchanged value is returned as is.
+        Mapping values under sensitive keys are replaced whole; strings are scanned (JSON
+        inside them included); ``bytes`` are scanned as UTF-8 (Latin-1 if invalid) and stay
+        ``bytes``; numbers, booleans and ``None`` pass through, and so do objects of other
+        types (serialize them first). Use :meth:`scrub_value` to also get the counts.
+
+        Returns:
+            The redacted value; ``[REDACTED:depth]`` if the caller's stack is too deep to
+            finish (fail closed). Never raises.
+        """
+        try:
+            return self._walk(value, {}, 0)
+        except RecursionError:
+            return self._placeholders[RULE_DEPTH]
+
+    def scrub_text(self, text: str, hits: Hits) -> str:
+        """Like :meth:`redact_text`, adding counts by rule to ``hits`` (hot path).
+
+        Raises:
+            RecursionError: only if the caller's stack is nearly exhausted; the caller
+                decides how to fail closed.
+        """
+        return self._scrub_str(text, hits, 0)
+
+    def scrub_value(self, value: Any, hits: Hits) -> Any:
+        """Like :meth:`redact_value`, adding counts by rule to ``hits`` (hot path).
+
+        Raises:
+            RecursionError: as :meth:`scrub_text`.
+        """
+        return self._walk(value, hits, 0)
+
+    def _placeholder(self, rule: str, secret: str) -> str:
+        if self._hmac_key is None:
+            return self._placeholders[rule]
+        digest = hmac.new(self._hmac_key, secret.encode("utf-8", "surrogatepass"), hashlib.sha256)
+        return placeholder(rule, digest.hexdigest()[:HMAC_TAG_HEX_CHARS])
+
+    def _key_sensitive(self, key: str, *, remember: bool = True) -> bool:
+        # The cache doubles as "this key text is clean": only keys that redaction left
+        # unchanged are remembered, so a cached key skips the scan as well.
+        cached = self._key_cache.get(key)
+        if cached is None:
+            cached = self.rules.key_is_sensitive(key)
+            if remember:
+                if len(self._key_cache) >= _KEY_CACHE_MAX_ENTRIES:
+                    self._key_cache.clear()
+                self._key_cache[key] = cached
+        return cached
+
+    def _scrub_str(self, text: str, hits: Hits, depth: int) -> str:
+        if text in self._clean:
+            return text
+        out = self._scrub_once(text, hits, depth)
+        if out is text:
+            return text
+        # A replacement can change a neighbour's boundary; iterate to a fixed point so that
+        # redacting twice equals redacting once.
+        for _ in range(_FIXPOINT_PASSES):
+            again = self._scrub_once(out, hits, depth)
+            if again == out:
+                return out
+            out = again
+        hits[RULE_DEPTH] = hits.get(RULE_DEPTH, 0) + 1
+        return self._placeholder(RULE_DEPTH, text)
+
+    def _gate(self, text: str) -> set[int] | None:
+        if self._trigger_matcher is not None:
+            lowered = text.lower()
+            found = self._trigger_matcher.find_spans(lowered)
+            if not found:
+                return None
+            index = self.rules._trigger_index
+            return set().union(*(index[lowered[a:b]] for a, b in found))
+        fired: set[int] | None = None
+        for trigger, indices in self.rules._cs_triggers:
+            if trigger in text:
+                fired = set(indices) if fired is None else fired | indices
+        if self.rules._ci_triggers:
+            lowered = text.lower()
+            for trigger, indices in self.rules._ci_triggers:
+                if trigger in lowered:
+                    fired = set(indices) if fired is None else fired | indices
+        return fired
+
+    def _scrub_once(self, text: str, hits: Hits, depth: int) -> str:
+        rules = self.rules
+        canary = self._matcher.find_spans(text) if self._matcher is not None else []
+        fired: set[int] | None = None
+        if not (
+            rules._alnum_lower_safe
+            and (
+                len(text) < _MIN_SECRET_CHARS
+                or (text.isalnum() and (text.islower() or text.isdigit()))
+            )
+        ):
+            fired = self._gate(text)
+        json_like = rules.parse_json_strings and _looks_like_json(text)
+        # JSON escapes (\u0070assword, \/) can hide a trigger from the raw-text gate.
+        escaped = json_like and "\\" in text
+        if not canary and fired is None and not escaped:
+            self._remember_clean(text)
+            return text
+        if json_like and depth < rules.max_json_depth:
+            parsed = _parse_json(text)
+            if parsed is not None:
+                local: Hits = {}
+                new = self._walk(parsed, local, depth + 1)
+                out = text if new is parsed else _dump_json(new)
+                for rule, count in local.items():
+                    hits[rule] = hits.get(rule, 0) + count
+                if canary and self._matcher is not None:
+                    # A canary written across JSON structure survives the walk.
+                    rest = self._matcher.find_spans(out)
+                    if rest:
+                        out = self._replace(out, rest, None, hits)
+                return out
+        out = self._replace(text, canary, fired, hits)
+        if out is text and not json_like:
+            self._remember_clean(text)
+        return out
+
+    def _remember_clean(self, text: str) -> None:
+        if len(text) <= _CLEAN_CACHE_MAX_CHARS:
+            if len(self._clean) >= _CLEAN_CACHE_MAX_ENTRIES:
+                self._clean.clear()
+            self._clean.add(text)
+
+    def _replace(
+        self, text: str, canary: list[tuple[int, int]], fired: set[int] | None, hits: Hits
+    ) -> str:
+        spans: list[tuple[int, int, int]] = [(a, b, -1) for a, b in canary]
+        rules = self.rules
+        if fired:
+            for index in sorted(fired):
+                if index == rules._key_index:
+                    continue
+                crule = rules._compiled[index]
+                group = crule.secret_group
+                for match in crule.regex.finditer(text):
+                    start, end = match.span(group)
+                    if start < 0 or end <= start:
+                        continue
+                    secret = text[start:end]
+                    if secret.startswith(PLACEHOLDER_PREFIX) and is_placeholder(secret):
+                        continue
+                    if crule.is_assignment and not self._assignment_key_sensitive(text, match):
+                        continue
+                    if rules._allowed and any(p.fullmatch(secret) for p in rules._allowed):
+                        continue
+                    spans.append((start, end, index))
+        if spans and PLACEHOLDER_PREFIX in text:
+            spans = _outside_placeholders(text, spans)
+        if not spans:
+            return text
+        spans.sort()
+        pieces: list[str] = []
+        position = 0
+        cur_start, cur_end, cur_rule = spans[0]
+        for start, end, rule in spans[1:]:
+            if start < cur_end:
+                cur_end = max(cur_end, end)
+                cur_rule = min(cur_rule, rule)
+                continue
+            position = self._emit(text, pieces, position, (cur_start, cur_end, cur_rule), hits)
+            cur_start, cur_end, cur_rule = start, end, rule
+        position = self._emit(text, pieces, position, (cur_start, cur_end, cur_rule), hits)
+        pieces.append(text[position:])
+        return "".join(pieces)
+
+    def _emit(
+        self, text: str, pieces: list[str], position: int, span: tuple[int, int, int], hits: Hits
+    ) -> int:
+        start, end, rule_index = span
+        name = RULE_CANARY if rule_index < 0 else self.rules._compiled[rule_index].name
+        hits[name] = hits.get(name, 0) + 1
+        pieces.append(text[position:start])
+        pieces.append(self._placeholder(name, text[start:end]))
+        return end
+
+    def _assignment_key_sensitive(self, text: str, match: re.Match[str]) -> bool:
+        # The regex anchors on the sensitive word; the whole key ("db_password",
+        # "next_page_token") decides, with the same semantics as the key-name rule.
+        start = match.start()
+        floor = max(0, start - _KEY_LOOKBACK_CHARS)
+        while start > floor and text[start - 1] in _KEY_CHARS:
+            start -= 1
+        end = match.start()
+        while end < len(text) and text[end] in _KEY_CHARS:
+            end += 1
+        return self._key_sensitive(text[start:end], remember=False)
+
+    def _walk(self, value: Any, hits: Hits, depth: int) -> Any:
+        kind = type(value)
+        if kind is str:
+            return self._scrub_str(value, hits, depth)
+        if kind is dict:
+            if depth >= self.rules.max_json_depth:
+                return self._too_deep(value, hits)
+            return self._walk_dict(value, hits, depth)
+        if kind is list or kind is tuple:
+            if depth >= self.rules.max_json_depth:
+                return self._too_deep(value, hits)
+            return self._walk_sequence(value, hits, depth)
+        if kind is bytes:
+            return self._scrub_bytes(value, hits, depth)
+        if kind is int or kind is float or kind is bool or value is None:
+            return value
+        # Subclasses and look-alikes: handled rather than passed through unscanned.
+        if isinstance(value, str):
+            return self._scrub_str(str(value), hits, depth)
+        if isinstance(value, Mapping):
+            return self._walk(dict(value), hits, depth)
+        if isinstance(value, (list, tuple)):
+            return self._walk(list(value), hits, depth)
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return self._scrub_bytes(bytes(value), hits, depth)
+        return value
+
+    def _walk_sequence(self, value: list[Any] | tuple[Any, ...], hits: Hits, depth: int) -> Any:
+        new: list[Any] | None = None
+        for index, item in enumerate(value):
+            scrubbed = self._walk(item, hits, depth + 1)
+            if new is None and scrubbed is not item:
+                new = list(value[:index])
+            if new is not None:
+                new.append(scrubbed)
+        if new is None:
+            return value
+        return new if type(value) is list else tuple(new)
+
+    def _walk_dict(self, value: dict[Any, Any], hits: Hits, depth: int) -> Any:
+        # Hot path of the collector: one cache lookup per key and per string value.
+        clean = self._clean
+        known_keys = self._key_cache
+        new: dict[Any, Any] | None = None
+        for index, (key, item) in enumerate(value.items()):
+            new_key = key
+            sensitive = known_keys.get(key)
+            if sensitive is None:
+                if type(key) is str:
+                    new_key = self._scrub_str(key, hits, depth)
+                    sensitive = self._key_sensitive(key, remember=new_key is key)
+                else:
+                    sensitive = False
+            if sensitive:
+                scrubbed = self._mask(item, hits, depth)
+            else:
+                kind = type(item)
+                if kind is str:
+                    scrubbed = item if item in clean else self._scrub_str(item, hits, depth + 1)
+                elif kind is int or kind is bool or kind is float:
+                    scrubbed = item
+                else:
+                    scrubbed = self._walk(item, hits, depth + 1)
+            if new is None and (scrubbed is not item or new_key is not key):
+                new = dict(islice(value.items(), index))
+            if new is not None:
+                new[new_key] = scrubbed
+        return value if new is None else new
+
+    def _too_deep(self, value: Any, hits: Hits) -> str:
+        hits[RULE_DEPTH] = hits.get(RULE_DEPTH, 0) + 1
+        return self._placeholder(RULE_DEPTH, _canonical(value) if self._hmac_key else "")
+
+    def _scrub_bytes(self, value: bytes, hits: Hits, depth: int) -> bytes:
+        try:
+            text, encoding = value.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            # Latin-1 maps bytes 1:1 to code points, so canary forms (which include the
+            # Latin-1 reading of their UTF-8 bytes) and ASCII patterns still match.
+            text, encoding = value.decode("latin-1"), "latin-1"
+        scrubbed = self._scrub_str(text, hits, depth)
+        return value if scrubbed is text else scrubbed.encode(encoding, "surrogatepass")
+
+    def _mask(self, value: Any, hits: Hits, depth: int) -> Any:
+        if value is None or value is True or value is False:
+            return value
+        if isinstance(value, (str, bytes)) and not value:
+            return value
+        if type(value) is str and value.startswith(PLACEHOLDER_PREFIX) and is_placeholder(value):
+            return value
+        # A canary under a sensitive key must still raise the canary signal.
+        found = self._count_canaries(value, depth) if self._matcher is not None else 0
+        if found:
+            hits[RULE_CANARY] = hits.get(RULE_CANARY, 0) + found
+            rule = RULE_CANARY
+        else:
+            allowed = self.rules._allowed
+            if allowed and type(value) is str and any(p.fullmatch(value) for p in allowed):
+                return value
+            hits[RULE_SENSITIVE_KEY] = hits.get(RULE_SENSITIVE_KEY, 0) + 1
+            rule = RULE_SENSITIVE_KEY
+        masked = self._placeholder(rule, _canonical(value) if self._hmac_key else "")
+        return masked.encode("ascii") if type(value) is bytes else masked
+
+    def _count_canaries(self, value: Any, depth: int) -> int:
+        kind = type(value)
+        if kind is str:
+            local: Hits = {}
+            self._scrub_str(value, local, depth)
+            return local.get(RULE_CANARY, 0)
+        if kind is bytes:
+            local = {}
+            self._scrub_bytes(value, local, depth)
+            return local.get(RULE_CANARY, 0)
+        if depth >= self.rules.max_json_depth:
+            return 0
+        if kind is dict:
+            return sum(
+                self._count_canaries(k, depth) + self._count_canaries(v, depth + 1)
+                for k, v in value.items()
+            )
+        if kind is list or kind is tuple:
+            return sum(self._count_canaries(v, depth + 1) for v in value)
+        return 0
+
+
+def _outside_placeholders(
+    text: str, spans: list[tuple[int, int, int]]
+) -> list[tuple[int, int, int]]:
+    # Placeholders are atomic: a match that starts or ends inside one is ignored (rule
+    # names such as "aws_secret_key" inside a placeholder must not match again).
+    inside = [m.span() for m in _PLACEHOLDER_RE.finditer(text)]
+    return [
+        (a, b, rule) for a, b, rule in spans if not any(p < a < q or p < b < q for p, q in inside)
+    ]
+
+
+def _looks_like_json(text: str) -> bool:
+    if len(text) < 2:
+        return False
+    first, last = text[0], text[-1]
+    if first in " \t\r\n" or last in " \t\r\n":
+        stripped = text.strip()
+        if len(stripped) < 2:
+            return False
+        first, last = stripped[0], stripped[-1]
+    return (first == "{" and last == "}") or (first == "[" and last == "]")
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return parsed if isinstance(parsed, (dict, list)) else None
+
+
+def _dump_json(value: Any) -> str:
+    try:
+        out = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        out.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates (legal as \\ud800 escapes in JSON) cannot be UTF-8 encoded
+        # downstream; keep them escaped.
+        out = json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    return out
+
+
+def _canonical(value: Any) -> str:
+    if type(value) is str:
+        return value
+    if type(value) is bytes:
+        return value.decode("latin-1")
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+    except (ValueError, TypeError, RecursionError):
+        return type(value).__name__

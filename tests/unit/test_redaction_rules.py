@@ -1,0 +1,722 @@
+"""Redaction rules (``loopwatch.instrumentation.redaction``): tables of cases and laws.
+
+Secret-shaped samples are assembled from pieces so that secret scanners do not flag this
+file; none of them is a real credential.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import inspect
+import json
+import re
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from loopwatch.instrumentation import redaction
+from loopwatch.instrumentation.redaction import (
+    MIN_CANARY_CHARS,
+    RedactionRules,
+    Redactor,
+    RegexCanaryMatcher,
+    SecretRule,
+    canaries_from_env,
+    canary_forms,
+    default_redactor,
+    is_placeholder,
+    load_canaries,
+    placeholder,
+)
+
+CANARY = "LWCANARY-7f3a9c21-Zq"
+CANARY_ODD = 'lw/canary "q" +é&=x'  # needs escaping in JSON and URLs, non-ASCII
+
+OPENAI = "sk-" + "T3BlbkFJ" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8s9T0"
+OPENAI_PROJ = "sk-proj-" + "Ab3_dE6-" * 8
+ANTHROPIC = "sk-ant-api03-" + "xY9_" * 20 + "AA"
+GITHUB_PAT = "ghp_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6"
+GITHUB_OAUTH = "gho_" + "Z" * 36
+GITHUB_FINE = "github_pat_" + "11ABCDEFG0" * 2 + "ab_" + "c" * 59
+SLACK_BOT = "xoxb-" + "123456789012-1234567890123-" + "AbCdEfGhIjKlMnOpQrStUvWx"
+GOOGLE = "AIza" + "SyDaGmWKa4JsXZ-HjGw7ISLn_3namBGewQe"
+STRIPE_LIVE = "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc"
+STRIPE_RESTRICTED = "rk_live_" + "51H4xYz" * 4
+JWT = (
+    "eyJ"
+    + "hbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9"
+    + ".eyJ"
+    + "zdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4ifQ"
+    + "."
+    + "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+)
+AWS_ID = "AKIA" + "IOSFODNN7EXAMPLE"
+AWS_STS = "ASIA" + "Y34FZKBOKMUTVV7A"
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYEXAMPLEKEY"
+PEM = (
+    "-----BEGIN " + "RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA0Z3VS5JJcds3xfn/ygWyF8PbnGy0AHB7Mhg\n"
+    "dGhpcyBpcyBub3QgYSByZWFsIGtleQ==\n-----END " + "RSA PRIVATE KEY-----"
+)
+OPENSSH = "-----BEGIN " + "OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n"
+SHA256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+SPAN_ID = "00f067aa0ba902b7"
+
+REDACTOR = Redactor(canaries=[CANARY, CANARY_ODD])
+
+
+def ph(rule: str) -> str:
+    text: str = placeholder(rule)
+    return text
+
+
+# (case id, input, expected output, expected hits)
+TEXT_CASES: list[tuple[str, str, str, dict[str, int]]] = [
+    (
+        "openai legacy",
+        f"key={OPENAI[:3]} {OPENAI} end",
+        f"key=sk- {ph('openai_key')} end",
+        {"openai_key": 1},
+    ),
+    (
+        "openai project",
+        f"OPENAI_API_KEY {OPENAI_PROJ}",
+        f"OPENAI_API_KEY {ph('openai_key')}",
+        {"openai_key": 1},
+    ),
+    ("anthropic", f"x-api {ANTHROPIC}.", f"x-api {ph('anthropic_key')}.", {"anthropic_key": 1}),
+    ("github classic", f"token {GITHUB_PAT}", f"token {ph('github_token')}", {"github_token": 1}),
+    ("github oauth", f"({GITHUB_OAUTH})", f"({ph('github_token')})", {"github_token": 1}),
+    ("github fine-grained", GITHUB_FINE, ph("github_token"), {"github_token": 1}),
+    ("slack", f"slack:{SLACK_BOT}", f"slack:{ph('slack_token')}", {"slack_token": 1}),
+    ("google", f"maps?k {GOOGLE} x", f"maps?k {ph('google_api_key')} x", {"google_api_key": 1}),
+    ("stripe live", f"charge {STRIPE_LIVE}", f"charge {ph('stripe_key')}", {"stripe_key": 1}),
+    ("stripe restricted", STRIPE_RESTRICTED, ph("stripe_key"), {"stripe_key": 1}),
+    ("jwt", f"id_jwt {JWT} done", f"id_jwt {ph('jwt')} done", {"jwt": 1}),
+    ("aws access key", f"id {AWS_ID}.", f"id {ph('aws_access_key')}.", {"aws_access_key": 1}),
+    ("aws sts key", f"[{AWS_STS}]", f"[{ph('aws_access_key')}]", {"aws_access_key": 1}),
+    (
+        "aws secret in context",
+        f'aws_secret_access_key = "{AWS_SECRET}"',
+        f'aws_secret_access_key = "{ph("aws_secret_key")}"',
+        {"aws_secret_key": 1},
+    ),
+    (
+        "aws secret camel",
+        f"SecretAccessKey: {AWS_SECRET}",
+        f"SecretAccessKey: {ph('aws_secret_key')}",
+        {"aws_secret_key": 1},
+    ),
+    ("pem block", f"key:\n{PEM}\nafter!", f"key:\n{ph('private_key')}\nafter!", {"private_key": 1}),
+    ("pem truncated", f"{OPENSSH}", ph("private_key"), {"private_key": 1}),
+    (
+        "bearer header",
+        "curl -H 'Authorization: Bearer abc123def456ghi789jk'",
+        f"curl -H 'Authorization: Bearer {ph('bearer')}'",
+        {"bearer": 1},
+    ),
+    (
+        "bearer anywhere",
+        "sent bearer 9f8e7d6c5b4a39281706 ok",
+        f"sent bearer {ph('bearer')} ok",
+        {"bearer": 1},
+    ),
+    (
+        "authorization without digits",
+        "Authorization: Basic dXNlcnBhc3N3b3Jk",
+        f"Authorization: Basic {ph('assignment')}",
+        {"assignment": 1},
+    ),
+    (
+        "url password",
+        "postgres://app:s3cr%40t@db:5432/orders",
+        f"postgres://app:{ph('url_password')}@db:5432/orders",
+        {"url_password": 1},
+    ),
+    (
+        "assignment query",
+        "GET /login?user=bob&password=hunter2&next_page_token=p2",
+        f"GET /login?user=bob&password={ph('assignment')}&next_page_token=p2",
+        {"assignment": 1},
+    ),
+    (
+        "assignment prefixed key",
+        "DB_PASSWORD=hunter2 ./run",
+        f"DB_PASSWORD={ph('assignment')} ./run",
+        {"assignment": 1},
+    ),
+    ("assignment camel", "apiKey: abcdef", f"apiKey: {ph('assignment')}", {"assignment": 1}),
+    (
+        "assignment escaped json",
+        'msg="{\\"client_secret\\":\\"s3\\"}"',
+        f'msg="{{\\"client_secret\\":\\"{ph("assignment")}\\"}}"',
+        {"assignment": 1},
+    ),
+    ("canary raw", f"leak {CANARY}!", f"leak {ph('canary')}!", {"canary": 1}),
+    (
+        "two kinds",
+        f"{CANARY} {AWS_ID}",
+        f"{ph('canary')} {ph('aws_access_key')}",
+        {"canary": 1, "aws_access_key": 1},
+    ),
+    # Not secrets: left exactly as they are.
+    ("sha256 digest", SHA256, SHA256, {}),
+    ("prefixed digest", f"sha256:{SHA256}", f"sha256:{SHA256}", {}),
+    ("trace and span ids", f"{TRACE_ID}-{SPAN_ID}", f"{TRACE_ID}-{SPAN_ID}", {}),
+    ("uuid", "0b6f3c9e-5a4d-4c1b-9e8f-7a6b5c4d3e2f", "0b6f3c9e-5a4d-4c1b-9e8f-7a6b5c4d3e2f", {}),
+    (
+        "prose bearer",
+        "the bearer instruments were signed",
+        "the bearer instruments were signed",
+        {},
+    ),
+    ("prose tokens", "tokens: 3 counted", "tokens: 3 counted", {}),
+    (
+        "disk- is not sk-",
+        "disk-abcdefghijklmnopqrstuvwxyz0123",
+        "disk-abcdefghijklmnopqrstuvwxyz0123",
+        {},
+    ),
+    (
+        "url without password",
+        "https://user@example.com:8443/a?b=c",
+        "https://user@example.com:8443/a?b=c",
+        {},
+    ),
+    ("port is not a password", "http://host:8080/path@x", "http://host:8080/path@x", {}),
+    ("pagination cursor", "next_page_token=CAUQAA", "next_page_token=CAUQAA", {}),
+    ("tool name", "search_orders", "search_orders", {}),
+    ("empty", "", "", {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "hits"), [c[1:] for c in TEXT_CASES], ids=[c[0] for c in TEXT_CASES]
+)
+def test_redact_text(text: str, expected: str, hits: dict[str, int]) -> None:
+    out, got = REDACTOR.redact_text(text)
+    assert out == expected
+    assert got == hits
+    again, more = REDACTOR.redact_text(out)
+    assert (again, more) == (out, {})
+
+
+def _b64_embedded(canary: str, offset: int, *, urlsafe: bool = False, pad: bool = True) -> str:
+    payload = bytes(range(offset)) + canary.encode() + b"\xfe\xff:suffix"
+    encoded = (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(payload).decode()
+    return encoded if pad else encoded.rstrip("=")
+
+
+# (case id, text holding the canary in some encoding)
+CANARY_FORM_CASES: list[tuple[str, str, str]] = [
+    ("raw", CANARY, f"a {CANARY} b"),
+    ("json escaped", CANARY_ODD, json.dumps({"v": CANARY_ODD})),
+    ("json ascii escaped", CANARY_ODD, json.dumps(CANARY_ODD)[1:-1]),
+    ("json unicode kept", CANARY_ODD, json.dumps(CANARY_ODD, ensure_ascii=False)[1:-1]),
+    ("json slash escaped", CANARY_ODD, json.dumps(CANARY_ODD)[1:-1].replace("/", "\\/")),
+    ("json double escaped", CANARY_ODD, "x " + json.dumps(json.dumps({"v": CANARY_ODD}))),
+    ("url quote", CANARY_ODD, "https://x.test/" + urllib.parse.quote(CANARY_ODD)),
+    ("url quote safe none", CANARY_ODD, "q=" + urllib.parse.quote(CANARY_ODD, safe="")),
+    ("url quote_plus", CANARY_ODD, "q=" + urllib.parse.quote_plus(CANARY_ODD) + "&x=1"),
+    ("url lowercase hex", CANARY_ODD, urllib.parse.quote(CANARY_ODD, safe="").lower()),
+    ("base64", CANARY, base64.b64encode(CANARY.encode()).decode()),
+    ("base64 unpadded", CANARY_ODD, base64.b64encode(CANARY_ODD.encode()).decode().rstrip("=")),
+    ("base64url", CANARY_ODD, base64.urlsafe_b64encode(CANARY_ODD.encode()).decode()),
+    ("base64 embedded +0", CANARY, _b64_embedded(CANARY, 0)),
+    ("base64 embedded +1", CANARY, _b64_embedded(CANARY, 1)),
+    ("base64 embedded +2", CANARY, _b64_embedded(CANARY, 2)),
+    ("base64url embedded +1", CANARY_ODD, _b64_embedded(CANARY_ODD, 1, urlsafe=True, pad=False)),
+    ("base64url embedded +2", CANARY_ODD, _b64_embedded(CANARY_ODD, 2, urlsafe=True)),
+]
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (k, *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _decodings(text: str) -> set[str]:
+    out = {urllib.parse.unquote(text), urllib.parse.unquote_plus(text)}
+    literals = re.findall(r'"(?:[^"\\]|\\.)*"', text)
+    for candidate in (text, f'"{text}"', *literals):
+        with contextlib.suppress(ValueError):
+            out.update(_strings(json.loads(candidate)))
+    for fragment in re.split(r"\[REDACTED:[^\]]*\]|[^A-Za-z0-9+/=_-]", text):
+        for start in range(4):
+            chunk = fragment[start:].rstrip("=")
+            for decode in (base64.b64decode, base64.urlsafe_b64decode):
+                with contextlib.suppress(ValueError):
+                    out.add(decode(chunk + "=" * (-len(chunk) % 4)).decode("latin-1"))
+    return out
+
+
+def _leaks(canary: str, text: str) -> bool:
+    """Independent leak check: decode the text every way a case can encode, 3 levels deep."""
+    seen, frontier = {text}, {text}
+    for _ in range(3):
+        frontier = {d for t in frontier for d in _decodings(t)} - seen
+        seen |= frontier
+    needles = {canary, canary.encode().decode("latin-1")}
+    return any(n in c for n in needles for c in seen)
+
+
+@pytest.mark.parametrize(
+    ("canary", "text"), [c[1:] for c in CANARY_FORM_CASES], ids=[c[0] for c in CANARY_FORM_CASES]
+)
+def test_canary_forms_are_redacted(canary: str, text: str) -> None:
+    assert _leaks(canary, text), "the case must really hide the canary"
+    out, hits = REDACTOR.redact_text(text)
+    assert hits.get("canary", 0) >= 1
+    assert not _leaks(canary, out)
+    assert REDACTOR.redact_text(out) == (out, {})
+
+
+def test_canary_in_invalid_utf8_bytes() -> None:
+    value = b"\xff\xfe" + CANARY_ODD.encode() + b"\x80"
+    out = REDACTOR.redact_value(value)
+    assert isinstance(out, bytes)
+    assert CANARY_ODD.encode() not in out
+    assert out.startswith(b"\xff\xfe") and out.endswith(b"\x80")
+
+
+def test_canary_forms_cover_every_alignment_and_are_long_enough() -> None:
+    forms = canary_forms(CANARY)
+    for offset in range(3):
+        encoded = base64.b64encode(bytes(offset) + CANARY.encode() + b"!").decode()
+        assert any(f in encoded for f in forms if f != CANARY)
+    assert min(len(f) for f in forms) >= MIN_CANARY_CHARS
+
+
+# (case id, key, sensitive?)
+KEY_CASES: list[tuple[str, str, bool]] = [
+    ("password", "password", True),
+    ("dotted", "db.password", True),
+    ("header authorization", "http.request.header.authorization", True),
+    ("header x-api-key", "http.request.header.x-api-key", True),
+    ("set-cookie", "http.response.header.set-cookie", True),
+    ("camel", "clientSecret", True),
+    ("upper camel", "XApiKey", True),
+    ("screaming", "AWS_SECRET_ACCESS_KEY", True),
+    ("apikey", "apikey", True),
+    ("suffix token", "github_token", True),
+    ("no separators", "ACCESSTOKEN", True),
+    ("private key", "private_key", True),
+    ("pagination", "nextPageToken", False),
+    ("token type", "token_type", False),
+    ("usage tokens", "gen_ai.usage.input_tokens", False),
+    ("token count", "token_count", False),
+    ("tool name", "gen_ai.tool.name", False),
+    ("fingerprint", "loopwatch.action.fingerprint", False),
+    ("loopwatch exempt", "loopwatch.secret", False),
+    ("password hash is not a password", "password.hash", False),
+    ("bypass", "bypass", False),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "sensitive"), [c[1:] for c in KEY_CASES], ids=[c[0] for c in KEY_CASES]
+)
+def test_key_names(key: str, sensitive: bool) -> None:
+    assert RedactionRules().key_is_sensitive(key) is sensitive
+    out = REDACTOR.redact_value({key: "v4lue"})
+    assert out == ({key: ph("sensitive_key")} if sensitive else {key: "v4lue"})
+
+
+def test_value_under_sensitive_key_is_replaced_whole_and_scalars_kept() -> None:
+    value = {
+        "password": {"nested": ["a", 1]},
+        "token": 12345,
+        "cookie": None,
+        "secret": "",
+        "api_key": True,
+        "auth_token": b"raw",
+    }
+    hits: dict[str, int] = {}
+    out = REDACTOR.scrub_value(value, hits)
+    assert out == {
+        "password": ph("sensitive_key"),
+        "token": ph("sensitive_key"),
+        "cookie": None,
+        "secret": "",
+        "api_key": True,
+        "auth_token": ph("sensitive_key").encode(),
+    }
+    assert value["password"] == {"nested": ["a", 1]}, "input not mutated"
+    assert hits == {"sensitive_key": 3}
+
+
+def test_canary_under_sensitive_key_counts_as_canary() -> None:
+    hits: dict[str, int] = {}
+    out = REDACTOR.scrub_value({"password": f"x{CANARY}"}, hits)
+    assert out == {"password": ph("canary")}
+    assert hits == {"canary": 1}
+
+
+def test_structural_values_untouched() -> None:
+    attrs = {
+        "loopwatch.action.fingerprint": SHA256,
+        "loopwatch.observation.digest": SHA256[::-1],
+        "loopwatch.run.id": "0b6f3c9e-5a4d-4c1b-9e8f-7a6b5c4d3e2f",
+        "gen_ai.tool.name": "search_orders",
+        "gen_ai.tool.call.id": "call_Ab12Cd34Ef56Gh78Ij90Kl12",
+        "gen_ai.usage.input_tokens": 1200,
+    }
+    hits: dict[str, int] = {}
+    assert REDACTOR.scrub_value(attrs, hits) is attrs
+    assert hits == {}
+
+
+def test_json_inside_strings_is_parsed_redacted_and_reserialized() -> None:
+    inner = json.dumps({"headers": {"Authorization": "Bearer abc"}, "q": "ok"})
+    args = json.dumps({"url": "https://api.test", "config": inner, "password": "hunter2"}, indent=2)
+    out, hits = REDACTOR.redact_text(args)
+    assert json.loads(out) == {
+        "url": "https://api.test",
+        "config": json.dumps(
+            {"headers": {"Authorization": ph("sensitive_key")}, "q": "ok"}, separators=(",", ":")
+        ),
+        "password": ph("sensitive_key"),
+    }
+    assert "\n" not in out, "re-serialized compactly"
+    assert hits == {"sensitive_key": 2}
+
+
+def test_clean_json_is_not_reformatted() -> None:
+    text = json.dumps({"b": 1, "a": ["x", {"token_count": 3}]}, indent=2)
+    assert REDACTOR.redact_text(text) == (text, {})
+    escaped = '{"name": "caf\\u00e9", "path": "a\\/b"}'
+    assert REDACTOR.redact_text(escaped) == (escaped, {})
+
+
+def test_json_unicode_escapes_do_not_hide_keys() -> None:
+    text = '{"\\u0070assword": "hunter2"}'
+    out, hits = REDACTOR.redact_text(text)
+    assert json.loads(out) == {"password": ph("sensitive_key")}
+    assert hits == {"sensitive_key": 1}
+
+
+def test_canary_split_across_json_structure_is_still_redacted() -> None:
+    canary = 'lw-canary","part-two'
+    redactor = Redactor(canaries=[canary])
+    out, hits = redactor.redact_text('["lw-canary","part-two"]')
+    assert hits.get("canary") == 1
+    assert "part-two" not in out
+
+
+def test_nesting_deeper_than_the_bound_is_replaced_whole() -> None:
+    rules = RedactionRules(max_json_depth=4)
+    redactor = Redactor(rules)
+    value = {"a": {"b": {"c": {"d": {"e": "x"}}}}}
+    hits: dict[str, int] = {}
+    assert redactor.scrub_value(value, hits) == {"a": {"b": {"c": {"d": ph("depth")}}}}
+    assert hits == {"depth": 1}
+    text = json.dumps({"a": {"b": {"c": {"d": {"e": "token=x"}}}}})
+    out, _ = redactor.redact_text(text)
+    assert json.loads(out) == {"a": {"b": {"c": ph("depth")}}}, "string counts as one level"
+    assert redactor.redact_text(out) == (out, {})
+
+
+def test_hmac_mode_correlates_without_revealing() -> None:
+    key = b"k" * 32
+    redactor = Redactor(hmac_key=key, canaries=[CANARY])
+    out, hits = redactor.redact_text(f"{AWS_ID} {AWS_ID} {AWS_STS} {CANARY}")
+    assert hits == {"aws_access_key": 3, "canary": 1}
+    tags = re.findall(r"\[REDACTED:(\w+):([0-9a-f]{8})\]", out)
+    assert [t[0] for t in tags] == ["aws_access_key"] * 3 + ["canary"]
+    assert tags[0][1] == tags[1][1] != tags[2][1]
+    assert AWS_ID not in out and CANARY not in out
+    other = Redactor(hmac_key=b"x" * 32).redact_text(AWS_ID)[0]
+    assert other != placeholder("aws_access_key", tags[0][1])
+    assert redactor.redact_text(out) == (out, {})
+    assert redactor.redact_value({"password": "a"}) != redactor.redact_value({"password": "b"})
+    assert "k" * 32 not in repr(redactor)
+
+
+def test_placeholders_never_match_a_rule() -> None:
+    redactor = Redactor(canaries=[CANARY], hmac_key=b"0" * 16)
+    for name in redactor.rule_names:
+        for text in (placeholder(name), placeholder(name, "0a1b2c3d")):
+            assert is_placeholder(text)
+            for wrapped in (
+                text,
+                f"x={text}",
+                f"{name}: {text}",
+                f"://u:{text}@h",
+                f'"{name}":"{text}"',
+            ):
+                assert redactor.redact_text(wrapped) == (wrapped, {}), wrapped
+
+
+def test_allowed_values_win_over_patterns_but_not_canaries() -> None:
+    rules = RedactionRules(allowed_values=(r"AKIA[A-Z0-9]*EXAMPLE",))
+    redactor = Redactor(rules, canaries=[CANARY])
+    assert redactor.redact_text(f"id {AWS_ID}") == (f"id {AWS_ID}", {})
+    assert redactor.redact_text(AWS_STS)[1] == {"aws_access_key": 1}
+    assert redactor.redact_value({"token": AWS_ID}) == {"token": AWS_ID}
+
+
+def test_custom_rule() -> None:
+    rule = SecretRule("internal_key", r"ik_(?P<secret>[0-9a-f]{12})", ("ik_",))
+    redactor = Redactor(RedactionRules(secret_rules=(*redaction.BUILTIN_SECRET_RULES, rule)))
+    assert redactor.redact_text("ik_0123456789ab") == (
+        f"ik_{ph('internal_key')}",
+        {"internal_key": 1},
+    )
+    assert "internal_key" in redactor.rule_names
+
+
+# (case id, constructor, expected message fragment)
+INVALID_CONFIG: list[tuple[str, object, str]] = [
+    (
+        "bad rule name",
+        lambda: RedactionRules(secret_rules=(SecretRule("Bad", "x", ("x",)),)),
+        "rule name",
+    ),
+    (
+        "reserved name",
+        lambda: RedactionRules(secret_rules=(SecretRule("canary", "x", ("x",)),)),
+        "reserved",
+    ),
+    (
+        "duplicate",
+        lambda: RedactionRules(
+            secret_rules=(SecretRule("a", "x", ("x",)), SecretRule("a", "y", ("y",)))
+        ),
+        "duplicated",
+    ),
+    ("no trigger", lambda: RedactionRules(secret_rules=(SecretRule("a", "x", ()),)), "trigger"),
+    (
+        "upper trigger",
+        lambda: RedactionRules(secret_rules=(SecretRule("a", "x", ("X",), True),)),
+        "lowercase",
+    ),
+    ("bad regex", lambda: RedactionRules(secret_rules=(SecretRule("a", "(", ("(",)),)), "compile"),
+    ("empty match", lambda: RedactionRules(secret_rules=(SecretRule("a", "x*", ("x",)),)), "empty"),
+    ("key not normalized", lambda: RedactionRules(key_names=("Api-Key",)), "normalized"),
+    ("depth", lambda: RedactionRules(max_json_depth=0), "max_json_depth"),
+    ("bad allowed value", lambda: RedactionRules(allowed_values=("[",)), "allowed value"),
+    ("short canary", lambda: Redactor(canaries=["short"]), "at least"),
+    ("canary with newline", lambda: Redactor(canaries=["abcdefgh\nij"]), "line break"),
+    ("canary inside placeholder", lambda: Redactor(canaries=["xREDACTED:"]), "placeholder"),
+    ("short hmac key", lambda: Redactor(hmac_key=b"short"), "hmac_key"),
+]
+
+
+@pytest.mark.parametrize(
+    ("build", "fragment"), [c[1:] for c in INVALID_CONFIG], ids=[c[0] for c in INVALID_CONFIG]
+)
+def test_invalid_config_fails_fast(build: object, fragment: str) -> None:
+    assert callable(build)
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        build()
+
+
+def test_load_canaries(tmp_path: Path) -> None:
+    path = tmp_path / "canaries.txt"
+    path.write_text(
+        f"# planted 2026-11-30\n\n  {CANARY}  \n#{CANARY_ODD}\nvalue#with-hash\n{CANARY}\n"
+    )
+    assert load_canaries(path) == (CANARY, "value#with-hash")
+    assert canaries_from_env({"LOOPWATCH_REDACTION_CANARIES": str(path)}) == (
+        CANARY,
+        "value#with-hash",
+    )
+    assert canaries_from_env({}) == ()
+
+
+def test_canary_file_errors_never_echo_the_value(tmp_path: Path) -> None:
+    path = tmp_path / "bad.txt"
+    path.write_text("# ok\nsecret1\n")
+    with pytest.raises(ValueError, match=r"bad.txt:2: a canary must be at least") as info:
+        load_canaries(path)
+    assert "secret1" not in str(info.value)
+    with pytest.raises(ValueError, match="cannot read canary file"):
+        load_canaries(tmp_path / "missing.txt")
+
+
+def test_default_redactor_uses_env_and_never_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.txt"
+    path.write_text(CANARY + "\n")
+    monkeypatch.setenv("LOOPWATCH_REDACTION_CANARIES", str(path))
+    assert default_redactor().redact_value({"q": CANARY}) == {"q": ph("canary")}
+    monkeypatch.setenv("LOOPWATCH_REDACTION_CANARIES", str(tmp_path / "missing.txt"))
+    assert default_redactor().redact_value({"password": "x"}) == {"password": ph("sensitive_key")}
+
+
+def test_regex_matcher_finds_overlapping_forms() -> None:
+    matcher = RegexCanaryMatcher(["abcdefgh", "defghijk"])
+    assert matcher.find_spans("xxabcdefghijk") == [(2, 10), (5, 13)]
+    assert RegexCanaryMatcher([]).find_spans("abc") == []
+
+
+def test_public_names_match_all() -> None:
+    defined_here = {
+        name
+        for name, value in vars(redaction).items()
+        if not name.startswith("_")
+        and callable(value)
+        and getattr(value, "__module__", None) == redaction.__name__
+    }
+    assert defined_here <= set(redaction.__all__)
+    assert all(hasattr(redaction, name) for name in redaction.__all__)
+
+
+# Hostile input: no crash, no hang.
+
+
+@pytest.mark.timeout(60)
+def test_hostile_inputs_terminate_quickly() -> None:
+    start = time.monotonic()
+    cases = [
+        "a" * 2_000_000,
+        "sk-" * 300_000,
+        "eyJ" * 300_000 + ".",
+        ("-----BEGIN " + "PRIVATE KEY-----") * 40_000,
+        "password=" * 200_000,
+        "://" * 300_000 + "@",
+        "[" * 200_000 + "]" * 200_000,
+        '{"a":' * 100_000 + "1" + "}" * 100_000,
+        json.dumps([[[[[["x" * 1000]]]]]] * 500),
+        "\ud800 lone surrogate " + CANARY,
+    ]
+    for text in cases:
+        out, _ = REDACTOR.redact_text(text)
+        assert REDACTOR.redact_text(out)[0] == out
+    deep: object = "leaf"
+    for _ in range(5_000):
+        deep = [deep]
+    REDACTOR.redact_value({"deep": deep})
+    wide = {f"attr.{i}": f"value {i}" for i in range(100_000)}
+    wide["db.password"] = "x"
+    assert REDACTOR.redact_value(wide)["db.password"] == ph("sensitive_key")
+    assert time.monotonic() - start < 45
+
+
+# Laws (hypothesis).
+
+SECRETS = [OPENAI, ANTHROPIC, GITHUB_PAT, SLACK_BOT, GOOGLE, STRIPE_LIVE, JWT, AWS_ID, PEM, CANARY]
+pieces = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(SECRETS),
+    st.sampled_from(
+        ["password=", "Bearer ", "://u:", "@h", '{"token":', "}", '"', "\\", "[REDACTED:jwt]"]
+    ),
+)
+texts = st.lists(pieces, max_size=8).map("".join)
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), texts),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(
+            st.sampled_from(["q", "password", "token_count", "x-api-key", "note"]) | texts,
+            children,
+            max_size=4,
+        ),
+    ),
+    max_leaves=12,
+)
+HMAC_REDACTOR = Redactor(canaries=[CANARY, CANARY_ODD], hmac_key=b"h" * 16)
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(texts)
+def test_law_redacting_twice_equals_once(text: str) -> None:
+    for redactor in (REDACTOR, HMAC_REDACTOR):
+        once, _ = redactor.redact_text(text)
+        assert redactor.redact_text(once) == (once, {})
+
+
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(json_values)
+def test_law_values_twice_equals_once(value: object) -> None:
+    once = REDACTOR.redact_value(value)
+    twice = REDACTOR.redact_value(once)
+    assert twice == once
+    assert REDACTOR.redact_value(json.dumps(once)) == REDACTOR.redact_value(json.dumps(twice))
+
+
+# An alphabet that cannot spell any trigger, JSON, URL or assignment: no letter a, e,
+# i, k, o, no uppercase, no ':', '=', '/', '{', '['.
+SAFE = "bcdfghjlmnpqrstuvwxyz0123456789 .,;!?()-_'\"\téßøλж漢"
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(st.text(alphabet=SAFE, max_size=200))
+def test_law_non_secret_text_is_left_intact(text: str) -> None:
+    assert REDACTOR.redact_text(text) == (text, {})
+    assert REDACTOR.redact_value({"note": text, "n": [text]}) == {"note": text, "n": [text]}
+
+
+encodings = st.sampled_from(["raw", "json", "quote", "quote_plus", "b64", "b64url", "b64nopad"])
+
+
+def _encode(canary: str, how: str, prefix: bytes) -> str:
+    if how == "raw":
+        return canary
+    if how == "json":
+        return json.dumps(canary)[1:-1]
+    if how == "quote":
+        return urllib.parse.quote(canary, safe="")
+    if how == "quote_plus":
+        return urllib.parse.quote_plus(canary)
+    data = prefix + canary.encode() + prefix[::-1]
+    if how == "b64":
+        return base64.b64encode(data).decode()
+    if how == "b64url":
+        return base64.urlsafe_b64encode(data).decode()
+    return base64.b64encode(data).decode().rstrip("=")
+
+
+@settings(
+    derandomize=True, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    st.text(max_size=40),
+    st.text(max_size=40),
+    st.sampled_from([CANARY, CANARY_ODD]),
+    encodings,
+    st.binary(max_size=5),
+)
+def test_law_no_canary_survives_in_text(
+    before: str, after: str, canary: str, how: str, prefix: bytes
+) -> None:
+    encoded = _encode(canary, how, prefix)
+    out, hits = REDACTOR.redact_text(before + encoded + after)
+    assert hits.get("canary", 0) >= 1
+    assert encoded not in out
+    assert canary not in out
+
+
+def test_public_entry_points_fail_closed_when_the_stack_runs_out() -> None:
+    redactor = Redactor(RedactionRules(max_json_depth=256))
+    nested: object = "token=x"
+    for _ in range(250):
+        nested = [nested]
+    text = json.dumps(nested)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack(0)) + 150)
+    try:
+        value_result = redactor.redact_value(nested)
+        text_result = redactor.redact_text(text)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert value_result == ph("depth")
+    assert "token=x" not in text_result[0], "parse fails, raw-text rules still apply"
+    with pytest.raises(RecursionError):
+        sys.setrecursionlimit(len(inspect.stack(0)) + 150)
+        try:
+            redactor.scrub_value(nested, {})
+        finally:
+            sys.setrecursionlimit(limit)
