@@ -28,3 +28,55 @@ def check_policy(files: tuple[str, ...]) -> None:
             click.echo(f"{path}: ok ({names})")
     if problems:
         raise SystemExit(1)
+
+
+@cli.command("collector")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML config file.")
+@click.option("--db", help="DuckDB file (default ./loopwatch.duckdb).")
+@click.option("--otlp-http", help="OTLP/HTTP listen address HOST:PORT (default 127.0.0.1:4318).")
+@click.option(
+    "--http",
+    "http_addr",
+    help="/metrics, /healthz and API address HOST:PORT (default 127.0.0.1:9464).",
+)
+@click.option("--canaries", help="Canary file: one value per line, '#' comments.")
+@click.option("--token-file", help="File holding the bearer token required on OTLP and API.")
+def collector(
+    config_file: str | None,
+    db: str | None,
+    otlp_http: str | None,
+    http_addr: str | None,
+    canaries: str | None,
+    token_file: str | None,
+) -> None:
+    """Run the OTLP collector: redact, store in DuckDB, export Prometheus metrics.
+
+    Precedence: flags > LOOPWATCH_<SECTION>_<FIELD> environment > --config file > defaults.
+    Bad configuration prints one line and exits 2.
+    """
+    try:
+        from loopwatch.collector.config import load_config
+        from loopwatch.collector.errors import ConfigError
+        from loopwatch.collector.service import serve_forever
+    except ImportError as exc:
+        click.echo(
+            f"the collector needs its extra: pip install 'loopwatch[collector]' ({exc.name})",
+            err=True,
+        )
+        raise SystemExit(2) from None
+    overrides = {
+        "server": {"otlp_http": otlp_http, "http": http_addr, "token_file": token_file},
+        "store": {"db": db},
+        "redaction": {"canaries_file": canaries},
+    }
+    try:
+        config = load_config(config_file, overrides=overrides)
+        serve_forever(config)
+    except ConfigError as exc:
+        click.echo(f"loopwatch collector: configuration error: {exc}", err=True)
+        raise SystemExit(2) from None
+    except OSError as exc:
+        click.echo(
+            f"loopwatch collector: cannot start: {exc.strerror or exc.__class__.__name__}", err=True
+        )
+        raise SystemExit(2) from None

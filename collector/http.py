@@ -341,7 +341,7 @@ class _Receiver:
                     as_json,
                     {"Retry-After": str(exc.retry_after_seconds)},
                 )
-            except Exception as exc:  # noqa: BLE001 - any pipeline failure must stay retryable
+            except Exception as exc:
                 self.counters.spans_rejected(REASON_SUBMIT_FAILED, len(batch.spans))
                 _logger.error("OTLP batch not committed: submit raised %s", type(exc).__name__)
                 return _status_response(

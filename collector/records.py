@@ -16,9 +16,8 @@ transforms it in place and returns it (``process(batch) -> batch``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
-AttrValue = Union[str, bool, int, float, bytes, list["AttrValue"], dict[str, "AttrValue"], None]
+AttrValue = str | bool | int | float | bytes | list["AttrValue"] | dict[str, "AttrValue"] | None
 Attributes = dict[str, AttrValue]
 
 SPAN_KIND_UNSPECIFIED = 0

@@ -161,6 +161,7 @@ class RunTelemetry:
                 attributes={
                     sc.LW_EVENT: sc.EVENT_DECISION,
                     sc.LW_RUN_ID: self.guard.run_id,
+                    sc.GEN_AI_AGENT_NAME: self.agent,
                     sc.LW_STEP: self.guard.step,
                 },
             )
@@ -203,6 +204,7 @@ class RunTelemetry:
                 sc.GEN_AI_TOOL_CALL_ID: ticket.call_id or "",
                 sc.LW_EVENT: sc.EVENT_TOOL_RESULT,
                 sc.LW_RUN_ID: self.guard.run_id,
+                sc.GEN_AI_AGENT_NAME: self.agent,
                 sc.LW_STEP: ticket.step,
                 sc.LW_ACTION_FINGERPRINT: ticket.fingerprint,
                 sc.LW_TOOL_RISK: ticket.risk,
@@ -266,6 +268,7 @@ class RunTelemetry:
                 sc.GEN_AI_TOOL_CALL_ID: ticket.call_id or "",
                 sc.LW_EVENT: sc.EVENT_TOOL_RESULT,
                 sc.LW_RUN_ID: self.guard.run_id,
+                sc.GEN_AI_AGENT_NAME: self.agent,
                 sc.LW_STEP: ticket.step,
                 sc.LW_ACTION_FINGERPRINT: ticket.fingerprint,
                 sc.LW_TOOL_RISK: ticket.risk,
@@ -301,6 +304,7 @@ class RunTelemetry:
             attrs = stop_attributes(outcome.stop, self.guard)
             attrs[sc.LW_EVENT] = sc.EVENT_STOP
             attrs[sc.LW_RUN_ID] = self.guard.run_id
+            attrs[sc.GEN_AI_AGENT_NAME] = self.agent
             attrs[sc.LW_STEP] = outcome.stop.step
             if outcome.observed_stops:
                 first = outcome.observed_stops[0]

@@ -1276,7 +1276,9 @@ class Guard:
             tp = self.policy.tool(tool)
             keep = fields_lower(tp.progress)
             volatile = DEFAULT_VOLATILE_FIELDS | fields_lower(tp.volatile)
-            intent_volatile = volatile | {tp.idempotency_key.lower()} if tp.idempotency_key else volatile
+            intent_volatile = (
+                volatile | {tp.idempotency_key.lower()} if tp.idempotency_key else volatile
+            )
             cached = (tp, volatile, keep, intent_volatile)
             self._tool_cache.set(tool, cached)
         return cached

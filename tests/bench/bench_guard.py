@@ -22,12 +22,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from loopwatch.instrumentation import Decision, Guard, Policy, Run, ToolCall
+from loopwatch.instrumentation import _semconv as sc
+from loopwatch.instrumentation._content import scrub_for_digest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind
-
-from loopwatch.instrumentation import Decision, Guard, Policy, Run, ToolCall
-from loopwatch.instrumentation import _semconv as sc
 
 
 class DropExporter(SpanExporter):
@@ -39,11 +39,18 @@ class DropExporter(SpanExporter):
 
 
 POLICY = Policy.build(
-    max_model_turns=10**8, max_tool_attempts=10**8, max_tool_successes=10**8,
-    max_elapsed_seconds=10**6, no_progress_patience=10**6, repeated_decision_limit=10**6,
-    max_tokens=10**12, max_cost_usd=10**9,
+    max_model_turns=10**8,
+    max_tool_attempts=10**8,
+    max_tool_successes=10**8,
+    max_elapsed_seconds=10**6,
+    no_progress_patience=10**6,
+    repeated_decision_limit=10**6,
+    max_tokens=10**12,
+    max_cost_usd=10**9,
 )
-DECISION = Decision.tool(ToolCall("search_orders", {"query": "late"}), input_tokens=900, output_tokens=40)
+DECISION = Decision.tool(
+    ToolCall("search_orders", {"query": "late"}), input_tokens=900, output_tokens=40
+)
 
 
 def args_for(i: int) -> dict[str, Any]:
@@ -56,12 +63,14 @@ def result_for(i: int) -> dict[str, Any]:
 
 def provider() -> TracerProvider:
     tp = TracerProvider()
-    tp.add_span_processor(BatchSpanProcessor(DropExporter(), max_queue_size=1 << 16, schedule_delay_millis=200))
+    tp.add_span_processor(
+        BatchSpanProcessor(DropExporter(), max_queue_size=1 << 16, schedule_delay_millis=200)
+    )
     return tp
 
 
 def guard_only(steps: int) -> float:
-    g = Guard(POLICY)
+    g = Guard(POLICY, scrub=scrub_for_digest())
     t0 = time.perf_counter()
     for i in range(steps):
         g.before_model_call()
@@ -95,21 +104,48 @@ def bare_spans(steps: int, tp: TracerProvider) -> float:
     fp = "f" * 64
     t0 = time.perf_counter()
     for i in range(steps):
-        d = tracer.start_span("decide bench", context=ctx, kind=SpanKind.INTERNAL,
-                              attributes={sc.LW_EVENT: "decision", sc.LW_RUN_ID: "r", sc.LW_STEP: i})
+        d = tracer.start_span(
+            "decide bench",
+            context=ctx,
+            kind=SpanKind.INTERNAL,
+            attributes={sc.LW_EVENT: "decision", sc.LW_RUN_ID: "r", sc.LW_STEP: i},
+        )
         token = context.attach(trace.set_span_in_context(d))
         context.detach(token)
-        d.set_attributes({sc.LW_STEPS_SINCE_PROGRESS: 0, sc.LW_DECISION_TYPE: "tool",
-                          sc.GEN_AI_USAGE_INPUT_TOKENS: 900, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 40})
+        d.set_attributes(
+            {
+                sc.LW_STEPS_SINCE_PROGRESS: 0,
+                sc.LW_DECISION_TYPE: "tool",
+                sc.GEN_AI_USAGE_INPUT_TOKENS: 900,
+                sc.GEN_AI_USAGE_OUTPUT_TOKENS: 40,
+            }
+        )
         d.end()
-        t = tracer.start_span("execute_tool search_orders", context=ctx, kind=SpanKind.INTERNAL, attributes={
-            sc.GEN_AI_OPERATION_NAME: "execute_tool", sc.GEN_AI_TOOL_NAME: "search_orders",
-            sc.GEN_AI_TOOL_CALL_ID: f"call_{i}", sc.LW_EVENT: "tool_result", sc.LW_RUN_ID: "r",
-            sc.LW_STEP: i, sc.LW_ACTION_FINGERPRINT: fp, sc.LW_TOOL_RISK: "read"})
+        t = tracer.start_span(
+            "execute_tool search_orders",
+            context=ctx,
+            kind=SpanKind.INTERNAL,
+            attributes={
+                sc.GEN_AI_OPERATION_NAME: "execute_tool",
+                sc.GEN_AI_TOOL_NAME: "search_orders",
+                sc.GEN_AI_TOOL_CALL_ID: f"call_{i}",
+                sc.LW_EVENT: "tool_result",
+                sc.LW_RUN_ID: "r",
+                sc.LW_STEP: i,
+                sc.LW_ACTION_FINGERPRINT: fp,
+                sc.LW_TOOL_RISK: "read",
+            },
+        )
         token = context.attach(trace.set_span_in_context(t))
         context.detach(token)
-        t.set_attributes({sc.LW_TOOL_OUTCOME: "ok", sc.LW_PROGRESS: True, sc.LW_STEPS_SINCE_PROGRESS: 0,
-                          sc.LW_OBSERVATION_DIGEST: fp})
+        t.set_attributes(
+            {
+                sc.LW_TOOL_OUTCOME: "ok",
+                sc.LW_PROGRESS: True,
+                sc.LW_STEPS_SINCE_PROGRESS: 0,
+                sc.LW_OBSERVATION_DIGEST: fp,
+            }
+        )
         t.end()
     elapsed = time.perf_counter() - t0
     root.end()

@@ -50,14 +50,31 @@ def test_base_install_has_only_the_api(tmp_path: Path) -> None:
     venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
     install = subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", str(REPO)], capture_output=True, text=True, check=False
+        [str(py), "-m", "pip", "install", "-q", str(REPO)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert install.returncode == 0, install.stderr[-2000:]
-    listed = subprocess.run([str(py), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        [str(py), "-m", "pip", "list", "--format=freeze"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     names = {line.split("==")[0].lower() for line in listed.stdout.splitlines()}
-    assert "opentelemetry-api" in names and "opentelemetry-sdk" not in names and "click" not in names
-    run = subprocess.run([str(py), "-c", SCRIPT], capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert (
+        "opentelemetry-api" in names and "opentelemetry-sdk" not in names and "click" not in names
+    )
+    run = subprocess.run(
+        [str(py), "-c", SCRIPT], capture_output=True, text=True, check=False, cwd=tmp_path
+    )
     assert run.returncode == 0 and "BASE-OK" in run.stdout, run.stderr[-3000:]
-    cli = subprocess.run([str(env_dir / "bin" / "loopwatch"), "check-policy", "x.toml"], capture_output=True, text=True, check=False)
+    cli = subprocess.run(
+        [str(env_dir / "bin" / "loopwatch"), "check-policy", "x.toml"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert cli.returncode == 2 and "pip install 'loopwatch[cli]'" in cli.stderr
     assert "Traceback" not in cli.stderr

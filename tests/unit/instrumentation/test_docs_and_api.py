@@ -6,7 +6,6 @@ import importlib
 import re
 
 import pytest
-
 from loopwatch.instrumentation import _semconv as sc
 from loopwatch.instrumentation.policy import LIMIT_FIELDS
 
@@ -17,15 +16,21 @@ def semconv_names() -> dict[str, str]:
     skip = {"SEMCONV_VERSION", "DETECTOR_VERSION", "INSTRUMENTATION_NAME"}
     out = {}
     for key, value in vars(sc).items():
-        if key.isupper() and isinstance(value, str) and key not in skip and not key.startswith("SPAN_"):
-            if "." in value or key.startswith(("ENV_", "OP_", "EVENT_", "OUTCOME_")):
-                out[key] = value
+        if (
+            key.isupper()
+            and isinstance(value, str)
+            and key not in skip
+            and not key.startswith("SPAN_")
+        ) and ("." in value or key.startswith(("ENV_", "OP_", "EVENT_", "OUTCOME_"))):
+            out[key] = value
     return out
 
 
 def test_semconv_doc_lists_every_name() -> None:
     doc = (REPO / "docs" / "semconv.md").read_text()
-    missing = [f"{k}={v}" for k, v in semconv_names().items() if f"`{v}`" not in doc and v not in doc]
+    missing = [
+        f"{k}={v}" for k, v in semconv_names().items() if f"`{v}`" not in doc and v not in doc
+    ]
     assert not missing, f"docs/semconv.md does not mention: {missing}"
     for template in (sc.SPAN_RUN, sc.SPAN_DECISION, sc.SPAN_TOOL, sc.SPAN_STOP):
         assert f"`{template}`" in doc
@@ -49,8 +54,14 @@ def test_policy_doc_lists_every_limit() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["loopwatch.instrumentation", "loopwatch.instrumentation.testing", "loopwatch.instrumentation.guard",
-     "loopwatch.instrumentation.policy", "loopwatch.instrumentation.run", "loopwatch.instrumentation.errors"],
+    [
+        "loopwatch.instrumentation",
+        "loopwatch.instrumentation.testing",
+        "loopwatch.instrumentation.guard",
+        "loopwatch.instrumentation.policy",
+        "loopwatch.instrumentation.run",
+        "loopwatch.instrumentation.errors",
+    ],
 )
 def test_all_matches_public_names(module: str) -> None:
     mod = importlib.import_module(module)

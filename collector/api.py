@@ -1,0 +1,215 @@
+"""The collector's HTTP API on ``--http``: ``/metrics``, ``/healthz`` and the read API.
+
+Every error, on every endpoint, uses one JSON envelope (STYLE rule 11)::
+
+    {"error": {"status": 404, "code": "not_found", "message": "no run with that id"}}
+
+Read endpoints (JSON; times in nanoseconds since the Unix epoch):
+
+- ``GET /api/v1/runs``: filters ``stop_reason``, ``agent``, ``tool``, ``since``, ``until``
+  (ns), ``canary`` and ``sampled`` (``true``/``false``); paging ``limit`` (1..max rows)
+  and ``offset``. Answers ``{"items": [...], "next_offset": int | null}``.
+- ``GET /api/v1/runs/{run_id}``: the run, its steps, its stop and parsed evidence, stop
+  anomalies, tool call counts.
+- ``GET /api/v1/stats``: ``since``, ``until`` (default: the last 24 h), ``bucket_seconds``
+  (default 3600). Stops by reason per bucket and loop stops per tool.
+
+Queries are parameterized and run on a worker thread with the store's time limit and row
+cap. With a token configured every endpoint but ``/healthz`` needs
+``Authorization: Bearer <token>`` (compared in constant time, never logged).
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any, Final
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .store import ReadTimeout, StoreReader
+
+__all__ = ["ApiError", "create_api_app", "error_response"]
+
+_NS: Final = 1_000_000_000
+_DAY_NS: Final = 86_400 * _NS
+_METRICS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+_MAX_FILTER_CHARS: Final = 512
+
+
+class ApiError(Exception):
+    """An error answered with the JSON envelope.
+
+    Attributes:
+        status: HTTP status. code: a stable machine-readable code. message: safe text.
+    """
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """The one JSON error envelope."""
+    return JSONResponse(
+        {"error": {"status": status, "code": code, "message": message}},
+        status_code=status,
+        headers=headers,
+    )
+
+
+def _int_param(
+    request: Request, name: str, default: int | None = None, *, minimum: int | None = None
+) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "bad_parameter", f"{name} must be an integer") from None
+    if minimum is not None and value < minimum:
+        raise ApiError(400, "bad_parameter", f"{name} must be >= {minimum}")
+    return value
+
+
+def _bool_param(request: Request, name: str) -> bool | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    lowered = raw.lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ApiError(400, "bad_parameter", f"{name} must be true or false")
+
+
+def _str_param(request: Request, name: str) -> str | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    if len(raw) > _MAX_FILTER_CHARS:
+        raise ApiError(
+            400, "bad_parameter", f"{name} is longer than {_MAX_FILTER_CHARS} characters"
+        )
+    return raw
+
+
+def create_api_app(
+    reader: StoreReader,
+    *,
+    metrics: Callable[[], bytes],
+    health: Callable[[], dict[str, Any]],
+    token: str | None = None,
+    max_rows: int = 10_000,
+) -> Starlette:
+    """Build the ``/metrics``, ``/healthz`` and ``/api/v1`` app.
+
+    Args:
+        reader: the store's read helpers.
+        metrics: returns the Prometheus text exposition.
+        health: returns a JSON-ready health document (``status`` and facts).
+        token: bearer token required on every endpoint but ``/healthz``.
+        max_rows: the largest page size accepted.
+    """
+
+    def guarded(
+        handler: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def wrapper(request: Request) -> Response:
+            if token is not None:
+                header = request.headers.get("authorization", "")
+                scheme, _, presented = header.partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    presented.strip().encode(), token.encode()
+                ):
+                    return error_response(
+                        401,
+                        "unauthorized",
+                        "a valid bearer token is required",
+                        {"WWW-Authenticate": "Bearer"},
+                    )
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return error_response(exc.status, exc.code, exc.message)
+            except ReadTimeout:
+                return error_response(
+                    503, "query_timeout", "the query exceeded its time limit", {"Retry-After": "1"}
+                )
+            except ValueError as exc:
+                return error_response(400, "bad_parameter", str(exc)[:200])
+
+        return wrapper
+
+    async def runs(request: Request) -> Response:
+        page = await run_in_threadpool(
+            reader.list_runs,
+            stop_reason=_str_param(request, "stop_reason"),
+            agent=_str_param(request, "agent"),
+            tool=_str_param(request, "tool"),
+            since_unix_nano=_int_param(request, "since"),
+            until_unix_nano=_int_param(request, "until"),
+            canary=_bool_param(request, "canary"),
+            sampled=_bool_param(request, "sampled"),
+            limit=min(_int_param(request, "limit", 50, minimum=1) or 50, max_rows),
+            offset=_int_param(request, "offset", 0, minimum=0) or 0,
+        )
+        return JSONResponse({"items": page.items, "next_offset": page.next_offset})
+
+    async def run(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        if len(run_id) > _MAX_FILTER_CHARS:
+            raise ApiError(400, "bad_parameter", "run id too long")
+        detail = await run_in_threadpool(reader.get_run, run_id)
+        if detail is None:
+            raise ApiError(404, "not_found", "no run with that id")
+        return JSONResponse(asdict(detail))
+
+    async def stats(request: Request) -> Response:
+        now = time.time_ns()
+        until = _int_param(request, "until", now) or now
+        since = _int_param(request, "since", until - _DAY_NS)
+        bucket = _int_param(request, "bucket_seconds", 3600, minimum=1) or 3600
+        result = await run_in_threadpool(
+            reader.stats, since_unix_nano=since or 0, until_unix_nano=until, bucket_seconds=bucket
+        )
+        return JSONResponse(asdict(result))
+
+    async def metrics_endpoint(request: Request) -> Response:
+        body = await run_in_threadpool(metrics)
+        return Response(body, media_type=_METRICS_TYPE)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse(health())
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error_response(404, "not_found", "no such endpoint")
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        return error_response(405, "method_not_allowed", "method not allowed")
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return error_response(500, "internal", "internal error")
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", guarded(metrics_endpoint), methods=["GET"]),
+            Route("/api/v1/runs", guarded(runs), methods=["GET"]),
+            Route("/api/v1/runs/{run_id:str}", guarded(run), methods=["GET"]),
+            Route("/api/v1/stats", guarded(stats), methods=["GET"]),
+        ],
+        exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
+    )

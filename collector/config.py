@@ -1,0 +1,352 @@
+"""Collector configuration: frozen dataclasses, validated, with one precedence rule.
+
+Precedence, highest first: command-line flags > environment > TOML file > defaults.
+Environment variables are ``LOOPWATCH_<SECTION>_<FIELD>`` (e.g.
+``LOOPWATCH_SERVER_OTLP_HTTP=127.0.0.1:14318``, ``LOOPWATCH_SAMPLING_COMPLETED_FRACTION=0.2``).
+The TOML file has one table per section::
+
+    [server]
+    otlp_http = "127.0.0.1:4318"
+    http = "127.0.0.1:9464"
+    token_file = "/etc/loopwatch/token"
+
+    [store]
+    db = "./loopwatch.duckdb"
+
+Every problem is reported at once as a :class:`~loopwatch.collector.errors.ConfigError`;
+the CLI prints it as one line and exits with code 2. Secrets (the token, the HMAC key)
+print as ``**********``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Final
+
+from .errors import ConfigError
+
+__all__ = ["CollectorConfig", "load_config", "parse_hostport"]
+
+_SECRET_MASK: Final = "**********"
+
+
+def parse_hostport(value: str, *, what: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[::1]:PORT`` for IPv6).
+
+    Raises:
+        ConfigError: not a host and a port in 0..65535.
+    """
+    text = value.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(what, f"expected HOST:PORT, got {value!r}")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(what, f"port is not a number in {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(what, f"port out of range in {value!r}")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Listening addresses and access.
+
+    Attributes:
+        otlp_http: OTLP/HTTP receiver ``HOST:PORT`` (``/v1/traces``).
+        http: ``/metrics``, ``/healthz`` and the read API ``HOST:PORT``.
+        token_file: file holding a bearer token required on OTLP and the API.
+        allow_non_loopback: binding a non-loopback address needs this set (the default
+            bind is loopback only).
+        backpressure_status_code: 503 (default) or 429 when the queue is full.
+        retry_after_seconds: the ``Retry-After`` sent with it.
+    """
+
+    otlp_http: str = "127.0.0.1:4318"
+    http: str = "127.0.0.1:9464"
+    token_file: str = ""
+    allow_non_loopback: bool = False
+    backpressure_status_code: int = 503
+    retry_after_seconds: int = 1
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Request limits: ``max_body_bytes`` (compressed) and ``max_decompressed_bytes``."""
+
+    max_body_bytes: int = 20 * 1024 * 1024
+    max_decompressed_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """DuckDB storage.
+
+    Attributes:
+        db: database file (the embedded default).
+        queue_max_batches: mapped batches waiting for the writer before backpressure.
+        query_timeout_seconds: time limit of every read query.
+        max_rows: row cap of every read query.
+    """
+
+    db: str = "./loopwatch.duckdb"
+    queue_max_batches: int = 256
+    query_timeout_seconds: float = 5.0
+    max_rows: int = 10_000
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Which stopped runs keep their steps (the run row and counts are always kept).
+
+    Attributes:
+        completed_fraction: fraction of ``completed`` runs kept (0..1, by run-id hash).
+        max_runs_per_reason_tool_per_hour: cap of full runs per (stop reason, tool).
+        stop_timeout_seconds: a run whose stop never comes is decided after this long.
+    """
+
+    completed_fraction: float = 0.1
+    max_runs_per_reason_tool_per_hour: int = 100
+    stop_timeout_seconds: float = 900.0
+
+
+@dataclass(frozen=True)
+class RedactionConfig:
+    """Redaction: canary file (one value per line, ``#`` comments) and optional HMAC key file."""
+
+    canaries_file: str = ""
+    hmac_key_file: str = ""
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Label bounds: names past the top-N become ``_other``."""
+
+    top_n_agents: int = 50
+    top_n_tools: int = 200
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    """The whole collector configuration (see the module docstring for precedence)."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    redaction: RedactionConfig = field(default_factory=RedactionConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def validate(self) -> CollectorConfig:
+        """Check every field; returns ``self``.
+
+        Raises:
+            ConfigError: the first problem, naming ``section.field``.
+        """
+        otlp_host, _ = parse_hostport(self.server.otlp_http, what="server.otlp_http")
+        http_host, _ = parse_hostport(self.server.http, what="server.http")
+        if not self.server.allow_non_loopback:
+            for name, host in (("server.otlp_http", otlp_host), ("server.http", http_host)):
+                if not is_loopback(host):
+                    raise ConfigError(
+                        name,
+                        f"{host} is not loopback; set server.allow_non_loopback = true"
+                        " to expose it",
+                    )
+        if self.server.backpressure_status_code not in (429, 503):
+            raise ConfigError("server.backpressure_status_code", "must be 429 or 503")
+        _positive("server.retry_after_seconds", self.server.retry_after_seconds)
+        _positive("limits.max_body_bytes", self.limits.max_body_bytes)
+        _positive("limits.max_decompressed_bytes", self.limits.max_decompressed_bytes)
+        _positive("store.queue_max_batches", self.store.queue_max_batches)
+        _positive("store.query_timeout_seconds", self.store.query_timeout_seconds)
+        _positive("store.max_rows", self.store.max_rows)
+        if not self.store.db:
+            raise ConfigError("store.db", "must name a file")
+        if not 0.0 <= self.sampling.completed_fraction <= 1.0:
+            raise ConfigError("sampling.completed_fraction", "must be between 0 and 1")
+        if self.sampling.max_runs_per_reason_tool_per_hour < 0:
+            raise ConfigError("sampling.max_runs_per_reason_tool_per_hour", "must be >= 0")
+        _positive("sampling.stop_timeout_seconds", self.sampling.stop_timeout_seconds)
+        _positive("metrics.top_n_agents", self.metrics.top_n_agents)
+        _positive("metrics.top_n_tools", self.metrics.top_n_tools)
+        for name, path in (
+            ("server.token_file", self.server.token_file),
+            ("redaction.canaries_file", self.redaction.canaries_file),
+            ("redaction.hmac_key_file", self.redaction.hmac_key_file),
+        ):
+            if path and not Path(path).is_file():
+                raise ConfigError(name, f"no such file: {path}")
+        return self
+
+    def token(self) -> str | None:
+        """The bearer token, read from ``server.token_file`` (None when unset).
+
+        Raises:
+            ConfigError: the file is empty or unreadable.
+        """
+        return _read_secret("server.token_file", self.server.token_file)
+
+    def hmac_key(self) -> bytes | None:
+        """The HMAC key for correlating placeholders (None when unset)."""
+        secret = _read_secret("redaction.hmac_key_file", self.redaction.hmac_key_file)
+        return secret.encode() if secret else None
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """Every setting, secrets masked (for logs and ``/healthz``)."""
+        out: dict[str, dict[str, Any]] = {}
+        for section in fields(self):
+            values = {}
+            for f in fields(getattr(self, section.name)):
+                value = getattr(getattr(self, section.name), f.name)
+                values[f.name] = (
+                    _SECRET_MASK if f.name in ("token_file", "hmac_key_file") and value else value
+                )
+            out[section.name] = values
+        return out
+
+
+def _positive(name: str, value: float) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(name, f"must be a finite number > 0, got {value!r}")
+
+
+def _read_secret(name: str, path: str) -> str | None:
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(name, f"cannot read ({exc.__class__.__name__})") from None
+    if not text:
+        raise ConfigError(name, "the file is empty")
+    return text
+
+
+def _coerce(section: str, name: str, current: Any, raw: Any, source: str) -> Any:
+    where = f"{section}.{name}"
+    target = type(current)
+    if target is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in (
+            "1",
+            "true",
+            "yes",
+            "on",
+            "0",
+            "false",
+            "no",
+            "off",
+        ):
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        raise ConfigError(where, f"must be true or false ({source})")
+    if target is int:
+        if isinstance(raw, bool):
+            raise ConfigError(where, f"must be a whole number ({source})")
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                where, f"must be a whole number, got {str(raw)[:40]!r} ({source})"
+            ) from None
+        if isinstance(raw, float) and not raw.is_integer():
+            raise ConfigError(where, f"must be a whole number ({source})")
+        return value
+    if target is float:
+        if isinstance(raw, bool):
+            raise ConfigError(where, f"must be a number ({source})")
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                where, f"must be a number, got {str(raw)[:40]!r} ({source})"
+            ) from None
+    if not isinstance(raw, str):
+        raise ConfigError(where, f"must be a string ({source})")
+    return raw
+
+
+def _apply(
+    config: CollectorConfig, values: Mapping[str, Mapping[str, Any]], source: str
+) -> CollectorConfig:
+    sections = {f.name for f in fields(config)}
+    for section, settings in values.items():
+        if section not in sections:
+            raise ConfigError(section, f"unknown section ({source})")
+        if not isinstance(settings, Mapping):
+            raise ConfigError(section, f"must be a table ({source})")
+        current = getattr(config, section)
+        names = {f.name for f in fields(current)}
+        updates = {}
+        for name, raw in settings.items():
+            if name not in names:
+                raise ConfigError(f"{section}.{name}", f"unknown setting ({source})")
+            updates[name] = _coerce(section, name, getattr(current, name), raw, source)
+        config = replace(config, **{section: replace(current, **updates)})
+    return config
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> CollectorConfig:
+    """Build the configuration: defaults, then the TOML file, the environment, the flags.
+
+    Args:
+        path: TOML file, or None.
+        environ: environment (``os.environ`` when None).
+        overrides: ``{section: {field: value}}`` from command-line flags (None values are
+            ignored).
+
+    Raises:
+        ConfigError: unreadable file, unknown section or setting, bad value.
+    """
+    config = CollectorConfig()
+    if path is not None:
+        try:
+            doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError("config", f"cannot read {path} ({exc.__class__.__name__})") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("config", f"{path} is not valid TOML: {exc}") from None
+        config = _apply(config, doc, str(path))
+    env = os.environ if environ is None else environ
+    from_env: dict[str, dict[str, Any]] = {}
+    for section in fields(config):
+        for f in fields(getattr(config, section.name)):
+            key = f"LOOPWATCH_{section.name.upper()}_{f.name.upper()}"
+            if key in env:
+                from_env.setdefault(section.name, {})[f.name] = env[key]
+    config = _apply(config, from_env, "environment")
+    if overrides:
+        cleaned = {
+            s: {k: v for k, v in vals.items() if v is not None} for s, vals in overrides.items()
+        }
+        config = _apply(config, cleaned, "command line")
+    return config.validate()

@@ -1,0 +1,828 @@
+"""Event rows and the ``map`` stage: decoded spans become runs, steps and stops.
+
+The map stage reads :class:`~loopwatch.collector.records.SpanBatch` (already decoded and
+redacted) and returns a :class:`MappedBatch` of frozen rows for the store:
+
+- :class:`RunRow`: one per run span (loopwatch run span, agent span, or the root span of
+  a trace-level run). The store creates a run from whichever of its rows arrives first
+  and merges the rest (the run span's fields win; times widen over steps and stops).
+- :class:`StepRow`: a ``decision`` (model call) or a ``tool_result`` (tool call).
+- :class:`StopRow`: how a run ended, with the :data:`STOP_ORIGINS` precedence below.
+- :class:`RunReassignment`: third-party steps first filed under their trace, moved to the
+  agent run once its span arrives (see "Third-party runs").
+
+Every row carries the ``(trace_id, span_id)`` of the span it came from: that pair is the
+idempotency key the store deduplicates client retries with.
+
+loopwatch spans (DESIGN section 4) are recognised by ``loopwatch.event`` (decision,
+tool_result, stop) and, for the run span, ``gen_ai.operation.name=invoke_agent`` with
+``loopwatch.run.id``. Other spans in a trace that holds loopwatch spans (model-call spans
+of other instrumentations nest inside decisions) are not mapped again.
+
+Third-party runs (``source`` ``genai`` or ``openinference``):
+
+- Recognised spans: GenAI ``execute_tool`` and OpenInference ``TOOL`` spans become
+  ``tool_result`` steps (``gen_ai.tool.call.arguments``/``.result`` or ``input.value``/
+  ``output.value``); model calls (``gen_ai.operation.name`` ``chat``, ``text_completion``,
+  ``generate_content``; OpenLLMetry ``llm.request.type`` ``chat``/``completion``;
+  OpenInference ``LLM``) become ``decision`` steps; ``invoke_agent`` and OpenInference
+  ``AGENT`` spans are runs. Other spans (``CHAIN``, workflow spans) only link ancestry.
+- Run id: the nearest ancestor agent span's id; the trace id when the trace has none.
+  Spans export when they end, so children arrive before their agent span, often in an
+  earlier request. Such a step is filed under the trace id and, when the agent span
+  arrives, a :class:`RunReassignment` moves it to the agent run.
+- Steps are numbered per trace in span start-time order across requests: each model call
+  opens a step and the tool calls after it share that step; with no model-call span in
+  the trace, each tool call is its own step.
+- The stop is inferred when the agent span (or, for trace-level runs, the root span) ends:
+  ``stop_inferred=True``, reason ``completed``, or ``error`` when the span's status is
+  ERROR. A later ``detect`` stage may replace it (:meth:`MappedBatch.replace_stop`).
+- Fingerprints, observation digests and loop detections are not computed here:
+  :meth:`MappedBatch.third_party_tool_steps` is the seam for the ``detect`` stage. A
+  detect stage keeping per-run state across requests should key third-party state by
+  trace id, or follow :attr:`MappedBatch.reassignments`: a run's first steps may carry
+  the trace id as run id until its agent span arrives.
+
+State and bounds: third-party numbering and ancestry need memory across requests, kept
+per trace in an LRU of ``max_open_traces`` traces, each remembering at most
+``max_spans_per_trace`` span parents; a trace's state is dropped when its root span ends.
+An evicted trace restarts its numbering and cannot reassign its earlier steps. Per-span
+work is constant; :meth:`MapStage.process` is thread-safe (one lock per call).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Final
+
+from loopwatch.instrumentation import _semconv as sc
+
+from .records import STATUS_ERROR, Attributes, AttrValue, SpanBatch, SpanRecord
+
+__all__ = [
+    "KIND_DECISION",
+    "KIND_TOOL_RESULT",
+    "SOURCES",
+    "SOURCE_GENAI",
+    "SOURCE_LOOPWATCH",
+    "SOURCE_OPENINFERENCE",
+    "STOP_COMPLETED",
+    "STOP_ERROR",
+    "STOP_ORIGINS",
+    "STOP_ORIGIN_INFERRED",
+    "STOP_ORIGIN_RUN_SPAN",
+    "STOP_ORIGIN_STOP_SPAN",
+    "MapStage",
+    "MappedBatch",
+    "RunReassignment",
+    "RunRow",
+    "StepRow",
+    "StopRow",
+]
+
+SOURCE_LOOPWATCH: Final = "loopwatch"
+SOURCE_GENAI: Final = "genai"
+SOURCE_OPENINFERENCE: Final = "openinference"
+SOURCES: Final = (SOURCE_LOOPWATCH, SOURCE_GENAI, SOURCE_OPENINFERENCE)
+
+KIND_DECISION: Final = sc.EVENT_DECISION
+KIND_TOOL_RESULT: Final = sc.EVENT_TOOL_RESULT
+
+STOP_COMPLETED: Final = "completed"
+STOP_ERROR: Final = "error"
+
+STOP_ORIGIN_INFERRED: Final = "inferred"
+STOP_ORIGIN_RUN_SPAN: Final = "run_span"
+STOP_ORIGIN_STOP_SPAN: Final = "stop_span"
+STOP_ORIGINS: Final = {STOP_ORIGIN_INFERRED: 0, STOP_ORIGIN_RUN_SPAN: 1, STOP_ORIGIN_STOP_SPAN: 2}
+"""Stop origins and their precedence (higher wins): a ``stop`` span, then the stop
+attributes on a loopwatch run span, then a stop inferred from a run or root span's end."""
+
+# OpenLLMetry's request-type attribute is not a GenAI semantic-conventions name; it is
+# read only to recognise model calls. It belongs in ``_semconv`` with the other names.
+_LLM_REQUEST_TYPE: Final = "llm.request.type"
+_LLM_REQUEST_TYPES: Final = frozenset({"chat", "completion"})
+_MODEL_OPERATIONS: Final = frozenset({sc.OP_CHAT, "text_completion", "generate_content"})
+_OI_AGENT: Final = "AGENT"
+_OI_TOOL: Final = "TOOL"
+_OI_LLM: Final = "LLM"
+_RUN_NAME_PREFIX: Final = sc.SPAN_RUN.split("{", 1)[0]
+_TOOL_NAME_PREFIX: Final = sc.SPAN_TOOL.split("{", 1)[0]
+_MAX_ANCESTRY_DEPTH: Final = 256
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """What a run span tells about its run; the store merges it into the run row.
+
+    Attributes:
+        run_id: ``loopwatch.run.id``; for third-party runs the agent span id or trace id.
+        trace_id / span_id: the source span (32 / 16 lowercase hex chars).
+        source: ``loopwatch``, ``genai`` or ``openinference``.
+        is_run_span: the row comes from the run span itself (always, from the map stage);
+            its fields are authoritative. A row with ``False`` only widens times.
+        agent ... mode: run attributes; ``None`` when this span does not carry them.
+        start_unix_nano / end_unix_nano: the source span's times (ns since the epoch);
+            the store keeps the earliest start and latest end over the run's spans.
+        status_code: the run span's OTLP status code; ``None`` for partial rows.
+    """
+
+    run_id: str
+    trace_id: str
+    span_id: str
+    source: str
+    is_run_span: bool = False
+    agent: str | None = None
+    agent_id: str | None = None
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    policy_name: str | None = None
+    policy_version: str | None = None
+    detector_version: str | None = None
+    limits: str | None = None
+    mode: str | None = None
+    start_unix_nano: int | None = None
+    end_unix_nano: int | None = None
+    status_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One decision or tool call of a run.
+
+    Attributes:
+        trace_id / span_id: the source span; ``run_id``: its run.
+        source: ``loopwatch``, ``genai`` or ``openinference``.
+        kind: ``decision`` or ``tool_result``.
+        step: 1-based step index (``loopwatch.step``, or numbered by the map stage for
+            third-party runs); ``None`` when a loopwatch span omits it.
+        start_unix_nano / end_unix_nano: span times, ns since the epoch.
+        status_code: OTLP status code of the span.
+        decision_type: ``tool``, ``final``, ``refusal``, ``message``; ``None`` if unknown.
+        decision_fingerprint / action_fingerprint / observation_digest: sha256 hex from
+            the guard; ``None`` for third-party spans until a detect stage fills them.
+        tool, tool_call_id, outcome (``ok``/``error``/``blocked``), risk, error_type,
+            blocked_by, failure_class: tool-call attributes.
+        progress / steps_since_progress: progress evidence reported with the step.
+        input_tokens / output_tokens / cost_usd: model usage of a decision.
+        arguments / result: captured, redacted tool arguments and result (JSON text as
+            received), only when the agent opted in to content capture.
+    """
+
+    trace_id: str
+    span_id: str
+    run_id: str
+    source: str
+    kind: str
+    step: int | None
+    start_unix_nano: int
+    end_unix_nano: int
+    status_code: int = 0
+    decision_type: str | None = None
+    decision_fingerprint: str | None = None
+    tool: str | None = None
+    tool_call_id: str | None = None
+    outcome: str | None = None
+    risk: str | None = None
+    error_type: str | None = None
+    blocked_by: str | None = None
+    failure_class: str | None = None
+    action_fingerprint: str | None = None
+    observation_digest: str | None = None
+    progress: bool | None = None
+    steps_since_progress: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    arguments: str | None = None
+    result: str | None = None
+    agent: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StopRow:
+    """How a run ended.
+
+    Attributes:
+        trace_id / span_id: the source span; ``run_id``: the run.
+        source: ``loopwatch``, ``genai`` or ``openinference``.
+        origin: ``stop_span``, ``run_span`` or ``inferred`` (precedence in
+            :data:`STOP_ORIGINS`).
+        reason: stop reason (DESIGN section 2 closed set, as received).
+        time_unix_nano: when the run stopped (the source span's end), ns since the epoch.
+        step: ``loopwatch.step`` of the stop, or the last step number for inferred stops.
+        dimension, limit_value, observed, basis: budget-stop details.
+        evidence: ``loopwatch.stop.evidence`` JSON text; ``message``: stop message.
+        steps_since_progress and the ``usage_*`` fields: the guard's counters at the stop
+            (``usage_elapsed_seconds`` in seconds, ``usage_cost_usd`` in US dollars).
+        observe_reason / observe_step: what ``observe`` mode would have stopped with.
+    """
+
+    trace_id: str
+    span_id: str
+    run_id: str
+    source: str
+    origin: str
+    reason: str
+    time_unix_nano: int
+    step: int | None = None
+    dimension: str | None = None
+    limit_value: float | None = None
+    observed: float | None = None
+    basis: str | None = None
+    evidence: str | None = None
+    message: str | None = None
+    steps_since_progress: int | None = None
+    usage_model_turns: int | None = None
+    usage_tool_attempts: int | None = None
+    usage_tool_successes: int | None = None
+    usage_tokens: int | None = None
+    usage_cost_usd: float | None = None
+    usage_elapsed_seconds: float | None = None
+    observe_reason: str | None = None
+    observe_step: int | None = None
+    agent: str | None = None
+
+    @property
+    def stop_inferred(self) -> bool:
+        """Whether the stop was inferred from a span's end rather than reported."""
+        return self.origin == STOP_ORIGIN_INFERRED
+
+
+@dataclass(frozen=True, slots=True)
+class RunReassignment:
+    """Move third-party steps filed under their trace id to the agent run found later.
+
+    Attributes:
+        trace_id: the trace; ``from_run_id`` is the trace-level run id (the trace id).
+        span_ids: the steps' span ids.
+        to_run_id: the agent run, or ``None`` to drop the steps (the trace turned out to
+            be a loopwatch trace, whose own spans describe the run).
+    """
+
+    trace_id: str
+    span_ids: tuple[str, ...]
+    from_run_id: str
+    to_run_id: str | None
+
+
+@dataclass(slots=True)
+class MappedBatch:
+    """The rows mapped from one :class:`SpanBatch`; what the store commits as one unit.
+
+    Attributes:
+        runs / steps / stops / reassignments: mapped rows, in span order.
+        canary_run_ids: run ids (or trace ids) the redact stage flagged.
+        spans_in: spans in the input batch; ``spans_unmapped``: those yielding no row.
+        transport: the receiving transport (metric label).
+    """
+
+    runs: list[RunRow] = field(default_factory=list)
+    steps: list[StepRow] = field(default_factory=list)
+    stops: list[StopRow] = field(default_factory=list)
+    reassignments: list[RunReassignment] = field(default_factory=list)
+    canary_run_ids: frozenset[str] = frozenset()
+    canary_hits: dict[str, int] = field(default_factory=dict)
+    spans_in: int = 0
+    spans_unmapped: int = 0
+    transport: str = ""
+    _step_positions: dict[tuple[str, str], int] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def span_keys(self) -> set[tuple[str, str]]:
+        """Return the ``(trace_id, span_id)`` of every span that produced a row."""
+        keys = {(r.trace_id, r.span_id) for r in self.runs}
+        keys.update((s.trace_id, s.span_id) for s in self.steps)
+        keys.update((s.trace_id, s.span_id) for s in self.stops)
+        return keys
+
+    def third_party_tool_steps(self) -> dict[str, list[StepRow]]:
+        """Return third-party ``tool_result`` steps per run id, in step order.
+
+        The seam for the ``detect`` stage: it computes action fingerprints, observation
+        digests and loop detections, then writes them back with :meth:`replace_step`
+        (and a detected stop with :meth:`replace_stop`). Order is ``(step,
+        start_unix_nano, span_id)``; earlier steps of a run may be in earlier batches.
+        """
+        out: dict[str, list[StepRow]] = {}
+        for s in self.steps:
+            if s.kind == KIND_TOOL_RESULT and s.source != SOURCE_LOOPWATCH:
+                out.setdefault(s.run_id, []).append(s)
+        for rows in out.values():
+            rows.sort(key=lambda s: (s.step or 0, s.start_unix_nano, s.span_id))
+        return out
+
+    def replace_step(self, old: StepRow, new: StepRow) -> None:
+        """Replace the step with ``old``'s span key by ``new`` (same span key required).
+
+        Amortised constant time (a position index is built on first use).
+
+        Raises:
+            ValueError: ``new`` has another span key, or ``old`` is not in the batch.
+        """
+        key = (old.trace_id, old.span_id)
+        if (new.trace_id, new.span_id) != key:
+            raise ValueError("replacement step must keep the span key")
+        at = self._step_positions.get(key)
+        if at is None or at >= len(self.steps) or self.steps[at] is not old:
+            self._step_positions = {(s.trace_id, s.span_id): i for i, s in enumerate(self.steps)}
+            at = self._step_positions.get(key)
+            if at is None:
+                raise ValueError("step not in batch")
+        self.steps[at] = new
+
+    def replace_stop(self, old: StopRow, new: StopRow) -> None:
+        """Replace stop ``old`` (found by span key and run id) by ``new``.
+
+        A detect stage uses this to turn an inferred ``completed`` into the detected
+        reason before the store decides sampling.
+
+        Raises:
+            ValueError: ``new`` has another span key or run id, or ``old`` is not found.
+        """
+        key = (old.trace_id, old.span_id, old.run_id)
+        if (new.trace_id, new.span_id, new.run_id) != key:
+            raise ValueError("replacement stop must keep the span key and run id")
+        for i, s in enumerate(self.stops):
+            if (s.trace_id, s.span_id, s.run_id) == key:
+                self.stops[i] = new
+                return
+        raise ValueError("stop not in batch")
+
+
+@dataclass(slots=True)
+class _TraceState:
+    parents: dict[str, str] = field(default_factory=dict)
+    agents: set[str] = field(default_factory=set)
+    provisional: set[str] = field(default_factory=set)
+    step: int = 0
+    saw_model_call: bool = False
+
+
+class MapStage:
+    """The ``map`` stage: ``process(SpanBatch) -> MappedBatch``.
+
+    Args:
+        max_open_traces: third-party traces whose ancestry and step numbering are
+            remembered across requests (LRU); also bounds the loopwatch-trace memory.
+        max_spans_per_trace: span parents remembered per open trace.
+
+    Raises:
+        ValueError: a bound is not a positive integer.
+
+    Example:
+        >>> mapped = MapStage().process(SpanBatch(spans=[]))
+        >>> mapped.runs, mapped.steps, mapped.stops
+        ([], [], [])
+    """
+
+    def __init__(self, *, max_open_traces: int = 10_000, max_spans_per_trace: int = 10_000) -> None:
+        if max_open_traces < 1:
+            raise ValueError("max_open_traces must be >= 1")
+        if max_spans_per_trace < 1:
+            raise ValueError("max_spans_per_trace must be >= 1")
+        self._max_traces = max_open_traces
+        self._max_spans = max_spans_per_trace
+        self._traces: OrderedDict[str, _TraceState] = OrderedDict()
+        self._loopwatch_traces: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def open_traces(self) -> int:
+        """Third-party traces currently remembered."""
+        return len(self._traces)
+
+    def process(self, batch: SpanBatch) -> MappedBatch:
+        """Map a batch; never raises for odd attribute values (they map to ``None``).
+
+        Blocks for the duration of the mapping (constant work per span) and holds the
+        stage's lock, so concurrent calls are serialised.
+        """
+        out = MappedBatch(
+            canary_run_ids=frozenset(batch.canary_run_ids),
+            spans_in=len(batch.spans),
+            transport=batch.transport,
+        )
+        third_party: dict[str, list[SpanRecord]] = {}
+        lw_traces: set[str] = set()
+        for span in batch.spans:
+            attrs = span.attributes
+            if sc.LW_EVENT in attrs or sc.LW_RUN_ID in attrs:
+                lw_traces.add(span.trace_id)
+                if not _map_loopwatch(span, out):
+                    out.spans_unmapped += 1
+            else:
+                third_party.setdefault(span.trace_id, []).append(span)
+        with self._lock:
+            for trace_id in lw_traces:
+                self._mark_loopwatch(trace_id, out)
+            for trace_id, spans in third_party.items():
+                if trace_id in lw_traces or trace_id in self._loopwatch_traces:
+                    out.spans_unmapped += len(spans)
+                    continue
+                out.spans_unmapped += self._map_third_party(trace_id, spans, out)
+        return out
+
+    def _mark_loopwatch(self, trace_id: str, out: MappedBatch) -> None:
+        self._loopwatch_traces[trace_id] = None
+        self._loopwatch_traces.move_to_end(trace_id)
+        while len(self._loopwatch_traces) > self._max_traces:
+            self._loopwatch_traces.popitem(last=False)
+        state = self._traces.pop(trace_id, None)
+        if state is not None and state.provisional:
+            out.reassignments.append(
+                RunReassignment(trace_id, tuple(sorted(state.provisional)), trace_id, None)
+            )
+
+    def _state(self, trace_id: str) -> _TraceState:
+        state = self._traces.get(trace_id)
+        if state is None:
+            state = self._traces[trace_id] = _TraceState()
+            while len(self._traces) > self._max_traces:
+                self._traces.popitem(last=False)
+        else:
+            self._traces.move_to_end(trace_id)
+        return state
+
+    def _map_third_party(self, trace_id: str, spans: list[SpanRecord], out: MappedBatch) -> int:
+        state = self._state(trace_id)
+        spans.sort(key=lambda s: (s.start_unix_nano, s.span_id))
+        kinds = [_third_party_kind(s.attributes) for s in spans]
+        new_agents: list[str] = []
+        for span, kind in zip(spans, kinds, strict=True):
+            if span.parent_span_id and (
+                span.span_id in state.parents or len(state.parents) < self._max_spans
+            ):
+                state.parents[span.span_id] = span.parent_span_id
+            if kind == _AGENT and span.span_id not in state.agents:
+                state.agents.add(span.span_id)
+                new_agents.append(span.span_id)
+        if new_agents and state.provisional:
+            moves: dict[str, list[str]] = {}
+            for span_id in state.provisional:
+                run_id = _resolve(state, state.parents.get(span_id, ""))
+                if run_id is not None:
+                    moves.setdefault(run_id, []).append(span_id)
+            for run_id, span_ids in moves.items():
+                state.provisional.difference_update(span_ids)
+                out.reassignments.append(
+                    RunReassignment(trace_id, tuple(sorted(span_ids)), trace_id, run_id)
+                )
+        unmapped = 0
+        ended_runs: list[tuple[SpanRecord, str, str]] = []
+        root: tuple[SpanRecord, int] | None = None
+        for span, kind in zip(spans, kinds, strict=True):
+            source = _third_party_source(span.attributes)
+            if not span.parent_span_id:
+                root = (span, kind)
+            if kind == _AGENT:
+                parent_run = _resolve(state, span.parent_span_id)
+                out.runs.append(_agent_run_row(span, span.span_id, source, parent_run))
+                ended_runs.append((span, span.span_id, source))
+            elif kind in (_MODEL, _TOOL):
+                run_id = _resolve(state, span.parent_span_id)
+                if run_id is None:
+                    run_id = trace_id
+                    state.provisional.add(span.span_id)
+                if kind == _MODEL:
+                    state.step += 1
+                    state.saw_model_call = True
+                    out.steps.append(_third_party_decision(span, run_id, source, state.step))
+                else:
+                    if not state.saw_model_call or state.step == 0:
+                        state.step += 1
+                    out.steps.append(_third_party_tool(span, run_id, source, state.step))
+            elif kind == _OTHER and span.parent_span_id:
+                unmapped += 1
+        if root is not None:
+            span, kind = root
+            if kind != _AGENT and (not state.agents or state.provisional):
+                source = _third_party_source(span.attributes)
+                out.runs.append(_agent_run_row(span, trace_id, source, None))
+                ended_runs.append((span, trace_id, source))
+            elif kind == _OTHER:
+                unmapped += 1
+        for span, run_id, source in ended_runs:
+            out.stops.append(_inferred_stop(span, run_id, source, state.step))
+        if root is not None:
+            self._traces.pop(trace_id, None)
+        return unmapped
+
+
+_AGENT: Final = 1
+_TOOL: Final = 2
+_MODEL: Final = 3
+_OTHER: Final = 0
+
+
+def _third_party_kind(attrs: Attributes) -> int:
+    op = attrs.get(sc.GEN_AI_OPERATION_NAME)
+    if op == sc.OP_INVOKE_AGENT:
+        return _AGENT
+    if op == sc.OP_EXECUTE_TOOL:
+        return _TOOL
+    if op in _MODEL_OPERATIONS:
+        return _MODEL
+    oi = attrs.get(sc.OPENINFERENCE_SPAN_KIND)
+    if isinstance(oi, str):
+        oi = oi.upper()
+        if oi == _OI_AGENT:
+            return _AGENT
+        if oi == _OI_TOOL:
+            return _TOOL
+        if oi == _OI_LLM:
+            return _MODEL
+    if attrs.get(_LLM_REQUEST_TYPE) in _LLM_REQUEST_TYPES:
+        return _MODEL
+    return _OTHER
+
+
+def _third_party_source(attrs: Attributes) -> str:
+    return SOURCE_OPENINFERENCE if sc.OPENINFERENCE_SPAN_KIND in attrs else SOURCE_GENAI
+
+
+def _resolve(state: _TraceState, parent_span_id: str) -> str | None:
+    current = parent_span_id
+    for _ in range(_MAX_ANCESTRY_DEPTH):
+        if not current:
+            return None
+        if current in state.agents:
+            return current
+        current = state.parents.get(current, "")
+    return None
+
+
+def _agent_run_row(span: SpanRecord, run_id: str, source: str, parent_run_id: str | None) -> RunRow:
+    attrs = span.attributes
+    agent = _str(attrs, sc.GEN_AI_AGENT_NAME) or _strip_prefix(span.name, _RUN_NAME_PREFIX)
+    return RunRow(
+        run_id=run_id,
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        source=source,
+        is_run_span=True,
+        agent=agent or None,
+        agent_id=_str(attrs, sc.GEN_AI_AGENT_ID),
+        conversation_id=_str(attrs, sc.GEN_AI_CONVERSATION_ID),
+        parent_run_id=parent_run_id,
+        start_unix_nano=span.start_unix_nano,
+        end_unix_nano=span.end_unix_nano,
+        status_code=span.status_code,
+    )
+
+
+def _inferred_stop(span: SpanRecord, run_id: str, source: str, step: int) -> StopRow:
+    return StopRow(
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        run_id=run_id,
+        source=source,
+        origin=STOP_ORIGIN_INFERRED,
+        reason=STOP_ERROR if span.status_code == STATUS_ERROR else STOP_COMPLETED,
+        time_unix_nano=span.end_unix_nano,
+        step=step or None,
+        message=span.status_message or None,
+    )
+
+
+def _third_party_decision(span: SpanRecord, run_id: str, source: str, step: int) -> StepRow:
+    attrs = span.attributes
+    return StepRow(
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        run_id=run_id,
+        source=source,
+        kind=KIND_DECISION,
+        step=step,
+        start_unix_nano=span.start_unix_nano,
+        end_unix_nano=span.end_unix_nano,
+        status_code=span.status_code,
+        error_type=_str(attrs, sc.ERROR_TYPE),
+        input_tokens=_int(attrs, sc.GEN_AI_USAGE_INPUT_TOKENS),
+        output_tokens=_int(attrs, sc.GEN_AI_USAGE_OUTPUT_TOKENS),
+    )
+
+
+def _third_party_tool(span: SpanRecord, run_id: str, source: str, step: int) -> StepRow:
+    attrs = span.attributes
+    tool = (
+        _str(attrs, sc.GEN_AI_TOOL_NAME)
+        or _str(attrs, sc.OPENINFERENCE_TOOL_NAME)
+        or _strip_prefix(span.name, _TOOL_NAME_PREFIX)
+    )
+    arguments = _text(attrs, sc.GEN_AI_TOOL_CALL_ARGUMENTS)
+    if arguments is None:
+        arguments = _text(attrs, sc.OPENINFERENCE_INPUT_VALUE)
+    result = _text(attrs, sc.GEN_AI_TOOL_CALL_RESULT)
+    if result is None:
+        result = _text(attrs, sc.OPENINFERENCE_OUTPUT_VALUE)
+    error_type = _str(attrs, sc.ERROR_TYPE)
+    failed = span.status_code == STATUS_ERROR or error_type is not None
+    return StepRow(
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        run_id=run_id,
+        source=source,
+        kind=KIND_TOOL_RESULT,
+        step=step,
+        start_unix_nano=span.start_unix_nano,
+        end_unix_nano=span.end_unix_nano,
+        status_code=span.status_code,
+        tool=tool or None,
+        tool_call_id=_str(attrs, sc.GEN_AI_TOOL_CALL_ID),
+        outcome=sc.OUTCOME_ERROR if failed else sc.OUTCOME_OK,
+        error_type=error_type,
+        agent=_str(attrs, sc.GEN_AI_AGENT_NAME),
+        arguments=arguments,
+        result=result,
+    )
+
+
+def _map_loopwatch(span: SpanRecord, out: MappedBatch) -> bool:
+    attrs = span.attributes
+    run_id = _str(attrs, sc.LW_RUN_ID)
+    if not run_id:
+        return False
+    event = attrs.get(sc.LW_EVENT)
+    if event == sc.EVENT_DECISION:
+        out.steps.append(_lw_step(span, run_id, KIND_DECISION))
+    elif event == sc.EVENT_TOOL_RESULT:
+        out.steps.append(_lw_step(span, run_id, KIND_TOOL_RESULT))
+    elif event == sc.EVENT_STOP:
+        out.stops.append(_lw_stop(span, run_id, STOP_ORIGIN_STOP_SPAN))
+    elif event is None and attrs.get(sc.GEN_AI_OPERATION_NAME) == sc.OP_INVOKE_AGENT:
+        out.runs.append(_lw_run(span, run_id))
+        if sc.LW_STOP_REASON in attrs or sc.GEN_AI_AGENT_FINISH_REASON in attrs:
+            out.stops.append(_lw_stop(span, run_id, STOP_ORIGIN_RUN_SPAN))
+        else:
+            out.stops.append(_inferred_stop(span, run_id, SOURCE_LOOPWATCH, 0))
+    else:
+        return False
+    return True
+
+
+def _lw_run(span: SpanRecord, run_id: str) -> RunRow:
+    attrs = span.attributes
+    return RunRow(
+        run_id=run_id,
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        source=SOURCE_LOOPWATCH,
+        is_run_span=True,
+        agent=_str(attrs, sc.GEN_AI_AGENT_NAME) or _strip_prefix(span.name, _RUN_NAME_PREFIX),
+        agent_id=_str(attrs, sc.GEN_AI_AGENT_ID),
+        conversation_id=_str(attrs, sc.GEN_AI_CONVERSATION_ID),
+        parent_run_id=_str(attrs, sc.LW_PARENT_RUN_ID),
+        policy_name=_str(attrs, sc.LW_POLICY_NAME),
+        policy_version=_str(attrs, sc.LW_POLICY_VERSION),
+        detector_version=_str(attrs, sc.LW_DETECTOR_VERSION),
+        limits=_text(attrs, sc.LW_LIMITS),
+        mode=_str(attrs, sc.LW_MODE),
+        start_unix_nano=span.start_unix_nano,
+        end_unix_nano=span.end_unix_nano,
+        status_code=span.status_code,
+    )
+
+
+def _lw_step(span: SpanRecord, run_id: str, kind: str) -> StepRow:
+    attrs = span.attributes
+    outcome = _str(attrs, sc.LW_TOOL_OUTCOME)
+    if kind == KIND_TOOL_RESULT and outcome is None:
+        outcome = sc.OUTCOME_ERROR if span.status_code == STATUS_ERROR else sc.OUTCOME_OK
+    return StepRow(
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        run_id=run_id,
+        source=SOURCE_LOOPWATCH,
+        kind=kind,
+        step=_int(attrs, sc.LW_STEP),
+        start_unix_nano=span.start_unix_nano,
+        end_unix_nano=span.end_unix_nano,
+        status_code=span.status_code,
+        decision_type=_str(attrs, sc.LW_DECISION_TYPE),
+        decision_fingerprint=_str(attrs, sc.LW_DECISION_FINGERPRINT),
+        tool=_str(attrs, sc.GEN_AI_TOOL_NAME),
+        tool_call_id=_str(attrs, sc.GEN_AI_TOOL_CALL_ID),
+        outcome=outcome,
+        risk=_str(attrs, sc.LW_TOOL_RISK),
+        error_type=_str(attrs, sc.ERROR_TYPE),
+        blocked_by=_str(attrs, sc.LW_TOOL_BLOCKED_BY),
+        failure_class=_str(attrs, sc.LW_TOOL_FAILURE_CLASS),
+        action_fingerprint=_str(attrs, sc.LW_ACTION_FINGERPRINT),
+        observation_digest=_str(attrs, sc.LW_OBSERVATION_DIGEST),
+        progress=_bool(attrs, sc.LW_PROGRESS),
+        steps_since_progress=_int(attrs, sc.LW_STEPS_SINCE_PROGRESS),
+        input_tokens=_int(attrs, sc.GEN_AI_USAGE_INPUT_TOKENS),
+        output_tokens=_int(attrs, sc.GEN_AI_USAGE_OUTPUT_TOKENS),
+        cost_usd=_float(attrs, sc.LW_COST_USD),
+        arguments=_text(attrs, sc.GEN_AI_TOOL_CALL_ARGUMENTS),
+        result=_text(attrs, sc.GEN_AI_TOOL_CALL_RESULT),
+        agent=_str(attrs, sc.GEN_AI_AGENT_NAME),
+    )
+
+
+def _lw_stop(span: SpanRecord, run_id: str, origin: str) -> StopRow:
+    attrs = span.attributes
+    reason = _str(attrs, sc.LW_STOP_REASON) or _str(attrs, sc.GEN_AI_AGENT_FINISH_REASON)
+    if not reason:
+        reason = STOP_ERROR if span.status_code == STATUS_ERROR else STOP_COMPLETED
+    return StopRow(
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        run_id=run_id,
+        source=SOURCE_LOOPWATCH,
+        origin=origin,
+        reason=reason,
+        time_unix_nano=span.end_unix_nano,
+        step=_int(attrs, sc.LW_STEP),
+        dimension=_str(attrs, sc.LW_STOP_DIMENSION),
+        limit_value=_float(attrs, sc.LW_STOP_LIMIT),
+        observed=_float(attrs, sc.LW_STOP_OBSERVED),
+        basis=_str(attrs, sc.LW_STOP_BASIS),
+        evidence=_text(attrs, sc.LW_STOP_EVIDENCE),
+        message=_str(attrs, sc.LW_STOP_MESSAGE),
+        steps_since_progress=_int(attrs, sc.LW_STEPS_SINCE_PROGRESS),
+        usage_model_turns=_int(attrs, sc.LW_USAGE_MODEL_TURNS),
+        usage_tool_attempts=_int(attrs, sc.LW_USAGE_TOOL_ATTEMPTS),
+        usage_tool_successes=_int(attrs, sc.LW_USAGE_TOOL_SUCCESSES),
+        usage_tokens=_int(attrs, sc.LW_USAGE_TOKENS),
+        usage_cost_usd=_float(attrs, sc.LW_USAGE_COST_USD),
+        usage_elapsed_seconds=_float(attrs, sc.LW_USAGE_ELAPSED_SECONDS),
+        observe_reason=_str(attrs, sc.LW_OBSERVE_STOP_REASON),
+        observe_step=_int(attrs, sc.LW_OBSERVE_STOP_STEP),
+        agent=_str(attrs, sc.GEN_AI_AGENT_NAME),
+    )
+
+
+def _strip_prefix(name: str, prefix: str) -> str:
+    return name[len(prefix) :].strip() if name.startswith(prefix) else name
+
+
+def _str(attrs: Attributes, key: str) -> str | None:
+    value = attrs.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    return _dumps(value)
+
+
+def _text(attrs: Attributes, key: str) -> str | None:
+    value = attrs.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    return _dumps(value)
+
+
+def _dumps(value: AttrValue) -> str:
+    if isinstance(value, bytes):
+        return value.hex()
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=_json_default)
+
+
+def _json_default(value: object) -> str:
+    return value.hex() if isinstance(value, bytes) else str(value)
+
+
+def _int(attrs: Attributes, key: str) -> int | None:
+    value = attrs.get(key)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _float(attrs: Attributes, key: str) -> float | None:
+    value = attrs.get(key)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _bool(attrs: Attributes, key: str) -> bool | None:
+    value = attrs.get(key)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return None

@@ -1,0 +1,379 @@
+"""Prometheus metrics of the collector (DESIGN section 7), on its own registry.
+
+One custom collector (``prometheus_client``'s extension point ``collect()``) holds every
+series in plain dictionaries, so totals can be restored from DuckDB at start (a restart
+does not lose them) and the hot path is a dictionary increment under a lock.
+
+Label values are bounded (STYLE rule 9): agent and tool names past the configured top-N
+become ``_other``; run ids never appear. The bound is decided by first sight, seeded at
+start with the names that have the most stops or calls in the store, so a restart keeps
+the same names visible. Every other label has a closed value set:
+
+==============================  ==========================================================
+label                           values
+==============================  ==========================================================
+``stop_reason``                 the eleven stop reasons of DESIGN section 2
+``outcome``                     ``ok``, ``error``, ``blocked``
+``detector``                    ``repeated_action``, ``action_cycle``, ``repeated_decision``,
+                                ``no_progress``
+``location``                    ``attribute``, ``event``, ``name``, ``status``, ``resource``
+``rule``                        the redaction rule names (a fixed set in the rules module)
+``transport``                   ``http_protobuf``, ``http_json``, ``grpc``
+``reason`` (rejected)           the receiver's and pipeline's fixed rejection reasons
+==============================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+__all__ = [
+    "COMMIT_BUCKETS_SECONDS",
+    "METRIC_NAMES",
+    "OTHER",
+    "STEPS_BUCKETS",
+    "STEPS_SINCE_PROGRESS_BUCKETS",
+    "LabelBound",
+    "LoopwatchMetrics",
+    "MetricsSnapshot",
+]
+
+OTHER: Final = "_other"
+STOP_REASONS: Final = frozenset(
+    {
+        "completed",
+        "final_unverified",
+        "refused",
+        "budget_exhausted",
+        "deadline_exceeded",
+        "repeated_action",
+        "action_cycle",
+        "repeated_decision",
+        "no_progress",
+        "cancelled",
+        "error",
+    }
+)
+OUTCOMES: Final = frozenset({"ok", "error", "blocked"})
+DETECTORS: Final = frozenset(
+    {"repeated_action", "action_cycle", "repeated_decision", "no_progress"}
+)
+CANARY_LOCATIONS: Final = frozenset({"attribute", "event", "name", "status", "resource"})
+STEPS_SINCE_PROGRESS_BUCKETS: Final = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0)
+STEPS_BUCKETS: Final = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
+COMMIT_BUCKETS_SECONDS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_MAX_LABEL_CHARS: Final = 128
+
+METRIC_NAMES: Final = (
+    "loopwatch_agent_stops_total",
+    "loopwatch_agent_steps_since_progress",
+    "loopwatch_agent_steps",
+    "loopwatch_tool_calls_total",
+    "loopwatch_loop_detections_total",
+    "loopwatch_canary_detections_total",
+    "loopwatch_redactions_total",
+    "loopwatch_collector_spans_received_total",
+    "loopwatch_collector_spans_rejected_total",
+    "loopwatch_collector_queue_depth",
+    "loopwatch_collector_commit_duration_seconds",
+)
+
+
+class LabelBound:
+    """Keeps at most ``top_n`` distinct values of one label; the rest map to ``_other``.
+
+    Thread-safe. Values longer than 128 characters are cut (a label is not a payload).
+
+    Args:
+        top_n: how many distinct values are kept (>= 1).
+
+    Raises:
+        ValueError: ``top_n`` < 1.
+    """
+
+    def __init__(self, top_n: int) -> None:
+        if top_n < 1:
+            raise ValueError(f"top_n must be >= 1, got {top_n}")
+        self.top_n = top_n
+        self._kept: set[str] = set()
+        self._lock = threading.Lock()
+
+    def seed(self, values: Iterable[str]) -> None:
+        """Admit ``values`` first (most important first), up to the bound."""
+        for value in values:
+            self(value)
+
+    def __call__(self, value: str | None) -> str:
+        label = (value or "unknown")[:_MAX_LABEL_CHARS]
+        if label in self._kept:
+            return label
+        with self._lock:
+            if label in self._kept:
+                return label
+            if len(self._kept) < self.top_n:
+                self._kept.add(label)
+                return label
+        return OTHER
+
+
+@dataclass
+class _Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float, n: int = 1) -> None:
+        for i, upper in enumerate(self.buckets):
+            if value <= upper:
+                self.counts[i] += n
+                break
+        self.total += value * n
+        self.count += n
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        running = 0
+        for upper, c in zip(self.buckets, self.counts, strict=True):
+            running += c
+            out.append((_le(upper), running))
+        out.append(("+Inf", self.count))
+        return out
+
+
+def _le(upper: float) -> str:
+    return str(int(upper)) if float(upper).is_integer() else repr(upper)
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Totals restored from the store at start.
+
+    Attributes:
+        stops: ``(agent, stop_reason, steps, steps_since_progress) -> count``.
+        tool_calls: ``(agent, tool, outcome) -> count``.
+        detections: ``(agent, tool, detector) -> count``.
+        canaries: ``location -> count``.
+    """
+
+    stops: Mapping[tuple[str, str, int, int], int] = field(default_factory=dict)
+    tool_calls: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    detections: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    canaries: Mapping[str, int] = field(default_factory=dict)
+
+
+class LoopwatchMetrics(Collector):
+    """Every collector metric; register on a ``CollectorRegistry`` of your own.
+
+    Args:
+        top_n_agents / top_n_tools: label bounds (names past them become ``_other``).
+        queue_depth: a callable returning the current store queue depth.
+
+    Thread-safety: every ``record_*`` method may be called from any thread.
+
+    Example::
+
+        metrics = LoopwatchMetrics(top_n_agents=50, top_n_tools=200)
+        registry = CollectorRegistry()
+        registry.register(metrics)
+        metrics.record_stop("support", "repeated_action", steps=3, steps_since_progress=2)
+        text = metrics.exposition(registry)
+    """
+
+    def __init__(
+        self,
+        *,
+        top_n_agents: int = 50,
+        top_n_tools: int = 200,
+        queue_depth: object = None,
+    ) -> None:
+        self.agents = LabelBound(top_n_agents)
+        self.tools = LabelBound(top_n_tools)
+        self._queue_depth = queue_depth
+        self._lock = threading.Lock()
+        self._stops: dict[tuple[str, str], int] = defaultdict(int)
+        self._ssp: dict[tuple[str, str], _Histogram] = {}
+        self._steps: dict[tuple[str, str], _Histogram] = {}
+        self._tool_calls: dict[tuple[str, str, str], int] = defaultdict(int)
+        self._detections: dict[tuple[str, str, str], int] = defaultdict(int)
+        self._canaries: dict[str, int] = defaultdict(int)
+        self._redactions: dict[str, int] = defaultdict(int)
+        self._received: dict[str, int] = defaultdict(int)
+        self._rejected: dict[str, int] = defaultdict(int)
+        self._commit = _Histogram(COMMIT_BUCKETS_SECONDS)
+
+    # ----------------------------------------------------------- recording
+
+    def record_stop(
+        self, agent: str, stop_reason: str, *, steps: int, steps_since_progress: int, n: int = 1
+    ) -> None:
+        """Count a stop and observe its steps and steps since progress."""
+        reason = stop_reason if stop_reason in STOP_REASONS else "error"
+        key = (self.agents(agent), reason)
+        with self._lock:
+            self._stops[key] += n
+            self._ssp.setdefault(key, _Histogram(STEPS_SINCE_PROGRESS_BUCKETS)).observe(
+                max(steps_since_progress, 0), n
+            )
+            self._steps.setdefault(key, _Histogram(STEPS_BUCKETS)).observe(max(steps, 0), n)
+
+    def record_tool_call(self, agent: str, tool: str, outcome: str, n: int = 1) -> None:
+        """Count tool calls by outcome (``ok``, ``error``, ``blocked``)."""
+        key = (self.agents(agent), self.tools(tool), outcome if outcome in OUTCOMES else "error")
+        with self._lock:
+            self._tool_calls[key] += n
+
+    def record_detection(self, agent: str, tool: str | None, detector: str, n: int = 1) -> None:
+        """Count a loop detection; ``tool`` is ``none`` for decision-level detectors."""
+        if detector not in DETECTORS:
+            return
+        key = (self.agents(agent), self.tools(tool or "none"), detector)
+        with self._lock:
+            self._detections[key] += n
+
+    def record_canaries(self, by_location: Mapping[str, int]) -> None:
+        """Count canary hits by location (never the value)."""
+        with self._lock:
+            for location, n in by_location.items():
+                if n:
+                    self._canaries[location if location in CANARY_LOCATIONS else "attribute"] += n
+
+    def record_redactions(self, by_rule: Mapping[str, int]) -> None:
+        """Count redactions by rule name (a fixed set)."""
+        with self._lock:
+            for rule, n in by_rule.items():
+                if n:
+                    self._redactions[rule[:_MAX_LABEL_CHARS]] += n
+
+    def spans_received(self, transport: str, n: int) -> None:
+        """Receiver callback: spans received over ``transport``."""
+        with self._lock:
+            self._received[transport] += n
+
+    def spans_rejected(self, reason: str, n: int) -> None:
+        """Receiver callback: spans refused for ``reason``."""
+        with self._lock:
+            self._rejected[reason] += n
+
+    def request_refused(self, reason: str) -> None:
+        """Receiver callback: a whole request refused (its spans are counted when known)."""
+
+    def observe_commit(self, seconds: float) -> None:
+        """Observe one group commit's duration in seconds."""
+        with self._lock:
+            self._commit.observe(seconds)
+
+    def restore(self, snapshot: MetricsSnapshot) -> None:
+        """Add totals read from the store (call once, at start, before serving)."""
+        for (agent, reason, steps, ssp), n in snapshot.stops.items():
+            self.record_stop(agent, reason, steps=steps, steps_since_progress=ssp, n=n)
+        for (agent, tool, outcome), n in snapshot.tool_calls.items():
+            self.record_tool_call(agent, tool, outcome, n)
+        for (agent, tool, detector), n in snapshot.detections.items():
+            self.record_detection(agent, tool, detector, n)
+        self.record_canaries(snapshot.canaries)
+
+    # ------------------------------------------------------------ exposition
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield every metric family (called by the registry on each scrape)."""
+        with self._lock:
+            stops = CounterMetricFamily(
+                "loopwatch_agent_stops",
+                "Agent runs stopped, by agent and stop reason.",
+                labels=("agent", "stop_reason"),
+            )
+            for (agent, reason), n in sorted(self._stops.items()):
+                stops.add_metric((agent, reason), n)
+            yield stops
+            for name, doc, store in (
+                (
+                    "loopwatch_agent_steps_since_progress",
+                    "Steps since the last progress evidence, observed at each stop.",
+                    self._ssp,
+                ),
+                ("loopwatch_agent_steps", "Steps per run, observed at each stop.", self._steps),
+            ):
+                hist = HistogramMetricFamily(name, doc, labels=("agent", "stop_reason"))
+                for (agent, reason), h in sorted(store.items()):
+                    hist.add_metric((agent, reason), h.cumulative(), sum_value=h.total)
+                yield hist
+            calls = CounterMetricFamily(
+                "loopwatch_tool_calls",
+                "Tool calls by agent, tool and outcome (ok, error, blocked).",
+                labels=("agent", "tool", "outcome"),
+            )
+            for key, n in sorted(self._tool_calls.items()):
+                calls.add_metric(key, n)
+            yield calls
+            detections = CounterMetricFamily(
+                "loopwatch_loop_detections",
+                "Loop detections by agent, tool and detector.",
+                labels=("agent", "tool", "detector"),
+            )
+            for key, n in sorted(self._detections.items()):
+                detections.add_metric(key, n)
+            yield detections
+            canaries = CounterMetricFamily(
+                "loopwatch_canary_detections",
+                "Planted canary secrets found in received telemetry, by location.",
+                labels=("location",),
+            )
+            for location in sorted(CANARY_LOCATIONS):
+                canaries.add_metric((location,), self._canaries.get(location, 0))
+            yield canaries
+            redactions = CounterMetricFamily(
+                "loopwatch_redactions", "Values redacted, by rule.", labels=("rule",)
+            )
+            for rule, n in sorted(self._redactions.items()):
+                redactions.add_metric((rule,), n)
+            yield redactions
+            received = CounterMetricFamily(
+                "loopwatch_collector_spans_received",
+                "Spans received, by transport.",
+                labels=("transport",),
+            )
+            for transport, n in sorted(self._received.items()):
+                received.add_metric((transport,), n)
+            yield received
+            rejected = CounterMetricFamily(
+                "loopwatch_collector_spans_rejected",
+                "Spans refused, by reason.",
+                labels=("reason",),
+            )
+            for reason, n in sorted(self._rejected.items()):
+                rejected.add_metric((reason,), n)
+            yield rejected
+            commit = HistogramMetricFamily(
+                "loopwatch_collector_commit_duration_seconds",
+                "Duration of one DuckDB group commit.",
+            )
+            commit.add_metric((), self._commit.cumulative(), sum_value=self._commit.total)
+            yield commit
+        depth = GaugeMetricFamily(
+            "loopwatch_collector_queue_depth", "Batches waiting for the store writer."
+        )
+        getter = self._queue_depth
+        depth.add_metric((), float(getter()) if callable(getter) else 0.0)
+        yield depth
+
+    def exposition(self, registry: CollectorRegistry) -> bytes:
+        """The Prometheus text exposition of ``registry``."""
+        return generate_latest(registry)

@@ -1,0 +1,401 @@
+"""The collector process: receive -> decode -> redact -> map -> detect -> sample/store -> metrics.
+
+:class:`Collector` wires the stages (each a small object with one ``process`` method) and
+serves two HTTP apps on one event loop: the OTLP/HTTP receiver and the ``/metrics``,
+``/healthz`` and read API app.
+
+Acknowledgement contract: an OTLP request is answered 200 only after its events are
+committed to DuckDB (the store resolves the batch's future after the group commit).
+Stages after decode run on one pipeline thread in arrival order (the map and detect
+stages keep per-trace state); the store's writer thread commits in groups. Metrics are
+counted after the commit, over newly stored spans only, so a client retry never counts
+twice and ``/metrics`` matches the store.
+
+Shutdown (SIGTERM, SIGINT): stop accepting, let in-flight requests finish, commit what is
+queued, checkpoint DuckDB, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Final
+
+import uvicorn
+from loopwatch.instrumentation.redaction import canaries_from_env, load_canaries
+from prometheus_client import CollectorRegistry
+
+from .api import create_api_app
+from .config import CollectorConfig, parse_hostport
+from .detect import LOOP_DETECTORS, DetectStage
+from .errors import QueueFull
+from .events import STOP_ORIGIN_INFERRED, STOP_ORIGIN_STOP_SPAN, MappedBatch, MapStage, StopRow
+from .http import create_otlp_app
+from .metrics import LoopwatchMetrics, MetricsSnapshot
+from .records import SpanBatch
+from .redact import RedactStage
+from .sampling import SamplingConfig
+from .store import CommitResult, CommitStats, Store, StoreReader
+from .store import StoreConfig as StoreSettings
+
+__all__ = ["Collector", "counted_stop", "loop_detector", "serve_forever"]
+
+_log = logging.getLogger("loopwatch.collector")
+_AGENT_CACHE: Final = 100_000
+_UNKNOWN_AGENT: Final = "unknown"
+
+
+@dataclass(frozen=True)
+class _Processed:
+    mapped: MappedBatch
+    canaries: dict[str, int]
+    redactions: dict[str, int]
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
+def _evidence_tool(stop: StopRow) -> str | None:
+    if not stop.evidence:
+        return None
+    try:
+        parsed = json.loads(stop.evidence)
+    except ValueError:
+        return None
+    tool = parsed.get("tool") if isinstance(parsed, dict) else None
+    return tool if isinstance(tool, str) else None
+
+
+def counted_stop(stop: StopRow) -> bool:
+    """Whether a stop row counts as the run's stop in metrics.
+
+    loopwatch runs report their stop twice (the stop span, and the run span's stop
+    attributes); the stop span is the one counted. Third-party runs have only inferred
+    stops. This mirrors the store's primary-stop precedence.
+    """
+    return stop.origin in (STOP_ORIGIN_STOP_SPAN, STOP_ORIGIN_INFERRED)
+
+
+def loop_detector(stop: StopRow) -> str | None:
+    """The loop detector a stop counts for: its reason, else what observe mode saw."""
+    if stop.reason in LOOP_DETECTORS:
+        return stop.reason
+    if stop.observe_reason in LOOP_DETECTORS:
+        return stop.observe_reason
+    return None
+
+
+def restore_stop_totals(
+    reader: StoreReader,
+) -> tuple[dict[tuple[str, str, int, int], int], dict[tuple[str, str, str], int]]:
+    """Stop histograms and loop detections as the live counters count them.
+
+    Returns:
+        ``{(agent, reason, step, steps_since_progress): n}`` over primary stops, and
+        ``{(agent, tool, detector): n}`` (tool from the evidence, detector the loop reason
+        or the observe-mode reason), mirroring :func:`counted_stop` and
+        :func:`loop_detector`.
+    """
+    rows, _ = reader._query(
+        "SELECT COALESCE(r.agent, '') AS agent, s.reason, COALESCE(s.step, 0) AS step, "
+        "COALESCE(s.steps_since_progress, 0) AS ssp, s.observe_reason, "
+        "json_extract_string(s.evidence, '$.tool') AS tool, count(*) AS n "
+        "FROM stops s JOIN runs r USING (run_key) GROUP BY ALL",
+        [],
+        max_rows=1_000_000,
+    )
+    histograms: dict[tuple[str, str, int, int], int] = {}
+    detections: dict[tuple[str, str, str], int] = {}
+    for row in rows:
+        key = (row["agent"], row["reason"], int(row["step"]), int(row["ssp"]))
+        histograms[key] = histograms.get(key, 0) + int(row["n"])
+        detector = row["reason"] if row["reason"] in LOOP_DETECTORS else row["observe_reason"]
+        if detector in LOOP_DETECTORS:
+            dkey = (row["agent"], row["tool"] or "none", detector)
+            detections[dkey] = detections.get(dkey, 0) + int(row["n"])
+    return histograms, detections
+
+
+def restore_canary_totals(reader: StoreReader) -> dict[str, int]:
+    """Canary hits by location, summed from the store."""
+    rows, _ = reader._query("SELECT location, sum(hits) AS n FROM canary_hits GROUP BY ALL", [])
+    return {row["location"]: int(row["n"]) for row in rows}
+
+
+class Collector:
+    """The sidecar: stages, store, metrics and the two HTTP apps.
+
+    Args:
+        config: a validated :class:`CollectorConfig`.
+
+    Raises:
+        ConfigError: unreadable token, canary or key file.
+        duckdb.IOException: the database file is held by another process.
+    """
+
+    def __init__(self, config: CollectorConfig) -> None:
+        self.config = config
+        canaries: tuple[str, ...] = ()
+        if config.redaction.canaries_file:
+            canaries = load_canaries(config.redaction.canaries_file)
+        else:
+            canaries = canaries_from_env()
+        self.token = config.token()
+        self.redact = RedactStage(canaries=canaries, hmac_key=config.hmac_key())
+        self.map = MapStage()
+        self.detect = DetectStage()
+        settings = StoreSettings(
+            read_timeout_seconds=config.store.query_timeout_seconds,
+            read_max_rows=config.store.max_rows,
+            max_queue_spans=max(config.store.queue_max_batches * 512, 1),
+            sampling=SamplingConfig(
+                completed_fraction=config.sampling.completed_fraction,
+                max_full_runs_per_hour=config.sampling.max_runs_per_reason_tool_per_hour,
+                undecided_timeout_seconds=config.sampling.stop_timeout_seconds,
+            ),
+        )
+        self.store: Store
+        self.metrics = LoopwatchMetrics(
+            top_n_agents=config.metrics.top_n_agents,
+            top_n_tools=config.metrics.top_n_tools,
+            queue_depth=lambda: self.store.queue_spans,
+        )
+        self.store = Store(config.store.db, config=settings, on_commit=self._on_commit)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(self.metrics)
+        self._agents: OrderedDict[str, str] = OrderedDict()
+        self._agents_lock = threading.Lock()
+        self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loopwatch-pipeline")
+        self._started = time.time()
+        self._restore()
+
+    # -------------------------------------------------------------- startup
+
+    def _restore(self) -> None:
+        reader = self.store.reader()
+        counts = reader.restore_counts()
+        histograms, detections = restore_stop_totals(reader)
+        ranked_agents = sorted(
+            {a for a, _r in counts.stops},
+            key=lambda a: -sum(n for (x, _), n in counts.stops.items() if x == a),
+        )
+        self.metrics.agents.seed(a or _UNKNOWN_AGENT for a in ranked_agents)
+        ranked_tools = sorted(
+            {t for _a, t, _o in counts.tool_calls},
+            key=lambda t: -sum(n for (_, x, _o), n in counts.tool_calls.items() if x == t),
+        )
+        self.metrics.tools.seed(ranked_tools)
+        self.metrics.restore(
+            MetricsSnapshot(
+                stops={(a or _UNKNOWN_AGENT, r, s, p): n for (a, r, s, p), n in histograms.items()},
+                tool_calls={
+                    (a or _UNKNOWN_AGENT, t, o): n for (a, t, o), n in counts.tool_calls.items()
+                },
+                detections={(a or _UNKNOWN_AGENT, t, d): n for (a, t, d), n in detections.items()},
+                canaries=restore_canary_totals(reader),
+            )
+        )
+
+    # ------------------------------------------------------------- pipeline
+
+    def _remember_agents(self, mapped: MappedBatch) -> None:
+        with self._agents_lock:
+            for run in mapped.runs:
+                if run.agent:
+                    self._agents[run.run_id] = run.agent
+                    self._agents.move_to_end(run.run_id)
+            while len(self._agents) > _AGENT_CACHE:
+                self._agents.popitem(last=False)
+
+    def agent_of(self, run_id: str, explicit: str | None = None) -> str:
+        """The agent name of a run (the row's own, else the last seen run row)."""
+        if explicit:
+            return explicit
+        with self._agents_lock:
+            return self._agents.get(run_id, _UNKNOWN_AGENT)
+
+    def process(self, batch: SpanBatch) -> tuple[_Processed, Any]:
+        """Run redact -> map -> detect and queue the result for commit (pipeline thread).
+
+        Returns:
+            What the batch produced, and the store's future for its commit.
+
+        Raises:
+            QueueFull: the store's queue is full (nothing was queued).
+        """
+        before = self.redact.counts()
+        self.redact.process(batch)
+        after = self.redact.counts()
+        mapped = self.map.process(batch)
+        mapped = self.detect.process(mapped)
+        canaries = _delta(dict(after.canary_by_location), dict(before.canary_by_location))
+        mapped.canary_hits = canaries
+        self._remember_agents(mapped)
+        future = self.store.submit(mapped)
+        redactions = _delta(dict(after.redactions_by_rule), dict(before.redactions_by_rule))
+        return _Processed(mapped, canaries, redactions), future
+
+    async def submit(self, batch: SpanBatch) -> None:
+        """The OTLP receiver's ``submit``: returns once the batch is committed.
+
+        Raises:
+            QueueFull: backpressure (the receiver answers 429/503 with Retry-After).
+        """
+        if self.store.queue_spans >= self.store.config.max_queue_spans:
+            raise QueueFull(
+                capacity=self.store.config.max_queue_spans,
+                retry_after_seconds=self.config.server.retry_after_seconds,
+            )
+        loop = asyncio.get_running_loop()
+        processed, future = await loop.run_in_executor(self._pipeline, self.process, batch)
+        result: CommitResult = await asyncio.wrap_future(future)
+        self._count(processed, result)
+
+    def _count(self, processed: _Processed, result: CommitResult) -> None:
+        mapped = processed.mapped
+        new = result.new_span_keys
+        if new:
+            self.metrics.record_canaries(processed.canaries)
+            self.metrics.record_redactions(processed.redactions)
+        for step in mapped.steps:
+            if step.kind != "tool_result" or (step.trace_id, step.span_id) not in new:
+                continue
+            agent = self.agent_of(step.run_id, step.agent)
+            self.metrics.record_tool_call(agent, step.tool or "unknown", step.outcome or "error")
+        for stop in mapped.stops:
+            key = (stop.trace_id, stop.span_id)
+            if key not in new or key in result.anomalous_stop_keys or not counted_stop(stop):
+                continue
+            agent = self.agent_of(stop.run_id, stop.agent)
+            self.metrics.record_stop(
+                agent,
+                stop.reason,
+                steps=stop.step or 0,
+                steps_since_progress=stop.steps_since_progress or 0,
+            )
+            detector = loop_detector(stop)
+            if detector is not None:
+                self.metrics.record_detection(agent, _evidence_tool(stop), detector)
+
+    def _on_commit(self, stats: CommitStats) -> None:
+        self.metrics.observe_commit(stats.commit_seconds)
+
+    # ----------------------------------------------------------------- HTTP
+
+    def health(self) -> dict[str, Any]:
+        """The ``/healthz`` document."""
+        return {
+            "status": "ok",
+            "schema_version": self.store.schema_version,
+            "queue_spans": self.store.queue_spans,
+            "uptime_seconds": round(time.time() - self._started, 3),
+        }
+
+    def exposition(self) -> bytes:
+        """``/metrics`` text."""
+        return self.metrics.exposition(self.registry)
+
+    def otlp_app(self) -> Any:
+        """The OTLP/HTTP receiver app."""
+        return create_otlp_app(
+            self.submit,
+            max_body_bytes=self.config.limits.max_body_bytes,
+            max_decompressed_bytes=self.config.limits.max_decompressed_bytes,
+            token=self.token,
+            counters=self.metrics,
+            backpressure_status_code=self.config.server.backpressure_status_code,
+            retry_after_seconds=self.config.server.retry_after_seconds,
+        )
+
+    def api_app(self) -> Any:
+        """The ``/metrics``, ``/healthz`` and read API app."""
+        return create_api_app(
+            self.store.reader(),
+            metrics=self.exposition,
+            health=self.health,
+            token=self.token,
+            max_rows=self.config.store.max_rows,
+        )
+
+    def close(self) -> None:
+        """Drain the pipeline, commit what is queued, close the store. Idempotent."""
+        self._pipeline.shutdown(wait=True)
+        self.store.close()
+
+
+def _server(app: Any, hostport: str, what: str) -> uvicorn.Server:
+    host, port = parse_hostport(hostport, what=what)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=10,
+        server_header=False,
+        date_header=False,
+    )
+    return uvicorn.Server(config)
+
+
+async def _serve(collector: Collector, ready: threading.Event | None, announce: bool) -> None:
+    servers = [
+        _server(collector.otlp_app(), collector.config.server.otlp_http, "server.otlp_http"),
+        _server(collector.api_app(), collector.config.server.http, "server.http"),
+    ]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+    for server in servers:
+        # uvicorn's own handlers would re-raise the signal after serving, killing the
+        # process before the store drains; this loop handles SIGTERM/SIGINT itself.
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    while not all(s.started for s in servers):
+        if any(t.done() for t in tasks):
+            for t in tasks:
+                if t.done() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+            raise OSError("a listener failed to start (address in use?)")
+        await asyncio.sleep(0.02)
+    if announce:
+        print(
+            f"loopwatch collector: OTLP/HTTP http://{collector.config.server.otlp_http}/v1/traces, "
+            f"metrics http://{collector.config.server.http}/metrics, API http://{collector.config.server.http}/api/v1/runs",
+            flush=True,
+        )
+    if ready is not None:
+        ready.set()
+    stop_task = asyncio.create_task(stop.wait())
+    await asyncio.wait([stop_task, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    for server in servers:
+        server.should_exit = True
+    await asyncio.gather(*tasks, return_exceptions=True)
+    stop_task.cancel()
+
+
+def serve_forever(
+    config: CollectorConfig, *, ready: threading.Event | None = None, announce: bool = True
+) -> None:
+    """Run the collector until SIGTERM/SIGINT, then drain and close.
+
+    Raises:
+        ConfigError, OSError: the collector could not start.
+    """
+    collector = Collector(config)
+    try:
+        asyncio.run(_serve(collector, ready, announce))
+    finally:
+        collector.close()

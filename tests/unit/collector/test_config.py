@@ -1,0 +1,95 @@
+"""Collector configuration: precedence, validation, secrets masked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from loopwatch.collector.config import load_config, parse_hostport
+from loopwatch.collector.errors import ConfigError
+
+from ...conftest import TESTDATA
+
+BAD = TESTDATA / "collector"
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("bad_type.toml", "server.http"),
+        ("unknown_setting.toml", "server.listen"),
+        ("unknown_section.toml", "servers"),
+        ("non_loopback.toml", "not loopback"),
+        ("bad_fraction.toml", "sampling.completed_fraction"),
+        ("not_toml.toml", "not valid TOML"),
+    ],
+)
+def test_invalid_config_files(name: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(BAD / name, environ={})
+    assert fragment in str(info.value)
+
+
+def test_precedence_flags_over_env_over_file(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[store]\ndb = "file.duckdb"\nmax_rows = 10\n[server]\nhttp = "127.0.0.1:1000"\n')
+    env = {"LOOPWATCH_STORE_DB": "env.duckdb", "LOOPWATCH_SERVER_HTTP": "127.0.0.1:2000"}
+    cfg = load_config(
+        f, environ=env, overrides={"store": {"db": "flag.duckdb"}, "server": {"http": None}}
+    )
+    assert cfg.store.db == "flag.duckdb"
+    assert cfg.server.http == "127.0.0.1:2000"
+    assert cfg.store.max_rows == 10
+    assert cfg.server.otlp_http == "127.0.0.1:4318"
+
+
+def test_env_values_are_typed() -> None:
+    with pytest.raises(ConfigError, match=r"sampling\.completed_fraction"):
+        load_config(environ={"LOOPWATCH_SAMPLING_COMPLETED_FRACTION": "lots"})
+    cfg = load_config(
+        environ={
+            "LOOPWATCH_SERVER_ALLOW_NON_LOOPBACK": "true",
+            "LOOPWATCH_SERVER_OTLP_HTTP": "0.0.0.0:1",
+        }
+    )
+    assert cfg.server.allow_non_loopback is True
+
+
+def test_secrets_are_masked_and_read(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cr3t-token\n")
+    cfg = load_config(environ={}, overrides={"server": {"token_file": str(token)}})
+    assert cfg.token() == "s3cr3t-token"
+    assert (
+        "s3cr3t" not in repr(cfg.describe())
+        and cfg.describe()["server"]["token_file"] == "**********"
+    )
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="empty"):
+        load_config(environ={}, overrides={"server": {"token_file": str(empty)}}).token()
+
+
+def test_missing_files_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(environ={}, overrides={"redaction": {"canaries_file": str(tmp_path / "nope")}})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.toml", environ={})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:4318", ("127.0.0.1", 4318)),
+        ("[::1]:9", ("::1", 9)),
+        ("localhost:0", ("localhost", 0)),
+    ],
+)
+def test_parse_hostport(text: str, expected: tuple[str, int]) -> None:
+    assert parse_hostport(text, what="x") == expected
+
+
+@pytest.mark.parametrize("text", ["nonsense", ":80", "host:99999", "host:abc"])
+def test_parse_hostport_rejects(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_hostport(text, what="server.http")

@@ -1,0 +1,96 @@
+"""Metrics: DESIGN section 7 names and labels, bounded label values, restore."""
+
+from __future__ import annotations
+
+from loopwatch.collector.metrics import (
+    METRIC_NAMES,
+    OTHER,
+    LabelBound,
+    LoopwatchMetrics,
+    MetricsSnapshot,
+)
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def scrape(m: LoopwatchMetrics) -> dict[str, list[tuple[dict[str, str], float]]]:
+    registry = CollectorRegistry()
+    registry.register(m)
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(m.exposition(registry).decode()):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def test_every_design_metric_is_exported_with_its_labels() -> None:
+    m = LoopwatchMetrics(queue_depth=lambda: 7)
+    m.record_stop("support", "repeated_action", steps=3, steps_since_progress=2)
+    m.record_tool_call("support", "lookup", "blocked")
+    m.record_detection("support", "lookup", "repeated_action")
+    m.record_canaries({"attribute": 2})
+    m.record_redactions({"jwt": 1})
+    m.spans_received("http_protobuf", 10)
+    m.spans_rejected("invalid_id", 1)
+    m.observe_commit(0.004)
+    samples = scrape(m)
+    names = set(samples)
+    for metric in METRIC_NAMES:
+        assert any(n == metric or n.startswith(metric + "_") for n in names), metric
+    assert samples["loopwatch_agent_stops_total"] == [
+        ({"agent": "support", "stop_reason": "repeated_action"}, 1.0)
+    ]
+    assert ({"agent": "support", "tool": "lookup", "outcome": "blocked"}, 1.0) in samples[
+        "loopwatch_tool_calls_total"
+    ]
+    assert samples["loopwatch_collector_queue_depth"] == [({}, 7.0)]
+    buckets = {s[0]["le"]: s[1] for s in samples["loopwatch_agent_steps_since_progress_bucket"]}
+    assert buckets["1"] == 0 and buckets["2"] == 1 and buckets["+Inf"] == 1
+    canaries = {s[0]["location"]: s[1] for s in samples["loopwatch_canary_detections_total"]}
+    assert canaries == {"attribute": 2, "event": 0, "name": 0, "resource": 0, "status": 0}
+
+
+def test_label_values_are_bounded() -> None:
+    m = LoopwatchMetrics(top_n_agents=3, top_n_tools=5)
+    for i in range(10_000):
+        m.record_tool_call(f"agent-{i}-" + "é" * 300, f"tool-{i}", "ok")
+    samples = scrape(m)["loopwatch_tool_calls_total"]
+    agents = {labels["agent"] for labels, _ in samples}
+    tools = {labels["tool"] for labels, _ in samples}
+    assert len(agents) == 4 and OTHER in agents and len(tools) == 6
+    assert all(len(a) <= 128 for a in agents)
+    assert sum(v for _, v in samples) == 10_000
+
+
+def test_unknown_closed_set_values_do_not_create_series() -> None:
+    m = LoopwatchMetrics()
+    m.record_stop("a", "made_up_reason", steps=1, steps_since_progress=0)
+    m.record_detection("a", "t", "not_a_detector")
+    m.record_tool_call("a", "t", "weird")
+    samples = scrape(m)
+    assert samples["loopwatch_agent_stops_total"][0][0]["stop_reason"] == "error"
+    assert "loopwatch_loop_detections_total" not in samples
+    assert samples["loopwatch_tool_calls_total"][0][0]["outcome"] == "error"
+
+
+def test_restore_adds_store_totals() -> None:
+    m = LoopwatchMetrics()
+    m.restore(
+        MetricsSnapshot(
+            stops={("a", "completed", 4, 0): 3, ("a", "no_progress", 9, 6): 2},
+            tool_calls={("a", "t", "ok"): 11},
+            detections={("a", "t", "no_progress"): 2},
+            canaries={"name": 1},
+        )
+    )
+    samples = scrape(m)
+    stops = {s[0]["stop_reason"]: s[1] for s in samples["loopwatch_agent_stops_total"]}
+    assert stops == {"completed": 3, "no_progress": 2}
+    counts = {(s[0]["stop_reason"]): s[1] for s in samples["loopwatch_agent_steps_count"]}
+    assert counts == {"completed": 3, "no_progress": 2}
+
+
+def test_label_bound_seed_keeps_the_most_important_first() -> None:
+    bound = LabelBound(2)
+    bound.seed(["busy", "busier", "quiet"])
+    assert bound("busy") == "busy" and bound("quiet") == OTHER and bound("new") == OTHER

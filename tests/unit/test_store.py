@@ -1,0 +1,744 @@
+"""DuckDB store: group commit, idempotency, late spans, stops, sampling, migrations, reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from loopwatch.collector.errors import QueueFull
+from loopwatch.collector.events import (
+    KIND_DECISION,
+    KIND_TOOL_RESULT,
+    SOURCE_LOOPWATCH,
+    STOP_ORIGIN_INFERRED,
+    STOP_ORIGIN_RUN_SPAN,
+    STOP_ORIGIN_STOP_SPAN,
+    MappedBatch,
+    MapStage,
+    RunRow,
+    StepRow,
+    StopRow,
+)
+from loopwatch.collector.records import SpanBatch, SpanRecord
+from loopwatch.collector.sampling import (
+    RULE_ABNORMAL,
+    RULE_COMPLETED_FRACTION,
+    RULE_HOURLY_CAP,
+    Sampler,
+    SamplingConfig,
+    run_fraction,
+)
+from loopwatch.collector.store import (
+    SCHEMA_VERSION,
+    CommitResult,
+    CommitStats,
+    ReadTimeout,
+    SchemaTooNew,
+    Store,
+    StoreClosed,
+    StoreConfig,
+    StoreError,
+    StoreReader,
+    _run_key,
+    apply_migrations,
+)
+from loopwatch.instrumentation import _semconv as sc
+
+T0 = 1_800_000_000.0
+NS = 1_000_000_000
+_span_ids = itertools.count(1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Gate:
+    """An ``on_commit`` hook that can hold the writer thread after a commit."""
+
+    def __init__(self) -> None:
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.armed = False
+        self.stats: list[CommitStats] = []
+
+    def __call__(self, stats: CommitStats) -> None:
+        self.stats.append(stats)
+        if self.armed:
+            self.armed = False
+            self.holding.set()
+            self.release.wait(10)
+
+
+def trace_of(run_id: str) -> str:
+    return hashlib.md5(run_id.encode()).hexdigest()
+
+
+def sid() -> str:
+    return f"{next(_span_ids):016x}"
+
+
+def run_row(run_id: str, *, agent: str = "triage", start: int = 0, end: int = 100) -> RunRow:
+    return RunRow(
+        run_id,
+        trace_of(run_id),
+        sid(),
+        SOURCE_LOOPWATCH,
+        is_run_span=True,
+        agent=agent,
+        policy_name="investigate-readonly",
+        start_unix_nano=start,
+        end_unix_nano=end,
+        status_code=0,
+    )
+
+
+def step_row(
+    run_id: str,
+    step: int,
+    *,
+    kind: str = KIND_TOOL_RESULT,
+    tool: str | None = "search",
+    outcome: str | None = sc.OUTCOME_OK,
+    start: int | None = None,
+    span_id: str | None = None,
+) -> StepRow:
+    tool_fields: dict[str, Any] = (
+        {"tool": tool, "outcome": outcome}
+        if kind == KIND_TOOL_RESULT
+        else {"decision_type": "tool", "input_tokens": 10, "output_tokens": 5}
+    )
+    return StepRow(
+        trace_id=trace_of(run_id),
+        span_id=span_id or sid(),
+        run_id=run_id,
+        source=SOURCE_LOOPWATCH,
+        kind=kind,
+        step=step,
+        start_unix_nano=step * 10 if start is None else start,
+        end_unix_nano=(step * 10 if start is None else start) + 1,
+        **tool_fields,
+    )
+
+
+def stop_row(
+    run_id: str,
+    reason: str,
+    *,
+    origin: str = STOP_ORIGIN_STOP_SPAN,
+    time_ns: int = 90,
+    step: int | None = 3,
+) -> StopRow:
+    return StopRow(
+        trace_id=trace_of(run_id),
+        span_id=sid(),
+        run_id=run_id,
+        source=SOURCE_LOOPWATCH,
+        origin=origin,
+        reason=reason,
+        time_unix_nano=time_ns,
+        step=step,
+        evidence='{"repetitions": 3}',
+    )
+
+
+def batch(*rows: RunRow | StepRow | StopRow, canaries: frozenset[str] = frozenset()) -> MappedBatch:
+    out = MappedBatch(canary_run_ids=canaries)
+    for row in rows:
+        if isinstance(row, RunRow):
+            out.runs.append(row)
+        elif isinstance(row, StepRow):
+            out.steps.append(row)
+        else:
+            out.stops.append(row)
+    out.spans_in = len(out.span_keys())
+    return out
+
+
+def full_run(
+    run_id: str,
+    reason: str | None,
+    *,
+    tools: tuple[str, ...] = ("search", "search", "fetch"),
+    agent: str = "triage",
+    stop_ns: int = 90,
+) -> MappedBatch:
+    rows: list[RunRow | StepRow | StopRow] = [run_row(run_id, agent=agent)]
+    for i, tool in enumerate(tools, start=1):
+        rows.append(step_row(run_id, i, kind=KIND_DECISION))
+        rows.append(step_row(run_id, i, tool=tool))
+    if reason is not None:
+        rows.append(stop_row(run_id, reason, time_ns=stop_ns, step=len(tools)))
+    return batch(*rows)
+
+
+def commit(store: Store, mapped: MappedBatch) -> CommitResult:
+    return store.submit(mapped).result(timeout=30)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def gate() -> Gate:
+    return Gate()
+
+
+@pytest.fixture
+def make_store(tmp_path: Path, clock: Clock, gate: Gate) -> Iterator[Any]:
+    stores: list[Store] = []
+
+    def make(**config: Any) -> Store:
+        sampling = config.pop("sampling", SamplingConfig(completed_fraction=1.0))
+        store = Store(
+            tmp_path / f"db{len(stores)}.duckdb",
+            config=StoreConfig(sampling=sampling, **config),
+            clock=clock,
+            on_commit=gate,
+        )
+        stores.append(store)
+        return store
+
+    yield make
+    gate.release.set()
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def store(make_store: Any) -> Store:
+    result: Store = make_store()
+    return result
+
+
+def hold_writer(store: Store, gate: Gate) -> None:
+    gate.armed = True
+    commit_future = store.submit(batch(run_row("plug")))
+    assert gate.holding.wait(10)
+    assert not commit_future.done() or commit_future.result()
+
+
+def test_future_resolves_after_commit_and_rows_are_readable(store: Store) -> None:
+    result = commit(store, full_run("r1", "repeated_action"))
+    assert result.spans == 8 and len(result.new_span_keys) == 8 and result.duplicates == 0
+    detail = store.reader().get_run("r1")
+    assert detail is not None
+    run = detail.run
+    assert (run["agent"], run["stop_reason"], run["steps"]) == ("triage", "repeated_action", 3)
+    assert (run["decisions"], run["tool_calls"], run["tokens"]) == (3, 3, 45)
+    assert (run["sampled"], run["sample_rule"], run["top_tool"]) == (True, RULE_ABNORMAL, "search")
+    assert [(s["step"], s["kind"]) for s in detail.steps] == [
+        (1, KIND_DECISION),
+        (1, KIND_TOOL_RESULT),
+        (2, KIND_DECISION),
+        (2, KIND_TOOL_RESULT),
+        (3, KIND_DECISION),
+        (3, KIND_TOOL_RESULT),
+    ]
+    assert detail.evidence == {"repetitions": 3}
+    assert detail.tools == [
+        {"tool": "fetch", "outcome": "ok", "calls": 1},
+        {"tool": "search", "outcome": "ok", "calls": 2},
+    ]
+
+
+def test_group_commit_writes_queued_batches_in_one_transaction(store: Store, gate: Gate) -> None:
+    hold_writer(store, gate)
+    futures = [store.submit(full_run(f"g{i}", "no_progress")) for i in range(5)]
+    assert store.queue_batches == 5 and store.queue_spans == 40
+    gate.release.set()
+    results = [f.result(timeout=30) for f in futures]
+    assert {(r.group_batches, r.group_spans) for r in results} == {(5, 40)}
+    assert len({r.commit_seconds for r in results}) == 1
+    assert gate.stats[-1].batches == 5 and gate.stats[-1].new_spans == 40
+    assert store.queue_spans == 0
+
+
+def test_queue_full_raises_at_once_and_drops_nothing(make_store: Any, gate: Gate) -> None:
+    store = make_store(max_queue_spans=10)
+    hold_writer(store, gate)
+    accepted = [store.submit(full_run(f"q{i}", None, tools=("a",))) for i in range(3)]
+    with pytest.raises(QueueFull) as info:
+        store.submit(full_run("q-over", None, tools=("a",)))
+    assert info.value.capacity == 10 and info.value.retryable
+    assert store.queue_spans == 9
+    gate.release.set()
+    assert all(len(f.result(timeout=30).new_span_keys) == 3 for f in accepted)
+    assert store.reader().get_run("q-over") is None
+
+
+def test_resubmitted_batch_is_idempotent(store: Store, gate: Gate) -> None:
+    mapped = full_run("d1", None)
+    commit(store, mapped)
+    again = commit(store, mapped)
+    assert again.duplicates == again.spans == 7 and not again.new_span_keys
+    hold_writer(store, gate)
+    twin = full_run("d2", None)
+    first, second = store.submit(twin), store.submit(twin)
+    gate.release.set()
+    assert len(first.result(timeout=30).new_span_keys) == 7
+    assert second.result(timeout=30).duplicates == 7
+    for run_id in ("d1", "d2"):
+        detail = store.reader().get_run(run_id)
+        assert detail is not None
+        assert (detail.run["tool_calls"], len(detail.steps)) == (3, 6)
+        assert all(s["staged"] for s in detail.steps)
+
+
+def test_late_tool_span_after_the_stop(make_store: Any) -> None:
+    store = make_store(sampling=SamplingConfig(completed_fraction=0.0))
+    commit(store, full_run("kept", "repeated_action"))
+    commit(store, full_run("dropped", "completed"))
+    for run_id in ("kept", "dropped"):
+        commit(store, batch(step_row(run_id, 4, tool="late", outcome=sc.OUTCOME_ERROR)))
+    kept, dropped = store.reader().get_run("kept"), store.reader().get_run("dropped")
+    assert kept is not None and dropped is not None
+    assert (kept.run["tool_calls"], kept.run["tool_errors"], kept.run["steps"]) == (4, 1, 4)
+    assert [s["tool"] for s in kept.steps][-1] == "late" and not kept.steps[-1]["staged"]
+    assert (dropped.run["tool_calls"], dropped.run["tool_errors"]) == (4, 1)
+    assert dropped.run["sampled"] is False and dropped.steps == []
+    assert {"tool": "late", "outcome": "error", "calls": 1} in dropped.tools
+
+
+def _comparable(store: Store, run_id: str) -> dict[str, Any]:
+    detail = store.reader().get_run(run_id)
+    assert detail is not None
+    skip = {"received_unix_nano", "span_id"}
+    return {
+        "run": detail.run,
+        "steps": [{k: v for k, v in s.items() if k not in skip} for s in detail.steps],
+        "stop": {k: v for k, v in (detail.stop or {}).items() if k not in skip},
+        "tools": detail.tools,
+    }
+
+
+def test_run_span_first_or_last_gives_the_same_rows(make_store: Any) -> None:
+    mapped = full_run("o1", "budget_exhausted")
+    run_span, steps, stop = mapped.runs, mapped.steps, mapped.stops
+    first, last = make_store(), make_store()
+    commit(first, batch(*run_span))
+    commit(first, batch(*steps))
+    commit(first, batch(*stop))
+    commit(last, batch(*stop))
+    commit(last, batch(*reversed(steps)))
+    commit(last, batch(*run_span))
+    a, b = _comparable(first, "o1"), _comparable(last, "o1")
+    assert (a["run"].pop("sample_tool"), b["run"].pop("sample_tool")) == ("search", "")
+    assert a == b
+    assert a["run"]["top_tool"] == "search"
+    assert a["run"]["agent"] == "triage" and a["run"]["start_unix_nano"] == 0
+    assert a["run"]["sampled"] is True and len(a["steps"]) == 6
+
+
+def test_second_stop_is_kept_as_duplicate_anomaly(store: Store) -> None:
+    commit(store, full_run("s1", "repeated_action"))
+    second = stop_row("s1", "no_progress", time_ns=95)
+    result = commit(store, batch(second))
+    assert result.anomalous_stop_keys == {(second.trace_id, second.span_id)}
+    detail = store.reader().get_run("s1")
+    assert detail is not None and detail.stop is not None
+    assert detail.stop["reason"] == "repeated_action"
+    assert detail.run["stop_reason"] == "repeated_action"
+    assert detail.run["duplicate_stops"] == 1
+    assert [(a["reason"], a["kind"]) for a in detail.stop_anomalies] == [
+        ("no_progress", "duplicate_stop")
+    ]
+    assert store.reader().restore_counts().stops == {("triage", "repeated_action"): 1}
+
+
+@pytest.mark.parametrize(
+    "origins",
+    [
+        (STOP_ORIGIN_INFERRED, STOP_ORIGIN_STOP_SPAN, STOP_ORIGIN_RUN_SPAN),
+        (STOP_ORIGIN_RUN_SPAN, STOP_ORIGIN_INFERRED, STOP_ORIGIN_STOP_SPAN),
+        (STOP_ORIGIN_STOP_SPAN, STOP_ORIGIN_RUN_SPAN, STOP_ORIGIN_INFERRED),
+    ],
+)
+def test_stronger_stop_wins_in_any_order(store: Store, origins: tuple[str, ...]) -> None:
+    reasons = {
+        STOP_ORIGIN_INFERRED: "completed",
+        STOP_ORIGIN_RUN_SPAN: "action_cycle",
+        STOP_ORIGIN_STOP_SPAN: "action_cycle",
+    }
+    for origin in origins:
+        commit(store, batch(stop_row("p1", reasons[origin], origin=origin)))
+    detail = store.reader().get_run("p1")
+    assert detail is not None and detail.stop is not None
+    assert (detail.stop["origin"], detail.stop["reason"]) == (STOP_ORIGIN_STOP_SPAN, "action_cycle")
+    assert detail.run["stop_inferred"] is False and detail.stop_anomalies == []
+
+
+def test_completed_fraction_is_deterministic_by_run_id(make_store: Any) -> None:
+    store = make_store(sampling=SamplingConfig(completed_fraction=0.3))
+    run_ids = [f"c{i}" for i in range(60)]
+    for run_id in run_ids:
+        commit(store, full_run(run_id, "completed"))
+    page = store.reader().list_runs(limit=100)
+    sampled = {r["run_id"] for r in page.items if r["sampled"]}
+    assert sampled == {r for r in run_ids if run_fraction(r) < 0.3}
+    assert 0 < len(sampled) < 60
+    for row in page.items:
+        assert row["tool_calls"] == 3
+        if not row["sampled"]:
+            assert row["sample_rule"] == RULE_COMPLETED_FRACTION
+    unsampled = next(r for r in run_ids if r not in sampled)
+    detail = store.reader().get_run(unsampled)
+    assert detail is not None and detail.steps == [] and detail.stop is not None
+
+
+def test_hourly_cap_per_reason_and_most_frequent_tool(make_store: Any, clock: Clock) -> None:
+    store = make_store(sampling=SamplingConfig(max_full_runs_per_hour=2))
+    for i in range(4):
+        commit(store, full_run(f"h{i}", "repeated_action", tools=("search", "search", "fetch")))
+    commit(store, full_run("h-fetch", "repeated_action", tools=("fetch", "fetch", "search")))
+    commit(store, full_run("h-other-reason", "no_progress"))
+    clock.now += 3600
+    commit(store, full_run("h-next-hour", "repeated_action"))
+    rows = {r["run_id"]: r for r in store.reader().list_runs(limit=100).items}
+    assert [rows[f"h{i}"]["sampled"] for i in range(4)] == [True, True, False, False]
+    assert rows["h2"]["sample_rule"] == RULE_HOURLY_CAP
+    assert (rows["h-fetch"]["top_tool"], rows["h-fetch"]["sampled"]) == ("fetch", True)
+    assert rows["h-other-reason"]["sampled"] is True
+    assert rows["h-next-hour"]["sampled"] is True
+    capped = store.reader().get_run("h3")
+    assert capped is not None and capped.steps == [] and capped.evidence == {"repetitions": 3}
+
+
+def test_run_whose_stop_never_comes_is_decided_after_the_timeout(
+    make_store: Any, clock: Clock
+) -> None:
+    store = make_store(sampling=SamplingConfig(undecided_timeout_seconds=600))
+    commit(store, full_run("silent", None))
+    clock.now += 300
+    commit(store, full_run("active", None))
+    assert store.run_maintenance().result(timeout=30) == 0
+    clock.now += 301
+    assert store.run_maintenance().result(timeout=30) == 1
+    silent, active = store.reader().get_run("silent"), store.reader().get_run("active")
+    assert silent is not None and active is not None
+    assert (silent.run["sampled"], silent.run["sample_rule"]) == (True, RULE_ABNORMAL)
+    assert len(silent.steps) == 6 and not any(s["staged"] for s in silent.steps)
+    assert active.run["sampled"] is None and all(s["staged"] for s in active.steps)
+
+
+def _span(
+    trace: str, name: str, attrs: dict[str, Any], parent: str = "", start: int = 0
+) -> SpanRecord:
+    return SpanRecord(trace, sid(), parent, name, 1, start, start + 1, attrs)
+
+
+def test_third_party_steps_move_to_the_agent_run(store: Store) -> None:
+    stage = MapStage()
+    trace = "ab" * 16
+    agent = _span(trace, "invoke_agent bot", {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT})
+    tool_attrs = {sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.GEN_AI_TOOL_NAME: "lookup"}
+    tools = [
+        _span(trace, "execute_tool lookup", tool_attrs, agent.span_id, 5 + i) for i in range(3)
+    ]
+    commit(store, stage.process(SpanBatch(spans=tools[:2])))
+    assert store.reader().get_run(trace) is not None
+    result = commit(store, stage.process(SpanBatch(spans=[tools[2], agent])))
+    assert len(result.new_span_keys) == 2
+    assert store.reader().get_run(trace) is None
+    detail = store.reader().get_run(agent.span_id)
+    assert detail is not None
+    assert (detail.run["agent"], detail.run["tool_calls"], detail.run["source"]) == (
+        "bot",
+        3,
+        "genai",
+    )
+    assert (detail.run["stop_reason"], detail.run["stop_inferred"]) == ("completed", True)
+    assert [s["step"] for s in detail.steps] == [1, 2, 3]
+    assert detail.tools == [{"tool": "lookup", "outcome": "ok", "calls": 3}]
+
+
+def test_reassignment_within_one_group_leaves_no_trace_level_run(store: Store, gate: Gate) -> None:
+    stage = MapStage()
+    trace = "cd" * 16
+    agent = _span(trace, "invoke_agent bot", {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT})
+    tool_attrs = {sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.GEN_AI_TOOL_NAME: "lookup"}
+    tools = [
+        _span(trace, "execute_tool lookup", tool_attrs, agent.span_id, 5 + i) for i in range(2)
+    ]
+    hold_writer(store, gate)
+    first = store.submit(stage.process(SpanBatch(spans=tools)))
+    second = store.submit(stage.process(SpanBatch(spans=[agent])))
+    gate.release.set()
+    assert second.result(timeout=30).group_batches == 2 and first.result(timeout=30)
+    assert store.reader().get_run(trace) is None
+    detail = store.reader().get_run(agent.span_id)
+    assert detail is not None and detail.run["tool_calls"] == 2 and len(detail.steps) == 2
+    assert {r["run_id"] for r in store.reader().list_runs().items} == {agent.span_id, "plug"}
+
+
+def test_steps_dropped_when_the_trace_turns_out_to_be_loopwatch(store: Store) -> None:
+    stage = MapStage()
+    trace = trace_of("lw")
+    chat = _span(trace, "chat", {sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT}, "00000000000000aa")
+    commit(store, stage.process(SpanBatch(spans=[chat])))
+    decision = _span(
+        trace,
+        "decide a",
+        {sc.LW_EVENT: sc.EVENT_DECISION, sc.LW_RUN_ID: "lw", sc.LW_STEP: 1},
+    )
+    commit(store, stage.process(SpanBatch(spans=[decision])))
+    assert store.reader().get_run(trace) is None
+    detail = store.reader().get_run("lw")
+    assert detail is not None and detail.run["decisions"] == 1
+
+
+def test_canary_flag_by_run_or_trace_id(store: Store) -> None:
+    commit(store, full_run("flag-run", "completed"))
+    commit(store, full_run("flag-trace", "completed"))
+    commit(store, full_run("clean", "completed"))
+    commit(store, batch(canaries=frozenset({"flag-run", trace_of("flag-trace")})))
+    flagged = store.reader().list_runs(canary=True).items
+    assert {r["run_id"] for r in flagged} == {"flag-run", "flag-trace"}
+    assert [r["run_id"] for r in store.reader().list_runs(canary=False).items] == ["clean"]
+
+
+def test_failing_batch_fails_alone(store: Store, gate: Gate) -> None:
+    hold_writer(store, gate)
+    good = store.submit(full_run("ok1", None))
+    bad_step = dataclasses.replace(step_row("bad", 1), kind=None)  # type: ignore[arg-type]
+    bad = store.submit(batch(bad_step))
+    also_good = store.submit(full_run("ok2", None))
+    gate.release.set()
+    assert len(good.result(timeout=30).new_span_keys) == 7
+    assert len(also_good.result(timeout=30).new_span_keys) == 7
+    with pytest.raises(StoreError):
+        bad.result(timeout=30)
+    assert store.reader().get_run("bad") is None
+
+
+def test_close_drains_the_queue_and_refuses_new_batches(make_store: Any) -> None:
+    store = make_store()
+    futures = [store.submit(full_run(f"c{i}", "cancelled")) for i in range(20)]
+    store.close()
+    assert all(f.result(timeout=0).spans == 8 for f in futures)
+    with pytest.raises(StoreClosed):
+        store.submit(full_run("late", None))
+    reader = StoreReader.open_readonly(store.path)
+    try:
+        assert len(reader.list_runs(limit=50).items) == 20
+    finally:
+        reader.close()
+
+
+def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
+    path = tmp_path / "v1.duckdb"
+    con = duckdb.connect(str(path))
+    assert apply_migrations(con, target=1) == 1
+    con.execute(
+        "INSERT INTO runs (run_key, run_id, trace_id, source, agent, first_seen_unix_nano, "
+        "last_seen_unix_nano) VALUES (?, 'old', ?, 'loopwatch', 'legacy', 1, 1)",
+        [_run_key("old"), trace_of("old")],
+    )
+    con.close()
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION == 3
+        commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
+        detail = store.reader().get_run("old")
+        assert detail is not None
+        assert (detail.run["agent"], detail.run["duplicate_stops"]) == ("legacy", 1)
+    con = duckdb.connect(str(path), read_only=True)
+    versions = con.execute("SELECT version FROM schema_version ORDER BY 1").fetchall()
+    con.close()
+    assert versions == [(1,), (2,), (3,)]
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "future.duckdb"
+    con = duckdb.connect(str(path))
+    apply_migrations(con)
+    con.execute("INSERT INTO schema_version VALUES (99, 'from the future', 0)")
+    con.close()
+    with pytest.raises(SchemaTooNew) as info:
+        Store(path)
+    assert (info.value.found, info.value.supported) == (99, SCHEMA_VERSION)
+
+
+@pytest.fixture
+def browse_store(make_store: Any) -> Store:
+    store: Store = make_store(sampling=SamplingConfig(completed_fraction=0.0))
+    runs = [
+        ("b1", "repeated_action", "alpha", ("search", "search"), 1 * NS),
+        ("b2", "completed", "alpha", ("fetch",), 2 * NS),
+        ("b3", "repeated_action", "beta", ("fetch", "fetch"), 3 * NS),
+        ("b4", "budget_exhausted", "beta", ("search",), 3601 * NS),
+        ("b5", "no_progress", "alpha", ("search", "fetch", "fetch"), 3602 * NS),
+    ]
+    for run_id, reason, agent, tools, stop_ns in runs:
+        commit(store, full_run(run_id, reason, tools=tools, agent=agent, stop_ns=stop_ns))
+    commit(store, batch(canaries=frozenset({"b3"})))
+    return store
+
+
+FILTER_CASES: list[tuple[dict[str, Any], list[str]]] = [
+    ({}, ["b5", "b4", "b3", "b2", "b1"]),
+    ({"stop_reason": "repeated_action"}, ["b3", "b1"]),
+    ({"agent": "beta"}, ["b4", "b3"]),
+    ({"tool": "fetch"}, ["b5", "b3", "b2"]),
+    ({"since_unix_nano": 2 * NS, "until_unix_nano": 3601 * NS}, ["b3", "b2"]),
+    ({"canary": True}, ["b3"]),
+    ({"sampled": False}, ["b2"]),
+    ({"agent": "alpha", "tool": "search", "sampled": True}, ["b5", "b1"]),
+    ({"stop_reason": "refused"}, []),
+]
+
+
+@pytest.mark.parametrize(("filters", "expected"), FILTER_CASES)
+def test_list_runs_filters(
+    browse_store: Store, filters: dict[str, Any], expected: list[str]
+) -> None:
+    page = browse_store.reader().list_runs(**filters)
+    assert [r["run_id"] for r in page.items] == expected
+    assert page.next_offset is None
+
+
+def test_list_runs_paging(browse_store: Store) -> None:
+    reader = browse_store.reader()
+    seen: list[str] = []
+    offset: int | None = 0
+    while offset is not None:
+        page = reader.list_runs(limit=2, offset=offset)
+        seen += [r["run_id"] for r in page.items]
+        offset = page.next_offset
+    assert seen == ["b5", "b4", "b3", "b2", "b1"]
+    with pytest.raises(ValueError):
+        reader.list_runs(limit=0)
+    with pytest.raises(ValueError):
+        reader.list_runs(offset=-1)
+
+
+def test_stats_and_restore_counts(browse_store: Store) -> None:
+    stats = browse_store.reader().stats(
+        since_unix_nano=0, until_unix_nano=7200 * NS, bucket_seconds=3600
+    )
+    assert stats.stops_by_reason == [
+        {"bucket_unix_nano": 0, "stop_reason": "completed", "stops": 1},
+        {"bucket_unix_nano": 0, "stop_reason": "repeated_action", "stops": 2},
+        {"bucket_unix_nano": 3600 * NS, "stop_reason": "budget_exhausted", "stops": 1},
+        {"bucket_unix_nano": 3600 * NS, "stop_reason": "no_progress", "stops": 1},
+    ]
+    assert stats.loops_by_tool == [
+        {"tool": "fetch", "stop_reason": "no_progress", "stops": 1},
+        {"tool": "fetch", "stop_reason": "repeated_action", "stops": 1},
+        {"tool": "search", "stop_reason": "repeated_action", "stops": 1},
+    ]
+    assert not stats.truncated
+    counts = browse_store.reader().restore_counts()
+    assert counts.stops == {
+        ("alpha", "repeated_action"): 1,
+        ("alpha", "completed"): 1,
+        ("alpha", "no_progress"): 1,
+        ("beta", "repeated_action"): 1,
+        ("beta", "budget_exhausted"): 1,
+    }
+    assert counts.tool_calls == {
+        ("alpha", "search", "ok"): 3,
+        ("alpha", "fetch", "ok"): 3,
+        ("beta", "fetch", "ok"): 2,
+        ("beta", "search", "ok"): 1,
+    }
+    assert counts.loop_stops[("beta", "fetch", "repeated_action")] == 1
+    with pytest.raises(ValueError):
+        browse_store.reader().stats(since_unix_nano=5, until_unix_nano=5)
+
+
+def test_row_cap_keeps_the_last_steps(make_store: Any) -> None:
+    store = make_store(read_max_rows=3)
+    commit(store, full_run("long", "repeated_action"))
+    detail = store.reader().get_run("long")
+    assert detail is not None and detail.steps_truncated
+    assert [(s["step"], s["kind"]) for s in detail.steps] == [
+        (2, KIND_TOOL_RESULT),
+        (3, KIND_DECISION),
+        (3, KIND_TOOL_RESULT),
+    ]
+
+
+def test_read_time_limit_interrupts_the_query(store: Store) -> None:
+    reader = StoreReader(store.reader()._factory, timeout_seconds=0.2, max_rows=10)
+    with pytest.raises(ReadTimeout) as info:
+        reader._query(
+            "SELECT count(*) FROM range(100000000) a, range(1000) b WHERE a.range + b.range = ?",
+            [-1],
+        )
+    assert info.value.timeout_seconds == 0.2
+    assert reader.list_runs(limit=5).items == []
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        StoreConfig(max_queue_spans=0),
+        StoreConfig(read_timeout_seconds=0),
+        StoreConfig(dedup_retention_seconds=float("inf")),
+        StoreConfig(sampling=SamplingConfig(completed_fraction=1.5)),
+        StoreConfig(sampling=SamplingConfig(max_full_runs_per_hour=0)),
+        StoreConfig(sampling=SamplingConfig(undecided_timeout_seconds=0)),
+    ],
+)
+def test_invalid_config_fails_at_construction(tmp_path: Path, config: StoreConfig) -> None:
+    with pytest.raises(ValueError):
+        Store(tmp_path / "x.duckdb", config=config)
+
+
+def test_dedup_keys_expire_after_retention(make_store: Any, clock: Clock) -> None:
+    store = make_store(dedup_retention_seconds=60)
+    mapped = batch(step_row("exp", 1))
+    commit(store, mapped)
+    clock.now += 61
+    store.run_maintenance().result(timeout=30)
+    assert len(commit(store, mapped).new_span_keys) == 1
+
+
+def test_future_type(store: Store) -> None:
+    future = store.submit(batch())
+    assert isinstance(future, Future)
+    assert future.result(timeout=30).spans == 0
+
+
+SAMPLER_CASES = [
+    ("repeated_action", 0.0, 0, (True, RULE_ABNORMAL)),
+    ("repeated_action", 0.0, 2, (False, RULE_HOURLY_CAP)),
+    (None, 0.0, 0, (True, RULE_ABNORMAL)),
+    ("completed", 1.0, 0, (True, "completed_sampled")),
+    ("completed", 1.0, 2, (False, RULE_HOURLY_CAP)),
+    ("completed", 0.0, 0, (False, RULE_COMPLETED_FRACTION)),
+]
+
+
+@pytest.mark.parametrize(("reason", "fraction", "kept", "expected"), SAMPLER_CASES)
+def test_sampler_rule(
+    reason: str | None, fraction: float, kept: int, expected: tuple[bool, str]
+) -> None:
+    sampler = Sampler(SamplingConfig(completed_fraction=fraction, max_full_runs_per_hour=2))
+    decision = sampler.decide(run_id="r", stop_reason=reason, kept_this_hour=kept)
+    assert (decision.sampled, decision.rule) == expected
+    assert decision.quota_reason == (reason or "no_stop")
+
+
+def test_staged_steps_are_deleted_when_the_run_is_not_sampled(make_store: Any) -> None:
+    store = make_store(sampling=SamplingConfig(completed_fraction=0.0))
+    commit(store, full_run("gone", None))
+    commit(store, batch(stop_row("gone", "completed")))
+    detail = store.reader().get_run("gone")
+    assert detail is not None and detail.steps == []
+    assert (detail.run["sampled"], detail.run["tool_calls"]) == (False, 3)
+    assert detail.run["sample_tool"] == "search"
