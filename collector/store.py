@@ -1265,8 +1265,10 @@ class Store:
             elif new_rank == current_rank:
                 anomalies.append(stop_row)
                 row["duplicate_stops"] = (row["duplicate_stops"] or 0) + 1
+        # A run that ended "completed" but looped while observed is abnormal for
+        # sampling: its steps are the evidence an incident reviewer wants.
         undecided = [
-            (run_id, s.reason)
+            (run_id, s.observe_reason if s.observe_reason and s.reason == "completed" else s.reason)
             for run_id, s in winners.items()
             if group.merged[run_id]["sampled"] is None
         ]

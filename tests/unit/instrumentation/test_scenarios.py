@@ -372,3 +372,28 @@ def test_prompt_injection_in_a_tool_result_changes_no_limit() -> None:
     )
     assert result.outcome.stop.limit == 4 and result.model.calls == 4
     assert policy.max_model_turns == 4
+
+
+@pytest.mark.parametrize(
+    "name", ["negative_limit.toml", "zero_wall_clock.toml", "unknown_keys.toml"]
+)
+def test_invalid_configuration_makes_no_model_or_tool_call(name: str) -> None:
+    from loopwatch.instrumentation import PolicyError, agent
+
+    from ...conftest import TESTDATA
+
+    model = ScriptedModel([call("get", id=1), FINAL])
+    tool = ConstantTool()
+    path = f"{TESTDATA / 'policies' / name}:p"
+    from loopwatch.instrumentation import Run
+
+    with pytest.raises(PolicyError):
+        Run("bad", path)
+    with pytest.raises(PolicyError):
+
+        @agent(name="bad", policy=path)
+        def loop() -> None:
+            model()
+            tool()
+
+    assert model.calls == 0 and tool.calls == 0

@@ -1,0 +1,219 @@
+"""The collector pipeline in process: real spans -> redact -> map -> detect -> DuckDB -> metrics -> API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loopwatch.collector.config import load_config
+from loopwatch.collector.records import SpanBatch, SpanRecord
+from loopwatch.collector.service import Collector
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from .spans import completed_run, looping_run, record, to_batch
+
+CANARY = "lw-canary-7f3a9c2e51d4"
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Any:
+    canaries = tmp_path / "canaries.txt"
+    canaries.write_text(f"# planted\n{CANARY}\n")
+    cfg = load_config(
+        environ={},
+        overrides={
+            "store": {"db": str(tmp_path / "lw.duckdb")},
+            "redaction": {"canaries_file": str(canaries)},
+        },
+    )
+    c = Collector(cfg)
+    yield c
+    c.close()
+
+
+def submit(c: Collector, batch: SpanBatch) -> None:
+    asyncio.run(c.submit(batch))
+
+
+def samples(c: Collector) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(c.exposition().decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def value(c: Collector, name: str, **labels: str) -> float:
+    return sum(
+        v for lbl, v in samples(c).get(name, []) if all(lbl.get(k) == x for k, x in labels.items())
+    )
+
+
+def test_loopwatch_run_is_stored_counted_and_served(collector: Collector) -> None:
+    spans = record(looping_run())
+    submit(collector, to_batch(spans))
+    assert (
+        value(
+            collector, "loopwatch_agent_stops_total", agent="support", stop_reason="repeated_action"
+        )
+        == 1
+    )
+    assert value(collector, "loopwatch_tool_calls_total", agent="support", outcome="ok") == 2
+    assert value(collector, "loopwatch_tool_calls_total", agent="support", outcome="blocked") == 1
+    assert (
+        value(
+            collector,
+            "loopwatch_loop_detections_total",
+            detector="repeated_action",
+            tool="get_details_by_id",
+        )
+        == 1
+    )
+    assert (
+        value(
+            collector, "loopwatch_agent_steps_since_progress_count", stop_reason="repeated_action"
+        )
+        == 1
+    )
+    client = TestClient(collector.api_app())
+    runs = client.get("/api/v1/runs", params={"stop_reason": "repeated_action"}).json()["items"]
+    assert len(runs) == 1 and runs[0]["agent"] == "support" and runs[0]["sampled"] is True
+    detail = client.get(f"/api/v1/runs/{runs[0]['run_id']}").json()
+    assert detail["stop"]["reason"] == "repeated_action"
+    assert detail["evidence"]["repetitions"] == 3 and detail["evidence"]["step_indices"] == [
+        1,
+        2,
+        3,
+    ]
+    assert [s["outcome"] for s in detail["steps"] if s["kind"] == "tool_result"] == [
+        "ok",
+        "ok",
+        "blocked",
+    ]
+
+
+def test_client_retries_are_idempotent(collector: Collector) -> None:
+    spans = record(looping_run())
+    submit(collector, to_batch(spans))
+    submit(collector, to_batch(spans))
+    assert value(collector, "loopwatch_agent_stops_total") == 1
+    assert value(collector, "loopwatch_tool_calls_total") == 3
+
+
+def test_stop_span_arriving_before_the_run_span(collector: Collector) -> None:
+    spans = record(looping_run())
+    run_span = [s for s in spans if s.name.startswith("invoke_agent")]
+    others = [s for s in spans if not s.name.startswith("invoke_agent")]
+    submit(collector, to_batch(others))
+    submit(collector, to_batch(run_span))
+    assert value(collector, "loopwatch_agent_stops_total", agent="support") == 1
+    client = TestClient(collector.api_app())
+    assert client.get("/api/v1/runs").json()["items"][0]["policy_name"] == "default"
+
+
+def test_restart_restores_totals(tmp_path: Path) -> None:
+    cfg = load_config(environ={}, overrides={"store": {"db": str(tmp_path / "lw.duckdb")}})
+    first = Collector(cfg)
+    submit(first, to_batch(record(looping_run("a"))))
+    submit(first, to_batch(record(completed_run("b"))))
+    before = {
+        k: v
+        for k, v in samples(first).items()
+        if k.startswith(("loopwatch_agent", "loopwatch_tool", "loopwatch_loop", "loopwatch_canary"))
+    }
+    first.close()
+    second = Collector(cfg)
+    after = {
+        k: v
+        for k, v in samples(second).items()
+        if k.startswith(("loopwatch_agent", "loopwatch_tool", "loopwatch_loop", "loopwatch_canary"))
+    }
+    second.close()
+    assert {k: sorted(map(str, v)) for k, v in before.items()} == {
+        k: sorted(map(str, v)) for k, v in after.items()
+    }
+
+
+def test_canary_is_redacted_counted_and_flagged(collector: Collector) -> None:
+    batch = to_batch(record(completed_run()))
+    target: SpanRecord = next(s for s in batch.spans if s.name.startswith("execute_tool"))
+    target.attributes["gen_ai.tool.call.result"] = json.dumps({"note": f"token {CANARY}"})
+    target.name = f"execute_tool {CANARY}"
+    submit(collector, batch)
+    assert value(collector, "loopwatch_canary_detections_total", location="attribute") == 1
+    assert value(collector, "loopwatch_canary_detections_total", location="name") == 1
+    client = TestClient(collector.api_app())
+    items = client.get("/api/v1/runs", params={"canary": "true"}).json()["items"]
+    assert len(items) == 1
+    detail = client.get(f"/api/v1/runs/{items[0]['run_id']}").text
+    assert CANARY not in detail and CANARY not in collector.exposition().decode()
+    collector.close()
+    raw = (Path(collector.config.store.db)).read_bytes()
+    wal = Path(collector.config.store.db + ".wal")
+    assert CANARY.encode() not in raw and (
+        not wal.exists() or CANARY.encode() not in wal.read_bytes()
+    )
+
+
+def test_api_error_envelope_is_one_shape(collector: Collector) -> None:
+    client = TestClient(collector.api_app())
+    cases = [
+        client.get("/api/v1/runs/does-not-exist"),
+        client.get("/api/v1/runs", params={"limit": "many"}),
+        client.get("/api/v1/runs", params={"canary": "maybe"}),
+        client.get("/nope"),
+        client.post("/api/v1/runs"),
+        client.get("/api/v1/stats", params={"since": "10", "until": "5"}),
+    ]
+    for response in cases:
+        body = response.json()
+        assert set(body) == {"error"} and set(body["error"]) == {"status", "code", "message"}
+        assert body["error"]["status"] == response.status_code >= 400
+
+
+def test_api_token_is_required_when_configured(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t0ken-abc\n")
+    cfg = load_config(
+        environ={},
+        overrides={
+            "store": {"db": str(tmp_path / "x.duckdb")},
+            "server": {"token_file": str(token)},
+        },
+    )
+    c = Collector(cfg)
+    try:
+        client = TestClient(c.api_app())
+        assert client.get("/api/v1/runs").status_code == 401
+        assert client.get("/metrics").status_code == 401
+        assert (
+            client.get("/api/v1/runs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        )
+        assert (
+            client.get("/api/v1/runs", headers={"Authorization": "Bearer t0ken-abc"}).status_code
+            == 200
+        )
+        assert client.get("/healthz").status_code == 200
+        otlp = TestClient(c.otlp_app())
+        assert (
+            otlp.post(
+                "/v1/traces", content=b"", headers={"content-type": "application/x-protobuf"}
+            ).status_code
+            == 401
+        )
+    finally:
+        c.close()
+
+
+def test_stats_endpoint(collector: Collector) -> None:
+    submit(collector, to_batch(record(looping_run())))
+    client = TestClient(collector.api_app())
+    stats = client.get(
+        "/api/v1/stats", params={"since": 0, "until": 2**62, "bucket_seconds": 86400}
+    ).json()
+    assert sum(r["stops"] for r in stats["stops_by_reason"]) == 1
+    assert stats["loops_by_tool"][0]["tool"] == "get_details_by_id"
