@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,7 +75,9 @@ class Example:
 
 
 def _poll_policy() -> Policy:
-    return Policy.build(name="poller", version="2026-11-30", tools=(ToolPolicy("poll_job", repeat_limit=4),))
+    return Policy.build(
+        name="poller", version="2026-11-30", tools=(ToolPolicy("poll_job", repeat_limit=4),)
+    )
 
 
 EXAMPLES: tuple[Example, ...] = (
@@ -82,7 +85,10 @@ EXAMPLES: tuple[Example, ...] = (
         "answers after paging through search results (cursor tool)",
         "support",
         "completed",
-        lambda: [_call("search_orders", query="late", cursor=c) for c in (None, "1", "2")] + [_final("3 late orders")],
+        lambda: (
+            [_call("search_orders", query="late", cursor=c) for c in (None, "1", "2")]
+            + [_final("3 late orders")]
+        ),
         lambda: {"search_orders": CursorTool(pages=3)},
         Policy.build(name="investigate-readonly", version="2026-11-30", repeat_limit=3),
     ),
@@ -100,7 +106,9 @@ EXAMPLES: tuple[Example, ...] = (
         "repeated_action",
         lambda: [_call("get_details_by_id", id="ORD-4471")] * 95,
         lambda: {"get_details_by_id": ConstantTool()},
-        Policy.build(name="investigate-readonly", version="2026-11-30", max_model_turns=200, repeat_limit=3),
+        Policy.build(
+            name="investigate-readonly", version="2026-11-30", max_model_turns=200, repeat_limit=3
+        ),
     ),
     Example(
         "status check where only the timestamp changes (false-progress tool)",
@@ -114,7 +122,10 @@ EXAMPLES: tuple[Example, ...] = (
         "support",
         "action_cycle",
         lambda: [_call("get_customer", id=7), _call("get_orders", customer=7)] * 5,
-        lambda: {"get_customer": ConstantTool(name="get_customer", result={"id": 7}), "get_orders": ConstantTool(name="get_orders", result=[])},
+        lambda: {
+            "get_customer": ConstantTool(name="get_customer", result={"id": 7}),
+            "get_orders": ConstantTool(name="get_orders", result=[]),
+        },
     ),
     Example(
         "toggles a setting back and forth (oscillating tool)",
@@ -128,7 +139,13 @@ EXAMPLES: tuple[Example, ...] = (
         "rewrites its plan forever",
         "planner",
         "repeated_decision",
-        lambda: [Decision.message("Plan: 1) search 2) summarize"), Decision.message("Plan: 1) ask the user")] * 4,
+        lambda: (
+            [
+                Decision.message("Plan: 1) search 2) summarize"),
+                Decision.message("Plan: 1) ask the user"),
+            ]
+            * 4
+        ),
     ),
     Example(
         "retries an upstream 503 (error tool, retryable)",
@@ -149,7 +166,11 @@ EXAMPLES: tuple[Example, ...] = (
         "calls many tools in one turn",
         "research",
         "budget_exhausted",
-        lambda: [Decision.tool(*[ToolCall("fetch_page", {"url": f"https://example.org/{i}"}) for i in range(20)])],
+        lambda: [
+            Decision.tool(
+                *[ToolCall("fetch_page", {"url": f"https://example.org/{i}"}) for i in range(20)]
+            )
+        ],
         lambda: {"fetch_page": ConstantTool(name="fetch_page", result={"ok": True})},
         Policy.build(name="investigate-readonly", version="2026-11-30", max_tool_attempts=12),
     ),
@@ -157,9 +178,17 @@ EXAMPLES: tuple[Example, ...] = (
         "export hangs past the deadline (hanging tool)",
         "ops",
         "deadline_exceeded",
-        lambda: [_call("slow_export", table="orders")] + [Decision.message(f"waiting {i}") for i in range(6)],
+        lambda: (
+            [_call("slow_export", table="orders")]
+            + [Decision.message(f"waiting {i}") for i in range(6)]
+        ),
         lambda: {"slow_export": HangingTool(max_seconds=0.3)},
-        Policy.build(name="change-small", version="2026-11-30", max_elapsed_seconds=4, tool_timeout_seconds=0.1),
+        Policy.build(
+            name="change-small",
+            version="2026-11-30",
+            max_elapsed_seconds=4,
+            tool_timeout_seconds=0.1,
+        ),
     ),
     Example(
         "answers, but the goal check fails",
@@ -196,7 +225,9 @@ def run_example(
     crashing loop).
     """
     clock = FakeClock()
-    model = ScriptedModel(example.script(), tick=clock, seconds_per_call=example.clock_seconds_per_turn)
+    model = ScriptedModel(
+        example.script(), tick=clock, seconds_per_call=example.clock_seconds_per_turn
+    )
     tools = example.tools()
     run = Run(
         example.agent,
@@ -215,10 +246,8 @@ def run_example(
                 run.finish(decision.answer)
                 break
             for call in decision.tool_calls:
-                try:
+                with contextlib.suppress(ToolFailure, TimeoutError):
                     run.call_tool(call.name, call.arguments, call_id=call.call_id)
-                except (ToolFailure, TimeoutError):
-                    pass
     for tool in tools.values():
         release = getattr(tool, "release", None)
         if callable(release):
@@ -265,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Send loopwatch's example runs to a collector.")
     parser.add_argument("--otlp", default=DEFAULT_ENDPOINT, help="OTLP/HTTP traces URL")
     args = parser.parse_args(argv)
-    provider = configure_otlp(endpoint=args.otlp, service_name="loopwatch-examples", set_global=False)
+    provider = configure_otlp(
+        endpoint=args.otlp, service_name="loopwatch-examples", set_global=False
+    )
     try:
         for name, outcome in run_examples(tracer_provider=provider).items():
             print(f"{outcome.stop.reason.value:<18} {name}")

@@ -865,7 +865,7 @@ class Guard:
                     stop = self._ceiling(
                         Dimension.COST, p.max_cost_usd, max(projected_cost, self._cost)
                     )
-            if stop is None:
+            if stop is None and self.parent is not None:
                 needs: dict[Dimension, float] = {Dimension.MODEL_TURNS: 1}
                 if estimate_tokens:
                     needs[Dimension.TOKENS] = estimate_tokens
@@ -878,7 +878,8 @@ class Guard:
                     return verdict
                 observed = observed or verdict.would_stop
             self._turns += 1
-            self._charge_parents(turns=1)
+            if self.parent is not None:
+                self._charge_parents(turns=1)
             self._step += 1
             self._step_open = True
             self._step_progress = False
@@ -908,11 +909,12 @@ class Guard:
             self._output_tokens += max(int(decision.output_tokens), 0)
             cost = float(decision.cost_usd)
             self._cost += cost if cost > 0 else 0.0
-            self._charge_parents(
-                input_tokens=max(int(decision.input_tokens), 0),
-                output_tokens=max(int(decision.output_tokens), 0),
-                cost=cost if cost > 0 else 0.0,
-            )
+            if self.parent is not None:
+                self._charge_parents(
+                    input_tokens=max(int(decision.input_tokens), 0),
+                    output_tokens=max(int(decision.output_tokens), 0),
+                    cost=cost if cost > 0 else 0.0,
+                )
             dtype = DecisionType(decision.type)
             if dtype is DecisionType.FINAL:
                 return self._finalize(decision.answer)
@@ -1107,7 +1109,8 @@ class Guard:
             ticket.allowed = True
             ticket.is_retry = is_retry
             self._attempts += 1
-            self._charge_parents(attempts=1)
+            if self.parent is not None:
+                self._charge_parents(attempts=1)
             if is_retry:
                 fc = self._last_failure.get(retry_key)
                 self._retries.set((retry_key, fc), self._retries.get((retry_key, fc), 0) + 1)
@@ -1138,7 +1141,8 @@ class Guard:
                 "ceiling",
                 False,
             )
-        stop = self._parent_block({Dimension.TOOL_ATTEMPTS: 1, Dimension.TOOL_SUCCESSES: 1})
+        if self.parent is not None:
+            stop = self._parent_block({Dimension.TOOL_ATTEMPTS: 1, Dimension.TOOL_SUCCESSES: 1})
         if stop is not None:
             return stop, "parent", False
         failure: FailureClass | None = self._last_failure.get(ticket.retry_key)
@@ -1348,7 +1352,8 @@ class Guard:
             else:
                 obs = observation_digest(result, volatile, keep, scrub=self._scrub)
                 self._successes += 1
-                self._charge_parents(successes=1)
+                if self.parent is not None:
+                    self._charge_parents(successes=1)
                 if obs not in self._seen:
                     progress = True
                 if keep and self._progress_changed(ticket, result, keep):
