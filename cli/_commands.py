@@ -57,7 +57,7 @@ def collector(
     try:
         from loopwatch.collector.config import load_config
         from loopwatch.collector.errors import ConfigError
-        from loopwatch.collector.service import serve_forever
+        from loopwatch.collector.service import StoreUnavailable, serve_forever
     except ImportError as exc:
         click.echo(
             f"the collector needs its extra: pip install 'loopwatch[collector]' ({exc.name})",
@@ -75,8 +75,7 @@ def collector(
     except ConfigError as exc:
         click.echo(f"loopwatch collector: configuration error: {exc}", err=True)
         raise SystemExit(2) from None
-    except OSError as exc:
-        click.echo(
-            f"loopwatch collector: cannot start: {exc.strerror or exc.__class__.__name__}", err=True
-        )
+    except (OSError, StoreUnavailable) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        click.echo(f"loopwatch collector: cannot start: {reason}", err=True)
         raise SystemExit(2) from None

@@ -95,6 +95,23 @@ def _bool_param(request: Request, name: str) -> bool | None:
     raise ApiError(400, "bad_parameter", f"{name} must be true or false")
 
 
+_STOP_REASONS: Final = frozenset(
+    {
+        "completed",
+        "final_unverified",
+        "refused",
+        "budget_exhausted",
+        "deadline_exceeded",
+        "repeated_action",
+        "action_cycle",
+        "repeated_decision",
+        "no_progress",
+        "cancelled",
+        "error",
+    }
+)
+
+
 def _str_param(request: Request, name: str) -> str | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
@@ -154,9 +171,16 @@ def create_api_app(
         return wrapper
 
     async def runs(request: Request) -> Response:
+        stop_reason = _str_param(request, "stop_reason")
+        if stop_reason is not None and stop_reason not in _STOP_REASONS:
+            raise ApiError(
+                400,
+                "bad_parameter",
+                "stop_reason must be one of: " + ", ".join(sorted(_STOP_REASONS)),
+            )
         page = await run_in_threadpool(
             reader.list_runs,
-            stop_reason=_str_param(request, "stop_reason"),
+            stop_reason=stop_reason,
             agent=_str_param(request, "agent"),
             tool=_str_param(request, "tool"),
             since_unix_nano=_int_param(request, "since"),

@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import signal
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -29,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
+import duckdb
 import uvicorn
 from loopwatch.instrumentation.redaction import canaries_from_env, load_canaries
 from prometheus_client import CollectorRegistry
@@ -36,7 +38,7 @@ from prometheus_client import CollectorRegistry
 from .api import create_api_app
 from .config import CollectorConfig, parse_hostport
 from .detect import LOOP_DETECTORS, DetectStage
-from .errors import QueueFull
+from .errors import CollectorError, QueueFull
 from .events import STOP_ORIGIN_INFERRED, STOP_ORIGIN_STOP_SPAN, MappedBatch, MapStage, StopRow
 from .http import create_otlp_app
 from .metrics import LoopwatchMetrics, MetricsSnapshot
@@ -46,7 +48,7 @@ from .sampling import SamplingConfig
 from .store import CommitResult, CommitStats, Store, StoreReader
 from .store import StoreConfig as StoreSettings
 
-__all__ = ["Collector", "counted_stop", "loop_detector", "serve_forever"]
+__all__ = ["Collector", "StoreUnavailable", "counted_stop", "loop_detector", "serve_forever"]
 
 _log = logging.getLogger("loopwatch.collector")
 _AGENT_CACHE: Final = 100_000
@@ -92,6 +94,17 @@ def loop_detector(stop: StopRow) -> str | None:
     if stop.observe_reason in LOOP_DETECTORS:
         return stop.observe_reason
     return None
+
+
+class StoreUnavailable(CollectorError):
+    """The DuckDB file cannot be opened: missing folder, held by another process (DuckDB
+    allows one writer), or not a DuckDB file. The message names the file and the cause."""
+
+    def __init__(self, path: str, exc: BaseException) -> None:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "lock" in text.lower():
+            text = "the file is in use by another process (one collector owns a DuckDB file)"
+        super().__init__(f"cannot open {path}: {text[:200]}")
 
 
 def restore_stop_totals(
@@ -169,7 +182,10 @@ class Collector:
             top_n_tools=config.metrics.top_n_tools,
             queue_depth=lambda: self.store.queue_spans,
         )
-        self.store = Store(config.store.db, config=settings, on_commit=self._on_commit)
+        try:
+            self.store = Store(config.store.db, config=settings, on_commit=self._on_commit)
+        except duckdb.Error as exc:
+            raise StoreUnavailable(config.store.db, exc) from None
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self.metrics)
         self._agents: OrderedDict[str, str] = OrderedDict()
@@ -332,12 +348,26 @@ class Collector:
         self.store.close()
 
 
-def _server(app: Any, hostport: str, what: str) -> uvicorn.Server:
+def _bind(hostport: str, what: str) -> socket.socket:
+    """Bind a listening socket before anything starts, so "address in use" is one clear
+    error (uvicorn would log a traceback and exit on its own)."""
     host, port = parse_hostport(hostport, what=what)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.set_inheritable(True)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {hostport} ({what}): {exc.strerror}") from None
+    return sock
+
+
+def _server(app: Any) -> uvicorn.Server:
     config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
         log_level="warning",
         access_log=False,
         lifespan="off",
@@ -348,11 +378,13 @@ def _server(app: Any, hostport: str, what: str) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-async def _serve(collector: Collector, ready: threading.Event | None, announce: bool) -> None:
-    servers = [
-        _server(collector.otlp_app(), collector.config.server.otlp_http, "server.otlp_http"),
-        _server(collector.api_app(), collector.config.server.http, "server.http"),
-    ]
+async def _serve(
+    collector: Collector,
+    sockets: list[socket.socket],
+    ready: threading.Event | None,
+    announce: bool,
+) -> None:
+    servers = [_server(collector.otlp_app()), _server(collector.api_app())]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -362,18 +394,19 @@ async def _serve(collector: Collector, ready: threading.Event | None, announce: 
         # uvicorn's own handlers would re-raise the signal after serving, killing the
         # process before the store drains; this loop handles SIGTERM/SIGINT itself.
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    tasks = [
+        asyncio.create_task(s.serve(sockets=[sock]))
+        for s, sock in zip(servers, sockets, strict=True)
+    ]
     while not all(s.started for s in servers):
         if any(t.done() for t in tasks):
-            for t in tasks:
-                if t.done() and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
-            raise OSError("a listener failed to start (address in use?)")
+            raise OSError("a listener failed to start")
         await asyncio.sleep(0.02)
     if announce:
+        otlp, http = collector.config.server.otlp_http, collector.config.server.http
         print(
-            f"loopwatch collector: OTLP/HTTP http://{collector.config.server.otlp_http}/v1/traces, "
-            f"metrics http://{collector.config.server.http}/metrics, API http://{collector.config.server.http}/api/v1/runs",
+            f"loopwatch collector: OTLP/HTTP http://{otlp}/v1/traces, "
+            f"metrics http://{http}/metrics, API http://{http}/api/v1/runs",
             flush=True,
         )
     if ready is not None:
@@ -392,10 +425,24 @@ def serve_forever(
     """Run the collector until SIGTERM/SIGINT, then drain and close.
 
     Raises:
-        ConfigError, OSError: the collector could not start.
+        ConfigError: unreadable token, canary or key file.
+        OSError: a listen address is in use or not available.
+        StoreUnavailable: the database file cannot be opened (missing folder, held by
+            another process, not a DuckDB file).
     """
-    collector = Collector(config)
+    sockets = [
+        _bind(config.server.otlp_http, "server.otlp_http"),
+        _bind(config.server.http, "server.http"),
+    ]
     try:
-        asyncio.run(_serve(collector, ready, announce))
+        collector = Collector(config)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    try:
+        asyncio.run(_serve(collector, sockets, ready, announce))
     finally:
         collector.close()
+        for sock in sockets:
+            sock.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from typing import Any
 
@@ -185,7 +186,7 @@ class RunTelemetry:
                     attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = int(decision.input_tokens)
                 if decision.output_tokens:
                     attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(decision.output_tokens)
-                if decision.cost_usd:
+                if decision.cost_usd and math.isfinite(decision.cost_usd):
                     attrs[sc.LW_COST_USD] = float(decision.cost_usd)
             span.set_attributes(attrs)
             if error is not None:

@@ -22,7 +22,8 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, is_dataclass
+from dataclasses import fields as dataclass_fields
+from dataclasses import is_dataclass
 from typing import Any, Final
 
 __all__ = [
@@ -107,8 +108,13 @@ def _canon_other(value: Any, drop: frozenset[str], loose: bool, depth: int) -> A
     if isinstance(value, bytes | bytearray):
         return bytes(value).hex()
     if is_dataclass(value) and not isinstance(value, type):
-        return _canon(asdict(value), drop, loose, depth + 1)
-    return str(value)
+        # Field by field: ``asdict`` deep-copies, which fails on locks, files, sockets.
+        fields_ = {f.name: getattr(value, f.name, None) for f in dataclass_fields(value)}
+        return _canon(fields_, drop, loose, depth + 1)
+    try:
+        return str(value)
+    except Exception:  # a hostile __str__ must not break the agent
+        return f"<{type(value).__name__}>"
 
 
 _ENCODER: Final = json.JSONEncoder(

@@ -468,6 +468,7 @@ class _Action:
     observation: str
     tool: str
     step: int
+    progress: bool = False
 
 
 class _LRU:
@@ -543,7 +544,9 @@ class Guard:
         self._goal_check = goal_check
         self._known_tools = frozenset(known_tools) if known_tools is not None else None
         self._scrub = scrub
-        self._lock = threading.RLock()
+        # One lock per run tree: a child's check and its charge to every ancestor happen
+        # atomically, so siblings cannot both take the parent's last slot.
+        self._lock: threading.RLock = parent._lock if parent is not None else threading.RLock()
         self._started = clock()
         self._elapsed_offset = 0.0
         window = policy.detector_window
@@ -729,7 +732,8 @@ class Guard:
                     )
                 for dim, amount in needs.items():
                     used, limit = node._used_and_limit(dim)
-                    if used + amount > limit:
+                    # Amount 0 means "unknown size": there must be some capacity left.
+                    if used + amount > limit or (amount == 0 and used >= limit):
                         stop = self._make_stop(
                             StopReason.BUDGET_EXHAUSTED,
                             dimension=dim,
@@ -776,6 +780,7 @@ class Guard:
         mode: Mode | None = None,
         goal_check: Callable[[Any], bool] | None = None,
         known_tools: Collection[str] | None = None,
+        _already_used: Mapping[str, float] | None = None,
     ) -> Guard:
         """A child run's guard that draws from this run's remaining budget.
 
@@ -801,9 +806,11 @@ class Guard:
                 "max_tokens": self.policy.max_tokens - self._input_tokens - self._output_tokens,
                 "max_cost_usd": self.policy.max_cost_usd - self._cost,
             }
+            used = _already_used or {}
             for name, left in remaining.items():
-                if getattr(base, name) > left:
-                    caps[name] = type(getattr(base, name))(max(left, 0))
+                allowed = max(left, 0) + used.get(name, 0)
+                if getattr(base, name) > allowed:
+                    caps[name] = type(getattr(base, name))(allowed)
             seconds_left = self.remaining_seconds()
             if base.max_elapsed_seconds > seconds_left > 0:
                 caps["max_elapsed_seconds"] = seconds_left
@@ -866,11 +873,11 @@ class Guard:
                         Dimension.COST, p.max_cost_usd, max(projected_cost, self._cost)
                     )
             if stop is None and self.parent is not None:
-                needs: dict[Dimension, float] = {Dimension.MODEL_TURNS: 1}
-                if estimate_tokens:
-                    needs[Dimension.TOKENS] = estimate_tokens
-                if estimate_cost_usd:
-                    needs[Dimension.COST] = estimate_cost_usd
+                needs: dict[Dimension, float] = {
+                    Dimension.MODEL_TURNS: 1,
+                    Dimension.TOKENS: estimate_tokens or 0,
+                    Dimension.COST: estimate_cost_usd or 0.0,
+                }
                 stop = self._parent_block(needs)
             if stop is not None:
                 verdict = self._decide(stop)
@@ -1000,6 +1007,21 @@ class Guard:
                 basis="observed",
                 evidence=Evidence(detector="ceiling"),
             )
+        node = self.parent
+        while stop is None and node is not None:
+            for dim in (Dimension.TOKENS, Dimension.COST):
+                used, limit = node._used_and_limit(dim)
+                if used > limit:
+                    stop = self._make_stop(
+                        StopReason.BUDGET_EXHAUSTED,
+                        dimension=dim,
+                        limit=limit,
+                        observed=round(used, 6),
+                        basis="observed",
+                        evidence=Evidence(detector="ceiling", scope="parent"),
+                    )
+                    break
+            node = node.parent
         return self._decide(stop) if stop is not None else _ALLOWED
 
     def _finalize(self, answer: Any) -> Verdict:
@@ -1055,7 +1077,10 @@ class Guard:
                 for k, v in args.items():
                     if str(k).lower() == key_field and v not in (None, ""):
                         idem_value = canonical_json(canonicalize(v))
-                intent = action_fingerprint(tool, args, intent_volatile, keep)
+            if tp.risk == "write":
+                # Duplicate intent ignores the key and cosmetic case/space changes: a side
+                # effect must not run twice because the model re-typed the recipient.
+                intent = action_fingerprint(tool, args, intent_volatile, keep, loose=True)
             # The loose retry key only matters once some action has failed.
             retry_key = self._retry_key(tool, args) if len(self._last_failure) else ""
             ticket = ToolTicket(
@@ -1074,8 +1099,12 @@ class Guard:
                 ticket.stop = self._stop
                 ticket.blocked_by = "run_stopped"
                 return ticket
-            if not self._step_open:
-                self._step = max(self._step, 1)
+            if not self._step_open and self._step == 0:
+                # A tool called before the first model call (retrieval first) is step 1.
+                self._step = 1
+                self._step_open = True
+                self._step_progress = False
+                ticket.step = 1
             unknown = (self._known_tools is not None and tool not in self._known_tools) or (
                 self._known_tools is None
                 and self.policy.strict_tools
@@ -1112,8 +1141,7 @@ class Guard:
             if self.parent is not None:
                 self._charge_parents(attempts=1)
             if is_retry:
-                fc = self._last_failure.get(retry_key)
-                self._retries.set((retry_key, fc), self._retries.get((retry_key, fc), 0) + 1)
+                self._retries.set(retry_key, self._retries.get(retry_key, 0) + 1)
                 self._retries_total += 1
             ticket.timeout_seconds = min(self.policy.timeout_for(tp), self.remaining_seconds())
             return ticket
@@ -1153,16 +1181,13 @@ class Guard:
                 has_idempotency_key=ticket.idempotency_key is not None,
                 max_retries=p.max_retries_per_action,
             )
-            used = self._retries.get((ticket.retry_key, failure), 0)
+            used = self._retries.get(ticket.retry_key, 0)
             if used >= allowance:
                 return self._retry_stop(ticket, failure, allowance, used), "retry_rule", False
             return None, None, True
         stop = self._repeat(ticket, tp)
         if stop is not None:
             return stop, stop.evidence.detector, False
-        stop = self._cycle(ticket)
-        if stop is not None:
-            return stop, "action_cycle", False
         return None, None, False
 
     def _retry_stop(
@@ -1233,23 +1258,29 @@ class Guard:
         return None
 
     def _cycle(self, ticket: ToolTicket) -> Stop | None:
+        """A cycle of period 2..k completed by the action just recorded.
+
+        Checked once the newest result is known: every member's observation must equal
+        its counterpart one period earlier. (Checked before dispatch, the last member's
+        result would be unknown, and polling where that member advances, such as reading
+        new log lines between status checks, would be stopped wrongly.)
+        """
         reps = self.policy.cycle_repetitions
         actions = self._actions
         n = len(actions)
         for period in range(2, self.policy.cycle_max_period + 1):
             length = period * reps
-            if n < length - 1:
+            if n < length:
                 break
-            if actions[n - period].fingerprint != ticket.fingerprint:
+            if actions[n - 1 - period].fingerprint != actions[n - 1].fingerprint:
                 continue
-            seq = [actions[i] for i in range(n - (length - 1), n)]
-            fps = [a.fingerprint for a in seq] + [ticket.fingerprint]
-            if len(set(fps[:period])) < 2:
-                continue
-            if any(fps[i] != fps[i - period] for i in range(period, length)):
+            seq = [actions[i] for i in range(n - length, n)]
+            if len({a.fingerprint for a in seq[:period]}) < 2:
                 continue
             if any(
-                seq[i].observation != seq[i - period].observation for i in range(period, length - 1)
+                seq[i].fingerprint != seq[i - period].fingerprint
+                or seq[i].observation != seq[i - period].observation
+                for i in range(period, length)
             ):
                 continue
             tools = [a.tool for a in seq[:period]]
@@ -1263,7 +1294,7 @@ class Guard:
                     tool=ticket.tool,
                     matched_period=period,
                     repetitions=reps,
-                    step_indices=(*(a.step for a in seq), ticket.step),
+                    step_indices=tuple(a.step for a in seq),
                     fingerprint_previews=previews,
                     detail={"tools": tools},
                 ),
@@ -1294,7 +1325,9 @@ class Guard:
     def _remember_failure(self, ticket: ToolTicket, failure: FailureClass | None) -> None:
         if failure is None:
             if ticket.retry_key:
+                # A success ends the failure episode: later isolated errors start afresh.
                 self._last_failure.pop(ticket.retry_key)
+                self._retries.pop(ticket.retry_key)
             return
         if not ticket.retry_key:
             ticket.retry_key = self._retry_key(ticket.tool, ticket.arguments or {})
@@ -1367,7 +1400,7 @@ class Guard:
                     self._writes.set(ticket.intent, prior[-self._window :])
             self._seen.set(obs, None)
             self._remember_failure(ticket, fc)
-            action = _Action(ticket.fingerprint, obs, ticket.tool, ticket.step)
+            action = _Action(ticket.fingerprint, obs, ticket.tool, ticket.step, progress)
             self._actions.append(action)
             streak = self._streak
             if (
@@ -1383,6 +1416,10 @@ class Guard:
             if progress:
                 self._step_progress = True
                 self._steps_since_progress = 0
+            verdict = _ALLOWED
+            cycle = self._cycle(ticket)
+            if cycle is not None:
+                verdict = self._decide(cycle)
             return ToolRecord(
                 accepted=True,
                 outcome="error" if error is not None else "ok",
@@ -1391,23 +1428,24 @@ class Guard:
                 error_type=error_type,
                 progress=progress,
                 steps_since_progress=self._steps_since_progress,
+                verdict=verdict,
             )
 
     def _progress_changed(self, ticket: ToolTicket, result: Any, keep: frozenset[str]) -> bool:
+        """A progress field moved to a value not seen before for this tool (a flapping
+        cursor that returns to an earlier value is not progress)."""
+        if not isinstance(result, Mapping):
+            return False
         changed = False
-        for source in (result,):
-            if not isinstance(source, Mapping):
+        for k, v in result.items():
+            lowered = str(k).lower()
+            if lowered not in keep:
                 continue
-            for k, v in source.items():
-                lowered = str(k).lower()
-                if lowered not in keep:
-                    continue
-                value = canonical_json(canonicalize(v))
-                slot = (ticket.tool, lowered)
-                previous = self._progress_values.get(slot)
-                if previous is not None and previous != value:
-                    changed = True
-                self._progress_values.set(slot, value)
+            slot = (ticket.tool, lowered, canonical_json(canonicalize(v)))
+            if slot not in self._progress_values:
+                seen_field = any(key[:2] == slot[:2] for key, _ in self._progress_values.items())
+                changed = changed or seen_field
+                self._progress_values.set(slot, None)
         return changed
 
     def progress(self, note: str | None = None) -> None:
@@ -1554,16 +1592,19 @@ class Guard:
                     "cost": self._cost,
                     "step": self._step,
                     "steps_since_progress": self._steps_since_progress,
+                    "step_open": self._step_open,
+                    "step_progress": self._step_progress,
                 },
                 "stop": self._stop.to_dict() if self._stop is not None else None,
-                "actions": [[a.fingerprint, a.observation, a.tool, a.step] for a in self._actions],
+                "actions": [
+                    [a.fingerprint, a.observation, a.tool, a.step, a.progress]
+                    for a in self._actions
+                ],
                 "streak_steps": list(self._streak_steps),
                 "last_failure": [
                     [k, v.value if v else None] for k, v in self._last_failure.items()
                 ],
-                "retries": [
-                    [k[0], k[1].value if k[1] else None, v] for k, v in self._retries.items()
-                ],
+                "retries": [[k, v] for k, v in self._retries.items()],
                 "writes": [[k, [list(x) for x in v]] for k, v in self._writes.items()],
                 "seen": [k for k, _ in self._seen.items()],
                 "progress_values": [[list(k), v] for k, v in self._progress_values.items()],
@@ -1583,8 +1624,14 @@ class Guard:
         goal_check: Callable[[Any], bool] | None = None,
         known_tools: Collection[str] | None = None,
         scrub: Callable[[Any], Any] | None = None,
+        parent: Guard | None = None,
     ) -> Guard:
         """Resume a run from :meth:`snapshot`: usage, elapsed time and detector windows.
+
+        An open step stays open (its no-progress accounting continues), so checkpointing
+        after every step cannot defeat the no-progress check. A child run is resumed
+        under its parent (``parent=``): its limits are capped again by what the parent has
+        left, and its use is charged to the parent from then on.
 
         Raises:
             ValueError: the state is not a loopwatch guard snapshot, or the run had
@@ -1594,16 +1641,34 @@ class Guard:
             raise ValueError("not a loopwatch guard snapshot")
         if state.get("stop"):
             raise ValueError("the run had already stopped; start a new run instead")
-        g = cls(
-            policy,
-            clock=clock,
-            mode=mode,
-            goal_check=goal_check,
-            run_id=str(state["run_id"]),
-            known_tools=known_tools,
-            scrub=scrub,
-        )
         c = state["counters"]
+        if parent is not None:
+            g = parent.child(
+                policy,
+                run_id=str(state["run_id"]),
+                mode=mode,
+                goal_check=goal_check,
+                known_tools=known_tools,
+                _already_used={
+                    "max_model_turns": int(c["turns"]),
+                    "max_tool_attempts": int(c["attempts"]),
+                    "max_tool_successes": int(c["successes"]),
+                    "max_tokens": int(c["input_tokens"]) + int(c["output_tokens"]),
+                    "max_cost_usd": float(c["cost"]),
+                },
+            )
+            g._clock = clock
+            g._started = clock()
+        else:
+            g = cls(
+                policy,
+                clock=clock,
+                mode=mode,
+                goal_check=goal_check,
+                run_id=str(state["run_id"]),
+                known_tools=known_tools,
+                scrub=scrub,
+            )
         g._elapsed_offset = float(state["elapsed_seconds"])
         g._turns = int(c["turns"])
         g._attempts = int(c["attempts"])
@@ -1616,15 +1681,17 @@ class Guard:
         g._cost = float(c["cost"])
         g._step = int(c["step"])
         g._steps_since_progress = int(c["steps_since_progress"])
-        for fp, obs, tool, step in state["actions"]:
-            g._actions.append(_Action(fp, obs, tool, int(step)))
+        g._step_open = bool(c.get("step_open", False))
+        g._step_progress = bool(c.get("step_progress", False))
+        for fp, obs, tool, step, *rest in state["actions"]:
+            g._actions.append(_Action(fp, obs, tool, int(step), bool(rest[0]) if rest else False))
         if g._actions:
             g._streak = g._actions[-1]
         g._streak_steps.extend(int(s) for s in state["streak_steps"])
         for k, v in state["last_failure"]:
             g._last_failure.set(k, FailureClass(v) if v else None)
-        for k, fc, n in state["retries"]:
-            g._retries.set((k, FailureClass(fc) if fc else None), int(n))
+        for k, n in state["retries"]:
+            g._retries.set(k, int(n))
         for k, v in state["writes"]:
             g._writes.set(k, [(x[0], int(x[1])) for x in v])
         for k in state["seen"]:

@@ -11,6 +11,7 @@ start-up (or configure the SDK themselves)::
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ _HINT = "the OTLP helper needs the SDK and exporter: pip install 'loopwatch[otlp
 
 def configure_otlp(
     *,
-    endpoint: str = DEFAULT_ENDPOINT,
+    endpoint: str | None = None,
     service_name: str = "loopwatch-agent",
     headers: dict[str, str] | None = None,
     token: str | None = None,
@@ -37,7 +38,10 @@ def configure_otlp(
     """Create an SDK ``TracerProvider`` exporting over OTLP/HTTP (protobuf).
 
     Args:
-        endpoint: full traces URL of the collector.
+        endpoint: full traces URL of the collector. When None:
+            ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` +
+            ``/v1/traces`` (the OpenTelemetry exporter variables), else
+            ``http://127.0.0.1:4318/v1/traces``.
         service_name: ``service.name`` resource attribute.
         headers: extra HTTP headers.
         token: bearer token for a collector started with ``--token-file``.
@@ -60,6 +64,10 @@ def configure_otlp(
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:  # pragma: no cover - exercised in the base-install test
         raise ImportError(_HINT) from exc
+    if endpoint is None:
+        traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+        endpoint = traces or (base.rstrip("/") + "/v1/traces" if base else DEFAULT_ENDPOINT)
     all_headers = dict(headers or {})
     if token:
         all_headers["Authorization"] = f"Bearer {token}"

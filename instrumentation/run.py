@@ -410,6 +410,11 @@ class Run:
 
     # ------------------------------------------------------------------ tools
 
+    def _after_result(self, record: ToolRecord) -> None:
+        """A result that completed a loop (a cycle) ends the run in enforce mode."""
+        if record.verdict.stop is not None:
+            self._raise_if_stopped(record.verdict.stop)
+
     def _invoker(
         self, name: str, args: dict[str, Any], fn: Callable[..., Any] | None
     ) -> Callable[[], Any]:
@@ -478,6 +483,7 @@ class Run:
         result_json = _content.capture_json(handle.result) if self.capture_content else None
         self._telemetry.end_tool(span, record, result_json=result_json)
         handle.record = record
+        self._after_result(record)
 
     def call_tool(
         self,
@@ -531,6 +537,7 @@ class Run:
         record = self.guard.record_tool_result(ticket, result=result)
         result_json = _content.capture_json(result) if self.capture_content else None
         self._telemetry.end_tool(span, record, result_json=result_json)
+        self._after_result(record)
         return result
 
     async def acall_tool(
@@ -579,6 +586,7 @@ class Run:
         record = self.guard.record_tool_result(ticket, result=result)
         result_json = _content.capture_json(result) if self.capture_content else None
         self._telemetry.end_tool(span, record, result_json=result_json)
+        self._after_result(record)
         return result
 
 

@@ -135,7 +135,7 @@ CASES = [
         {"a": ConstantTool(), "b": ConstantTool(result={"b": 1})},
         reason=StopReason.ACTION_CYCLE,
         model_calls=4,
-        executed=3,
+        executed=4,
         evidence={"matched_period": 2, "repetitions": 2},
     ),
     Case(
@@ -145,7 +145,7 @@ CASES = [
         {"a": ConstantTool(), "b": ConstantTool(result=2), "c": ConstantTool(result=3)},
         reason=StopReason.ACTION_CYCLE,
         model_calls=6,
-        executed=5,
+        executed=6,
         evidence={"matched_period": 3},
     ),
     Case(

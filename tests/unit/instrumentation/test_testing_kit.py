@@ -90,8 +90,8 @@ def broken(kind: str) -> list[FakeSpan]:
         )
     elif kind == "success without earlier start":
         spans[2].start_time, spans[2].end_time = 30, 21
-    elif kind == "tool before any decision":
-        spans[2].start_time = 5
+    elif kind == "tool before the run":
+        spans[0].start_time = 25
     elif kind == "counters differ":
         spans[-1].attributes[sc.LW_USAGE_MODEL_TURNS] = 3
     elif kind == "successes > attempts":
@@ -108,7 +108,7 @@ def broken(kind: str) -> list[FakeSpan]:
         ("no stop", "exactly one stop"),
         ("after the stop", "nothing after the stop"),
         ("success without earlier start", "earlier start"),
-        ("tool before any decision", "earlier start"),
+        ("tool before the run", "earlier start"),
         ("counters differ", "counters equal events"),
         ("successes > attempts", "successes <= attempts"),
         ("run span disagrees", "run span carries the stop"),
