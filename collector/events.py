@@ -789,34 +789,44 @@ def _json_default(value: object) -> str:
     return value.hex() if isinstance(value, bytes) else str(value)
 
 
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+
+
 def _int(attrs: Attributes, key: str) -> int | None:
+    """An int64 attribute; anything else (out of range, non-finite, not a number) is None,
+    so one hostile value cannot fail the whole batch's commit."""
     value = attrs.get(key)
     if isinstance(value, bool):
         return None
+    result: int | None = None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
+        result = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        result = int(value)
+    elif isinstance(value, str):
         try:
-            return int(value)
+            result = int(value)
         except ValueError:
             return None
-    return None
+    if result is None or not _INT64_MIN <= result <= _INT64_MAX:
+        return None
+    return result
 
 
 def _float(attrs: Attributes, key: str) -> float | None:
     value = attrs.get(key)
     if isinstance(value, bool):
         return None
+    number: float | None = None
     if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
+        number = float(value) if abs(value) < 1e308 else None
+    elif isinstance(value, str):
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             return None
-    return None
+    return number if number is not None and math.isfinite(number) else None
 
 
 def _bool(attrs: Attributes, key: str) -> bool | None:

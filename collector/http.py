@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol
+from typing import Final, Protocol
 
 import anyio.to_thread
 import uvicorn
@@ -267,7 +267,23 @@ def create_otlp_app(
         backpressure_status_code=backpressure_status_code,
         retry_after_seconds=retry_after_seconds,
     )
-    return Starlette(routes=[Route(path, receiver.export, methods=["POST"])])
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        as_json = "json" in request.headers.get("content-type", "")
+        return _status_response(
+            404, _GRPC_NOT_FOUND, f"no such endpoint; send traces to {path}", as_json
+        )
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        as_json = "json" in request.headers.get("content-type", "")
+        return _status_response(
+            405, _GRPC_UNIMPLEMENTED, f"use POST {path}", as_json, headers={"Allow": "POST"}
+        )
+
+    return Starlette(
+        routes=[Route(path, receiver.export, methods=["POST"])],
+        exception_handlers={404: not_found, 405: method_not_allowed},
+    )
 
 
 def _require_positive_int(name: str, value: int) -> None:
@@ -430,6 +446,10 @@ def _failure_response(exc: CollectorError, as_json: bool) -> Response:
         )
         return _status_response(415, _GRPC_INVALID_ARGUMENT, str(exc), as_json, extra)
     return _status_response(400, _GRPC_INVALID_ARGUMENT, str(exc), as_json)
+
+
+_GRPC_NOT_FOUND: Final = 5
+_GRPC_UNIMPLEMENTED: Final = 12
 
 
 def _status_response(

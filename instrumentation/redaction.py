@@ -52,6 +52,8 @@ Example:
 
 from __future__ import annotations
 
+import bisect
+
 import base64
 import hashlib
 import hmac
@@ -1060,6 +1062,12 @@ class Redactor:
             return value
         if type(value) is str and value.startswith(PLACEHOLDER_PREFIX) and is_placeholder(value):
             return value
+        if (
+            type(value) is bytes
+            and value.startswith(PLACEHOLDER_PREFIX.encode())
+            and is_placeholder(value.decode("ascii", "replace"))
+        ):
+            return value
         # A canary under a sensitive key must still raise the canary signal.
         found = self._count_canaries(value, depth) if self._matcher is not None else 0
         if found:
@@ -1102,9 +1110,17 @@ def _outside_placeholders(
     # Placeholders are atomic: a match that starts or ends inside one is ignored (rule
     # names such as "aws_secret_key" inside a placeholder must not match again).
     inside = [m.span() for m in _PLACEHOLDER_RE.finditer(text)]
-    return [
-        (a, b, rule) for a, b, rule in spans if not any(p < a < q or p < b < q for p, q in inside)
-    ]
+    if not inside:
+        return spans
+    # Placeholders do not overlap and come sorted: a binary search per match keeps this
+    # O((matches + placeholders) log placeholders) on hostile input.
+    starts = [p for p, _ in inside]
+
+    def within(pos: int) -> bool:
+        i = bisect.bisect_left(starts, pos) - 1
+        return i >= 0 and inside[i][0] < pos < inside[i][1]
+
+    return [(a, b, rule) for a, b, rule in spans if not (within(a) or within(b))]
 
 
 def _looks_like_json(text: str) -> bool:

@@ -1,0 +1,64 @@
+"""Collector regressions from adversarial review: each failing input kept as a test."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from loopwatch.collector.config import load_config
+from loopwatch.collector.service import Collector
+from loopwatch.instrumentation.redaction import Redactor
+from starlette.testclient import TestClient
+
+from .spans import completed_run, record, to_batch
+
+
+def test_redaction_is_not_quadratic_on_many_placeholders() -> None:
+    text = "[REDACTED:jwt] sk-proj-" + "A1b2C3d4" * 6 + " "
+    hostile = text * 4000
+    start = time.monotonic()
+    out, hits = Redactor().redact_text(hostile)
+    assert time.monotonic() - start < 5
+    assert "sk-proj-A1b2" not in out and hits.get("openai_key", 0) == 4000
+
+
+def test_out_of_range_numbers_do_not_poison_a_request(tmp_path: Path) -> None:
+    cfg = load_config(environ={}, overrides={"store": {"db": str(tmp_path / "x.duckdb")}})
+    c = Collector(cfg)
+    try:
+        batch = to_batch(record(completed_run()))
+        for span in batch.spans:
+            span.attributes["loopwatch.step"] = 1e19
+            span.attributes["loopwatch.cost.usd"] = float("nan")
+            span.attributes["loopwatch.stop.observed"] = float("inf")
+        asyncio.run(c.submit(batch))
+        client = TestClient(c.api_app())
+        items = client.get("/api/v1/runs").json()["items"]
+        assert len(items) == 1
+        assert client.get(f"/api/v1/runs/{items[0]['run_id']}").status_code == 200
+    finally:
+        c.close()
+
+
+def test_otlp_port_errors_use_the_status_body(tmp_path: Path) -> None:
+    cfg = load_config(environ={}, overrides={"store": {"db": str(tmp_path / "x.duckdb")}})
+    c = Collector(cfg)
+    try:
+        client = TestClient(c.otlp_app())
+        r = client.get("/v1/traces", headers={"content-type": "application/json"})
+        assert r.status_code == 405 and r.json()["message"].startswith("use POST")
+        r = client.post("/elsewhere", headers={"content-type": "application/json"}, content=b"{}")
+        assert r.status_code == 404 and "code" in r.json()
+    finally:
+        c.close()
+
+
+def test_unknown_stop_reason_filter_is_a_clear_400(tmp_path: Path) -> None:
+    cfg = load_config(environ={}, overrides={"store": {"db": str(tmp_path / "x.duckdb")}})
+    c = Collector(cfg)
+    try:
+        r = TestClient(c.api_app()).get("/api/v1/runs", params={"stop_reason": "bogus"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "bad_parameter"
+    finally:
+        c.close()
