@@ -79,3 +79,36 @@ def collector(
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         click.echo(f"loopwatch collector: cannot start: {reason}", err=True)
         raise SystemExit(2) from None
+
+
+@cli.command("dashboard")
+@click.option(
+    "--collector",
+    "collector_url",
+    help="Collector read API base URL (default http://127.0.0.1:9464).",
+)
+@click.option("--db", help="Read a DuckDB file directly (read-only) instead of a collector.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Listen address.")
+@click.option("--port", default=8501, show_default=True, type=int, help="Listen port.")
+@click.option("--token-file", help="Bearer token file for a collector started with --token-file.")
+def dashboard(
+    collector_url: str | None, db: str | None, host: str, port: int, token_file: str | None
+) -> None:
+    """Run the Streamlit dashboard over a collector or a DuckDB file."""
+    try:
+        from loopwatch.dashboard import run_dashboard
+    except ImportError as exc:
+        click.echo(
+            f"the dashboard needs its extra: pip install 'loopwatch[dashboard]' ({exc.name})",
+            err=True,
+        )
+        raise SystemExit(2) from None
+    try:
+        code = run_dashboard(collector_url, db, host, port, token_file=token_file)
+    except ValueError as exc:
+        click.echo(f"loopwatch dashboard: {exc}", err=True)
+        raise SystemExit(2) from None
+    except ImportError:
+        click.echo("the dashboard needs its extra: pip install 'loopwatch[dashboard]'", err=True)
+        raise SystemExit(2) from None
+    raise SystemExit(code)

@@ -1,0 +1,22 @@
+"""The dashboard's entry file: it only routes (``streamlit run dashboard/app.py``).
+
+Each page also runs on its own (``streamlit run dashboard/pages/overview.py``). The source
+is read from the environment (see :mod:`loopwatch.dashboard.ui`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+PAGES = Path(__file__).resolve().parent / "pages"
+
+st.navigation(
+    [
+        st.Page(PAGES / "overview.py", title="Overview", url_path="overview", default=True),
+        st.Page(PAGES / "stopped_runs.py", title="Stopped runs", url_path="runs"),
+        st.Page(PAGES / "run_view.py", title="Run view", url_path="run"),
+        st.Page(PAGES / "tools.py", title="Tools", url_path="tools"),
+    ]
+).run()

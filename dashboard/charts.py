@@ -1,0 +1,341 @@
+"""Charts as pure functions of DataFrames (STYLE rule 15), each with a text equivalent.
+
+Every ``*_chart`` function returns an Altair chart (no Streamlit import); its companion
+``*_text`` / ``*_table`` function returns the same figures as a sentence or a table for
+screen readers and for the page's caption. Colours of stop reasons are fixed, so a
+reason keeps its colour across charts and pages.
+
+Example:
+    >>> chart = stops_over_time_chart(overview.stops)  # doctest: +SKIP
+    >>> caption = stops_text(overview.stops)
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import altair as alt
+import pandas as pd
+
+from .data import LOOP_DETECTORS, STOP_REASONS
+
+__all__ = [
+    "DETECTOR_COLORS",
+    "REASON_COLORS",
+    "loops_by_tool_chart",
+    "loops_table",
+    "loops_text",
+    "progress_chart",
+    "progress_text",
+    "runs_by_agent_chart",
+    "runs_by_agent_table",
+    "runs_by_agent_text",
+    "stops_over_time_chart",
+    "stops_table",
+    "stops_text",
+    "tool_calls_chart",
+    "tool_calls_text",
+]
+
+REASON_COLORS: Final[dict[str, str]] = {
+    "completed": "#2e7d32",
+    "final_unverified": "#9e9d24",
+    "refused": "#6d4c41",
+    "budget_exhausted": "#ef6c00",
+    "deadline_exceeded": "#f9a825",
+    "repeated_action": "#c62828",
+    "action_cycle": "#ad1457",
+    "repeated_decision": "#6a1b9a",
+    "no_progress": "#283593",
+    "cancelled": "#757575",
+    "error": "#000000",
+}
+"""One colour per stop reason (DESIGN section 2's closed set)."""
+
+DETECTOR_COLORS: Final[dict[str, str]] = {d: REASON_COLORS[d] for d in LOOP_DETECTORS}
+"""Loop detectors use their stop reason's colour."""
+
+_HEIGHT: Final = 260
+
+
+def _reason_scale(present: pd.Series) -> alt.Scale:
+    extra = sorted({str(v) for v in present} - set(STOP_REASONS))
+    domain = [*STOP_REASONS, *extra]
+    return alt.Scale(domain=domain, range=[REASON_COLORS.get(r, "#90a4ae") for r in domain])
+
+
+def _detector_scale() -> alt.Scale:
+    return alt.Scale(domain=list(LOOP_DETECTORS), range=list(DETECTOR_COLORS.values()))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+# -------------------------------------------------------------- stops over time
+
+
+def stops_over_time_chart(stops: pd.DataFrame, *, bucket_seconds: int = 3600) -> alt.Chart:
+    """Stacked bars: stops per time bucket, coloured by stop reason.
+
+    Args:
+        stops: ``bucket`` (datetime), ``stop_reason``, ``stops``.
+        bucket_seconds: bucket width, for the tooltip.
+    """
+    width_text = (
+        f"{bucket_seconds // 60} min" if bucket_seconds < 3600 else (f"{bucket_seconds // 3600} h")
+    )
+    chart: alt.Chart = (
+        alt.Chart(stops, title="Stops by reason over time")
+        .mark_bar()
+        .encode(
+            x=alt.X("bucket:T", title=f"time (UTC, {width_text} buckets)"),
+            y=alt.Y("sum(stops):Q", title="stops", stack="zero"),
+            color=alt.Color(
+                "stop_reason:N", title="stop reason", scale=_reason_scale(stops["stop_reason"])
+            ),
+            order=alt.Order("stop_reason:N"),
+            tooltip=[
+                alt.Tooltip("bucket:T", title="bucket", format="%Y-%m-%d %H:%M"),
+                alt.Tooltip("stop_reason:N", title="stop reason"),
+                alt.Tooltip("stops:Q", title="stops"),
+            ],
+        )
+        .properties(height=_HEIGHT, description=stops_text(stops))
+    )
+    return chart
+
+
+def stops_table(stops: pd.DataFrame) -> pd.DataFrame:
+    """Stops per reason over the range: ``stop_reason``, ``stops``, ``share`` (most first)."""
+    if stops.empty:
+        return pd.DataFrame(columns=["stop_reason", "stops", "share"])
+    totals = stops.groupby("stop_reason", as_index=False)["stops"].sum()
+    totals["share"] = totals["stops"] / totals["stops"].sum()
+    return totals.sort_values(["stops", "stop_reason"], ascending=[False, True]).reset_index(
+        drop=True
+    )
+
+
+def stops_text(stops: pd.DataFrame) -> str:
+    """``"12 stops: repeated_action 5, completed 4, ..."``."""
+    table = stops_table(stops)
+    if table.empty:
+        return "No stops in this time range."
+    parts = ", ".join(f"{r.stop_reason} {int(r.stops):,}" for r in table.itertuples())
+    return f"{_plural(int(table['stops'].sum()), 'stop')}: {parts}."
+
+
+# ------------------------------------------------------------------ by agent
+
+
+def runs_by_agent_chart(by_agent: pd.DataFrame) -> alt.Chart:
+    """Horizontal stacked bars: runs per agent, coloured by stop reason."""
+    frame = by_agent.assign(
+        agent=by_agent["agent"].replace("", "(unnamed)"),
+        stop_reason=by_agent["stop_reason"].replace("", "(no stop yet)"),
+    )
+    chart: alt.Chart = (
+        alt.Chart(frame, title="Runs by agent")
+        .mark_bar()
+        .encode(
+            y=alt.Y("agent:N", title="agent", sort="-x"),
+            x=alt.X("sum(runs):Q", title="runs"),
+            color=alt.Color(
+                "stop_reason:N", title="stop reason", scale=_reason_scale(frame["stop_reason"])
+            ),
+            tooltip=["agent:N", "stop_reason:N", "runs:Q"],
+        )
+        .properties(
+            height=max(80, 28 * frame["agent"].nunique()), description=runs_by_agent_text(by_agent)
+        )
+    )
+    return chart
+
+
+def runs_by_agent_table(by_agent: pd.DataFrame) -> pd.DataFrame:
+    """``agent``, ``runs``, ``abnormal`` (stops other than completed), most runs first."""
+    if by_agent.empty:
+        return pd.DataFrame(columns=["agent", "runs", "abnormal"])
+    frame = by_agent.assign(
+        abnormal=by_agent["runs"].where(~by_agent["stop_reason"].isin(["completed", ""]), 0)
+    )
+    table = frame.groupby("agent", as_index=False)[["runs", "abnormal"]].sum()
+    return table.sort_values(["runs", "agent"], ascending=[False, True]).reset_index(drop=True)
+
+
+def runs_by_agent_text(by_agent: pd.DataFrame) -> str:
+    """``"3 agents: support 7 runs (6 abnormal), ..."``."""
+    table = runs_by_agent_table(by_agent)
+    if table.empty:
+        return "No runs in this time range."
+    parts = ", ".join(
+        f"{r.agent or '(unnamed)'} {_plural(int(r.runs), 'run')} ({int(r.abnormal):,} abnormal)"
+        for r in table.itertuples()
+    )
+    return f"{_plural(len(table), 'agent')}: {parts}."
+
+
+# --------------------------------------------------------------------- loops
+
+
+def loops_table(loops: pd.DataFrame) -> pd.DataFrame:
+    """Tool x detector: ``tool``, one column per detector, ``total`` (most first)."""
+    columns = ["tool", *LOOP_DETECTORS, "total"]
+    if loops.empty:
+        return pd.DataFrame(columns=columns)
+    pivot = loops.pivot_table(
+        index="tool", columns="detector", values="stops", aggfunc="sum", fill_value=0
+    )
+    for detector in LOOP_DETECTORS:
+        if detector not in pivot.columns:
+            pivot[detector] = 0
+    pivot = pivot[list(LOOP_DETECTORS)].astype("int64")
+    pivot["total"] = pivot.sum(axis=1)
+    table = pivot.reset_index()
+    table["tool"] = table["tool"].replace("", "(no tool)")
+    table.columns.name = None
+    return table.sort_values(["total", "tool"], ascending=[False, True]).reset_index(drop=True)[
+        columns
+    ]
+
+
+def loops_by_tool_chart(loops: pd.DataFrame, *, top: int = 10) -> alt.Chart:
+    """Horizontal stacked bars: loop detections per tool (top ``top``), by detector."""
+    keep = loops_table(loops)["tool"].head(top).tolist()
+    frame = loops.assign(tool=loops["tool"].replace("", "(no tool)"))
+    frame = frame[frame["tool"].isin(keep)]
+    chart: alt.Chart = (
+        alt.Chart(frame, title=f"Top tools by loop detections (top {top})")
+        .mark_bar()
+        .encode(
+            y=alt.Y("tool:N", title="tool", sort="-x"),
+            x=alt.X("sum(stops):Q", title="loop stops"),
+            color=alt.Color("detector:N", title="detector", scale=_detector_scale()),
+            tooltip=["tool:N", "detector:N", "stops:Q"],
+        )
+        .properties(height=max(80, 28 * len(keep)), description=loops_text(loops))
+    )
+    return chart
+
+
+def loops_text(loops: pd.DataFrame) -> str:
+    """``"5 loop stops over 4 tools: lookup_order 2 (repeated_action 2), ..."``."""
+    table = loops_table(loops)
+    if table.empty:
+        return "No loop detections in this time range."
+    parts = []
+    for row in table.itertuples(index=False):
+        values = row._asdict()
+        by = ", ".join(f"{d} {values[d]}" for d in LOOP_DETECTORS if values[d])
+        parts.append(f"{values['tool']} {values['total']} ({by})")
+    total = int(table["total"].sum())
+    return f"{_plural(total, 'loop stop')} over {_plural(len(table), 'tool')}: {'; '.join(parts)}."
+
+
+# ------------------------------------------------------------------ run view
+
+
+def progress_chart(
+    series: pd.DataFrame, *, ceased_step: int | None = None, stop_step: int | None = None
+) -> alt.LayerChart:
+    """Steps since progress per step, with rules at the ceased and stop steps.
+
+    Args:
+        series: ``step``, ``steps_since_progress``.
+        ceased_step: where progress ceased (dashed rule).
+        stop_step: where the run stopped (solid rule).
+    """
+    line = (
+        alt.Chart(series)
+        .mark_line(point=len(series) <= 60, interpolate="step-after")
+        .encode(
+            x=alt.X("step:Q", title="step"),
+            y=alt.Y("steps_since_progress:Q", title="steps since progress"),
+            tooltip=["step:Q", "steps_since_progress:Q"],
+        )
+    )
+    marks = pd.DataFrame(
+        [
+            {"step": s, "mark": label}
+            for s, label in ((ceased_step, "progress ceased"), (stop_step, "stop"))
+            if s is not None
+        ],
+        columns=["step", "mark"],
+    )
+    rules = (
+        alt.Chart(marks)
+        .mark_rule(strokeDash=[4, 3])
+        .encode(
+            x="step:Q",
+            color=alt.Color(
+                "mark:N",
+                title="",
+                scale=alt.Scale(domain=["progress ceased", "stop"], range=["#ef6c00", "#c62828"]),
+            ),
+            tooltip=["mark:N", "step:Q"],
+        )
+    )
+    layered: alt.LayerChart = alt.LayerChart(layer=[line, rules]).properties(
+        title="Steps since progress",
+        height=200,
+        description=progress_text(series, ceased_step=ceased_step, stop_step=stop_step),
+    )
+    return layered
+
+
+def progress_text(
+    series: pd.DataFrame, *, ceased_step: int | None = None, stop_step: int | None = None
+) -> str:
+    """The curve in words: range, peak, the ceased and stop steps."""
+    if series.empty:
+        return "No steps-since-progress values were stored for this run."
+    first, last = int(series["step"].min()), int(series["step"].max())
+    peak = int(series["steps_since_progress"].max())
+    final = int(series["steps_since_progress"].iloc[-1])
+    text = f"Steps since progress over steps {first}–{last}: peak {peak}, {final} at step {last}."
+    if ceased_step is not None:
+        text += f" Progress ceased at step {ceased_step}."
+    if stop_step is not None:
+        text += f" Stopped at step {stop_step}."
+    return text
+
+
+# --------------------------------------------------------------------- tools
+
+
+def tool_calls_chart(tools: pd.DataFrame, *, top: int = 15) -> alt.Chart:
+    """Horizontal stacked bars: calls per tool by outcome (``ok``, ``errors``, ``blocked``)."""
+    head = tools.head(top)
+    long = head.melt(
+        id_vars=["tool"], value_vars=["ok", "errors", "blocked"], var_name="outcome", value_name="n"
+    )
+    chart: alt.Chart = (
+        alt.Chart(long, title=f"Tool calls by outcome (top {top} by calls)")
+        .mark_bar()
+        .encode(
+            y=alt.Y("tool:N", sort=head["tool"].tolist(), title="tool"),
+            x=alt.X("sum(n):Q", title="calls"),
+            color=alt.Color(
+                "outcome:N",
+                scale=alt.Scale(
+                    domain=["ok", "errors", "blocked"], range=["#2e7d32", "#ef6c00", "#c62828"]
+                ),
+            ),
+            tooltip=["tool:N", "outcome:N", "n:Q"],
+        )
+        .properties(height=max(80, 28 * len(head)), description=tool_calls_text(tools))
+    )
+    return chart
+
+
+def tool_calls_text(tools: pd.DataFrame) -> str:
+    """``"2 tools, 99 calls: lookup_order 5 (4 ok, 0 errors, 1 blocked), ..."``."""
+    if tools.empty:
+        return "No tool calls in this time range."
+    parts = ", ".join(
+        f"{r.tool} {int(r.calls):,} ({int(r.ok):,} ok, {int(r.errors):,} errors, "
+        f"{int(r.blocked):,} blocked)"
+        for r in tools.itertuples()
+    )
+    return f"{_plural(len(tools), 'tool')}, {_plural(int(tools['calls'].sum()), 'call')}: {parts}."

@@ -1,0 +1,113 @@
+"""Overview: stops by reason over time, abnormal-stop ratio, runs by agent, looping tools.
+
+Query parameters: ``range`` (``1h``, ``6h``, ``24h``, ``7d``, ``30d``, ``all``), ``agent``.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+from loopwatch.dashboard import charts, ui
+
+ALL_AGENTS = "(all agents)"
+
+ui.setup_page("Overview")
+st.title("Overview")
+src, key = ui.source()
+
+left, right = st.columns(2)
+with left:
+    window = ui.time_range(key="overview_range")
+everyone = ui.call(
+    ui.cached_overview,
+    key,
+    src,
+    window.since_unix_nano,
+    window.until_unix_nano,
+    window.bucket_seconds,
+    None,
+)
+agents = everyone.agents
+wanted = st.query_params.get("agent", "")
+options = [ALL_AGENTS, *agents, *([wanted] if wanted and wanted not in agents else [])]
+with right:
+    choice = ui.select_param(
+        "Agent", options, param="agent", default=ALL_AGENTS, key="overview_agent"
+    )
+agent = None if choice == ALL_AGENTS else choice
+ui.sync_query_params({"range": window.key, "agent": agent}, {"range": "24h"})
+
+overview = everyone
+if agent is not None:
+    overview = ui.call(
+        ui.cached_overview,
+        key,
+        src,
+        window.since_unix_nano,
+        window.until_unix_nano,
+        window.bucket_seconds,
+        agent,
+    )
+if overview.runs_by_agent.empty and overview.total_stops == 0:
+    scope = f" for agent {agent}" if agent else ""
+    ui.empty_state(f"No runs in the selected time range ({window.label.lower()}){scope}.")
+    ui.footer(src)
+    st.stop()
+
+ratio = overview.abnormal_ratio
+loop_stops = int(overview.loops_by_tool["stops"].sum()) if not overview.loops_by_tool.empty else 0
+m1, m2, m3, m4 = st.columns(4)
+m1.metric("Stops", f"{overview.total_stops:,}")
+m2.metric(
+    "Abnormal-stop ratio",
+    "–" if ratio is None else f"{ratio:.0%}",
+    help="Stops with a reason other than completed, over all stops in the range.",
+)
+m3.metric(
+    "Loop stops",
+    f"{loop_stops:,}",
+    help="repeated_action, action_cycle, repeated_decision and no_progress stops.",
+)
+m4.metric(
+    "Canary-flagged runs",
+    f"{overview.canary_runs:,}",
+    help="Runs in which the collector found a registered canary value (redacted).",
+)
+st.caption(
+    f"{overview.abnormal_stops:,} of {overview.total_stops:,} stops were abnormal; "
+    f"{overview.canary_runs:,} run(s) flagged by a canary."
+)
+if overview.note:
+    st.warning(overview.note)
+
+stops_text = charts.stops_text(overview.stops)
+st.altair_chart(
+    charts.stops_over_time_chart(overview.stops, bucket_seconds=window.bucket_seconds),
+    width="stretch",
+)
+st.caption(stops_text)
+with st.expander("Stops by reason (table)"):
+    st.dataframe(
+        charts.stops_table(overview.stops),
+        hide_index=True,
+        column_config={"share": st.column_config.NumberColumn("share", format="percent")},
+    )
+
+by_agent, by_tool = st.columns(2)
+with by_agent:
+    agent_text = charts.runs_by_agent_text(overview.runs_by_agent)
+    st.altair_chart(charts.runs_by_agent_chart(overview.runs_by_agent), width="stretch")
+    st.caption(agent_text)
+    with st.expander("Runs by agent (table)"):
+        st.dataframe(charts.runs_by_agent_table(overview.runs_by_agent), hide_index=True)
+with by_tool:
+    loops_text = charts.loops_text(overview.loops_by_tool)
+    if overview.loops_by_tool.empty:
+        st.subheader("Top tools by loop detections")
+        st.caption(loops_text)
+    else:
+        st.altair_chart(charts.loops_by_tool_chart(overview.loops_by_tool), width="stretch")
+        st.caption(loops_text)
+        with st.expander("Loop detections by tool (table)"):
+            st.dataframe(charts.loops_table(overview.loops_by_tool), hide_index=True)
+
+ui.footer(src)

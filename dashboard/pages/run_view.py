@@ -1,0 +1,233 @@
+"""Run view (incident review): the last steps before the stop, and why it stopped.
+
+Query parameters: ``run_id`` (required to show a run), ``last`` (steps before the stop,
+default 20), ``all`` (``1``: every stored step).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pandas as pd
+import streamlit as st
+from loopwatch.dashboard import charts, runview, ui
+
+
+def _code(value: object) -> str:
+    """Inline code for a stored value (backticks inside cannot end it)."""
+    return "`" + str(value if value is not None else "?").replace("`", "'") + "`"
+
+
+def _when(ns: object) -> str:
+    if not isinstance(ns, int | float) or pd.isna(ns):
+        return "unknown time"
+    return datetime.fromtimestamp(float(ns) / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+MAX_EXPANDERS = 100
+DEFAULT_LAST = runview.DEFAULT_LAST_STEPS
+
+ui.setup_page("Run view")
+st.title("Run view")
+src, key = ui.source()
+
+run_id = ui.text_param(
+    "Run id",
+    param="run_id",
+    key="run_view_run_id",
+    help="Paste a run id, or open one from the Stopped runs page.",
+)
+if not run_id:
+    ui.sync_query_params({"run_id": None, "last": None, "all": None}, {})
+    st.info(
+        "No run selected. Open a run from the Stopped runs page (its run id links here), "
+        "or paste a run id above."
+    )
+    ui.footer(src)
+    st.stop()
+
+detail = ui.call(ui.cached_run, key, src, run_id)
+if detail is None:
+    ui.sync_query_params({"run_id": run_id}, {})
+    st.warning(f"No run with id {_code(run_id)} in this source. Check the id, or the source below.")
+    ui.footer(src)
+    st.stop()
+
+run = detail.run
+stop = detail.stop
+steps = runview.build_steps(detail.steps.to_dict("records"))
+card = runview.stop_card(stop, detail.evidence)
+stopped_at = card.step if card is not None and card.step else (steps[-1].step if steps else None)
+
+
+st.caption(
+    f"Agent **{ui.escape_md(str(run.get('agent') or '(unnamed)'))}** · policy "
+    f"{_code(run.get('policy_name'))} version {_code(run.get('policy_version'))} · "
+    f"mode {_code(run.get('mode'))} · {_when(run.get('time_unix_nano'))} · "
+    f"source {_code(run.get('source'))}"
+    + (" · canary flagged" if run.get("canary_detected") else "")
+)
+
+# ------------------------------------------------------------------ stop card
+with st.container(border=True):
+    if card is None:
+        st.subheader("No stop recorded")
+        st.write(
+            "The collector has no stop for this run yet (still running, or its stop span "
+            "was lost). Counts below are what arrived so far."
+        )
+    else:
+        st.subheader(f"Stop: {card.reason}")
+        if card.message:
+            st.write(card.message)
+        s1, s2, s3, s4 = st.columns(4)
+        s1.metric("Stop reason", card.reason)
+        s2.metric("Stopped at step", "–" if card.step is None else str(card.step))
+        s3.metric("Limit vs observed", card.limit_vs_observed or "–")
+        s4.metric(
+            "Steps since progress",
+            "–" if card.steps_since_progress is None else str(card.steps_since_progress),
+        )
+        st.markdown(
+            "\n".join(f"- **{label}**: {_code(value)}" for label, value in card.facts()),
+        )
+    if detail.anomalies:
+        st.warning(
+            f"{len(detail.anomalies)} more stop(s) arrived for this run (duplicate stops); "
+            "the first one is shown."
+        )
+        st.dataframe(pd.DataFrame(detail.anomalies), hide_index=True)
+
+# ---------------------------------------------------------------------- usage
+usage = runview.usage_counters(stop, run)
+if usage:
+    st.subheader("Usage")
+    for column, (label, value) in zip(st.columns(len(usage)), usage, strict=True):
+        column.metric(label, value)
+
+notice = runview.sampling_notice(run, len(detail.steps))
+if notice:
+    st.warning(notice)
+
+# ---------------------------------------------------------------------- steps
+if steps:
+    ceased = runview.progress_ceased(steps, detail.evidence)
+    groups = runview.mark_groups(runview.collapse(steps), ceased, stopped_at)
+    st.subheader("Steps before the stop")
+    if ceased is not None:
+        st.info(ceased.text[0].upper() + ceased.text[1:] + ".")
+    left, right = st.columns([3, 1], vertical_alignment="bottom")
+    with left:
+        raw_last = st.query_params.get("last", "")
+        last_n = st.number_input(
+            "Steps before the stop",
+            min_value=1,
+            max_value=1_000_000,
+            value=int(raw_last) if raw_last.isdigit() and int(raw_last) > 0 else DEFAULT_LAST,
+            step=5,
+            key="run_view_last",
+        )
+    with right:
+        show_all = st.checkbox(
+            "Show every stored step",
+            value=st.query_params.get("all") == "1",
+            key="run_view_all",
+        )
+    ui.sync_query_params(
+        {"run_id": run_id, "last": str(last_n), "all": "1" if show_all else None},
+        {"last": str(DEFAULT_LAST)},
+    )
+    shown = groups if show_all else runview.last_steps(groups, int(last_n), stop_step=stopped_at)
+    hidden = len(groups) - len(shown)
+    st.caption(
+        f"{len(steps):,} stored step(s) in {len(groups):,} row(s) (identical consecutive "
+        f"actions collapsed); showing {len(shown):,} row(s), steps {shown[0].first_step}–"
+        f"{shown[-1].last_step}" + (f"; {hidden:,} earlier row(s) hidden." if hidden else ".")
+    )
+    if detail.steps_truncated:
+        st.caption("Only the last steps of this long run were returned (the row cap).")
+    st.dataframe(runview.group_table(shown), hide_index=True)
+    if len(shown) > MAX_EXPANDERS:
+        st.caption(f"Details below for the last {MAX_EXPANDERS} rows.")
+
+    for group in shown[-MAX_EXPANDERS:]:
+        title = group.title + "".join(f" · {m}" for m in group.marks)
+        with st.expander(title, expanded=not group.collapsed and bool(group.marks)):
+            first = group.steps[0]
+            if group.collapsed:
+                st.write(f"{group.count} consecutive steps with the same action; each step below.")
+                st.dataframe(
+                    pd.DataFrame(
+                        [
+                            {
+                                "step": s.step,
+                                "outcomes": ", ".join(c.outcome or "?" for c in s.calls),
+                                "progress": s.progress,
+                                "steps since progress": s.steps_since_progress,
+                                "blocked by": ", ".join(
+                                    c.blocked_by for c in s.calls if c.blocked_by
+                                ),
+                                "observation": ", ".join(
+                                    (c.observation_digest or "")[:12] for c in s.calls
+                                ),
+                            }
+                            for s in group.steps
+                        ]
+                    ),
+                    hide_index=True,
+                )
+            st.write(
+                f"Decision: `{first.decision_type or 'unknown'}`"
+                + (f", {first.tokens:,} tokens" if first.tokens else "")
+            )
+            for call in first.calls:
+                facts = [f"outcome `{call.outcome or '?'}`"]
+                if call.blocked_by:
+                    facts.append(f"blocked by `{call.blocked_by}`")
+                if call.error_type:
+                    facts.append(f"error `{call.error_type}`")
+                if call.failure_class:
+                    facts.append(f"failure class `{call.failure_class}`")
+                facts.append("progress" if call.progress else "no progress")
+                st.markdown(f"**{call.tool}**: " + ", ".join(facts))
+                for label, value in (("arguments", call.arguments), ("result", call.result)):
+                    folded = runview.fold(value)
+                    if not folded.full:
+                        st.caption(f"{label}: not captured")
+                    elif folded.folded:
+                        st.caption(f"{label} (folded): {folded.short}")
+                        st.code(folded.full, language="json")
+                    else:
+                        st.caption(f"{label}:")
+                        st.code(folded.full, language="json")
+
+    series = runview.progress_series(steps)
+    if not series.empty:
+        ceased_step = ceased.step if ceased is not None else None
+        text = charts.progress_text(series, ceased_step=ceased_step, stop_step=stopped_at)
+        st.altair_chart(
+            charts.progress_chart(series, ceased_step=ceased_step, stop_step=stopped_at),
+            width="stretch",
+        )
+        st.caption(text)
+
+# --------------------------------------------------------------- tools, limits
+tools_col, limits_col = st.columns(2)
+with tools_col:
+    st.subheader("Tool calls")
+    if detail.tools.empty:
+        st.caption("This run called no tool.")
+    else:
+        st.dataframe(detail.tools, hide_index=True)
+with limits_col:
+    st.subheader("Effective limits")
+    if detail.limits is None:
+        st.caption(
+            "This source does not return the run's effective limits (the collector's API "
+            "does not include them yet); open the database file with --db to see them."
+        )
+    else:
+        st.caption("Each limit the guard enforced, and where it came from.")
+        st.dataframe(detail.limits, hide_index=True)
+
+ui.footer(src)

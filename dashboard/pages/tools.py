@@ -1,0 +1,102 @@
+"""Tools: per tool, calls, errors, blocked calls, loop detections by detector,
+repeated-action rate, and the runs that looped on it.
+
+Query parameters: ``range`` (as on the overview), ``tool`` (the tool whose looping runs
+are listed).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+from loopwatch.dashboard import charts, ui
+from loopwatch.dashboard.data import LOOP_DETECTORS
+
+ui.setup_page("Tools")
+st.title("Tools")
+src, key = ui.source()
+
+window = ui.time_range(key="tools_range")
+data = ui.call(ui.cached_tools, key, src, window.since_unix_nano, window.until_unix_nano)
+loops = charts.loops_table(data.loops)
+
+if (data.tools is None or data.tools.empty) and loops.empty:
+    if data.note:
+        st.info(data.note)
+    ui.empty_state(f"No tool calls in the selected time range ({window.label.lower()}).")
+    ui.footer(src)
+    st.stop()
+
+if data.note:
+    st.info(data.note)
+
+loop_counts = loops.assign(tool=loops["tool"].replace("(no tool)", ""))
+if data.tools is not None and not data.tools.empty:
+    table = data.tools.merge(loop_counts, on="tool", how="left")
+    for column in (*LOOP_DETECTORS, "total"):
+        table[column] = table[column].fillna(0).astype("int64")
+    table = table.rename(columns={"total": "loop stops"})
+    st.dataframe(
+        table,
+        hide_index=True,
+        column_order=(
+            "tool",
+            "calls",
+            "ok",
+            "errors",
+            "blocked",
+            "runs",
+            "loop stops",
+            *LOOP_DETECTORS,
+            "repeated_action_rate",
+        ),
+        column_config={
+            "runs": st.column_config.NumberColumn("runs", help="Runs that called the tool"),
+            "loop stops": st.column_config.NumberColumn(
+                "loop stops", help="Loop stops of runs that called this tool most"
+            ),
+            "repeated_action_rate": st.column_config.NumberColumn(
+                "repeated-action rate",
+                format="percent",
+                help="Share of the runs calling this tool that the repeated-action "
+                "detector stopped",
+            ),
+        },
+    )
+    calls_text = charts.tool_calls_text(data.tools)
+    st.caption(
+        "Loop stops count each loop-stopped run under the tool it called most (as the "
+        "loopwatch_loop_detections_total metric does). " + calls_text
+    )
+    st.altair_chart(charts.tool_calls_chart(data.tools), width="stretch")
+    tool_names = data.tools["tool"].astype(str).tolist()
+else:
+    st.dataframe(loops, hide_index=True)
+    tool_names = [t for t in loops["tool"].astype(str) if t != "(no tool)"]
+
+loops_text = charts.loops_text(data.loops)
+if not data.loops.empty:
+    st.altair_chart(charts.loops_by_tool_chart(data.loops), width="stretch")
+st.caption(loops_text)
+
+st.subheader("Runs that looped on a tool")
+looping = [t for t in loops["tool"].astype(str) if t != "(no tool)"]
+options = looping + [t for t in tool_names if t not in looping]
+if not options:
+    st.caption("No tool was called in this range.")
+else:
+    tool = ui.select_param("Tool", options, param="tool", default=options[0], key="tools_tool")
+    ui.sync_query_params({"range": window.key, "tool": str(tool)}, {"range": "24h"})
+    runs: pd.DataFrame = ui.call(
+        ui.cached_looped_runs, key, src, str(tool), window.since_unix_nano, window.until_unix_nano
+    )
+    if runs.empty:
+        st.caption(f"No run that called {tool} was stopped by a loop detector in this range.")
+    else:
+        st.caption(
+            f"{len(runs)} run(s) that called {tool} and were stopped by a loop detector, "
+            "newest first."
+        )
+        ui.runs_table(runs, key="looped")
+
+ui.footer(src)

@@ -1,0 +1,618 @@
+"""The run view's logic, without Streamlit: from stored step rows to what a reviewer reads.
+
+An incident review starts at the stop and walks back (DESIGN section 6):
+
+- :func:`build_steps` turns stored rows (one per decision or tool result) into one
+  :class:`StepView` per step.
+- :func:`collapse` folds consecutive steps with identical actions into one
+  :class:`StepGroup` with a count (``get_details_by_id ×95``), keeping the steps for
+  expansion.
+- :func:`last_steps` keeps the groups that touch the last ``n`` steps before the stop, so
+  a long repeat is shown whole, with its count, not cut at the window edge.
+- :func:`progress_ceased` finds the step where progress ceased: the evidence's
+  ``detail.last_progress_step`` + 1, else the last step with progress + 1.
+- :func:`stop_card` gathers the stop's reason, dimension, limit vs observed and evidence.
+- :func:`progress_series` is steps-since-progress per step; :func:`fold` shortens long
+  values (arguments and results are shown as stored: the collector redacted them).
+
+Inputs are plain mappings (API JSON or reader rows), so every function is testable with
+literal data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import pandas as pd
+
+__all__ = [
+    "DEFAULT_LAST_STEPS",
+    "Folded",
+    "ProgressMark",
+    "StepGroup",
+    "StepView",
+    "StopCard",
+    "ToolCallView",
+    "build_steps",
+    "collapse",
+    "compress_indices",
+    "fold",
+    "group_table",
+    "last_steps",
+    "limit_vs_observed",
+    "mark_groups",
+    "progress_ceased",
+    "progress_series",
+    "sampling_notice",
+    "stop_card",
+    "usage_counters",
+]
+
+DEFAULT_LAST_STEPS: Final = 20
+"""The run view opens on this many steps before the stop (DESIGN: "its last 20 steps")."""
+
+_FOLD_CHARS: Final = 160
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallView:
+    """One tool result row of a step.
+
+    Attributes:
+        tool / outcome: name and ``ok``, ``error`` or ``blocked``.
+        action_fingerprint / observation_digest: as stored (hex).
+        progress: the result was progress evidence.
+        blocked_by / error_type / failure_class: why it was blocked or failed.
+        arguments / result: stored JSON text (redacted, truncated), or ``None`` when
+            content capture was off.
+    """
+
+    tool: str
+    outcome: str | None = None
+    action_fingerprint: str | None = None
+    observation_digest: str | None = None
+    progress: bool | None = None
+    steps_since_progress: int | None = None
+    blocked_by: str | None = None
+    error_type: str | None = None
+    failure_class: str | None = None
+    arguments: str | None = None
+    result: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """One step: the model's decision and the tool calls it led to.
+
+    Attributes:
+        step: 1-based step index (0 for rows stored without one).
+        decision_type: ``tool``, ``final``, ``refusal``, ``message`` or ``None``.
+        decision_fingerprint: fingerprint of a non-tool decision.
+        calls: the step's tool results, in stored order.
+        steps_since_progress: as reported at this step.
+        tokens: input + output tokens of the decision.
+    """
+
+    step: int
+    decision_type: str | None = None
+    decision_fingerprint: str | None = None
+    calls: tuple[ToolCallView, ...] = ()
+    steps_since_progress: int | None = None
+    tokens: int = 0
+
+    @property
+    def progress(self) -> bool:
+        """Some tool result of this step was progress evidence."""
+        return any(c.progress for c in self.calls)
+
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        """What makes two steps the same action (tool calls by fingerprint, else decision)."""
+        if self.calls:
+            return tuple(
+                ("call", c.action_fingerprint or (c.tool, c.arguments)) for c in self.calls
+            )
+        return ("decision", self.decision_type, self.decision_fingerprint)
+
+    @property
+    def label(self) -> str:
+        """``tool`` names joined with ``+``, else the decision type."""
+        if self.calls:
+            return " + ".join(c.tool for c in self.calls)
+        return f"({self.decision_type or 'step'})"
+
+
+@dataclass(frozen=True, slots=True)
+class StepGroup:
+    """Consecutive steps with identical actions (one step when nothing repeats).
+
+    Attributes:
+        steps: the member steps, oldest first (non-empty).
+        marks: notes for this group, e.g. ``progress ceased at step 2``, ``stop``.
+    """
+
+    steps: tuple[StepView, ...]
+    marks: tuple[str, ...] = field(default=())
+
+    @property
+    def first_step(self) -> int:
+        return self.steps[0].step
+
+    @property
+    def last_step(self) -> int:
+        return self.steps[-1].step
+
+    @property
+    def count(self) -> int:
+        """How many steps the group holds."""
+        return len(self.steps)
+
+    @property
+    def collapsed(self) -> bool:
+        """More than one step: shown as one row with a count, expandable."""
+        return len(self.steps) > 1
+
+    @property
+    def label(self) -> str:
+        return self.steps[0].label
+
+    @property
+    def outcomes(self) -> dict[str, int]:
+        """Tool outcomes over the group's calls, e.g. ``{"ok": 94, "blocked": 1}``."""
+        counts = Counter(c.outcome or "unknown" for s in self.steps for c in s.calls)
+        return dict(sorted(counts.items()))
+
+    @property
+    def step_range(self) -> str:
+        """``"1–95"`` or ``"7"``."""
+        if self.first_step == self.last_step:
+            return str(self.first_step)
+        return f"{self.first_step}–{self.last_step}"
+
+    @property
+    def title(self) -> str:
+        """One line: ``get_details_by_id ×95 · steps 1–95 · 94 ok, 1 blocked``."""
+        parts = [f"{self.label} ×{self.count}" if self.collapsed else self.label]
+        parts.append(f"step{'s' if self.collapsed else ''} {self.step_range}")
+        if self.outcomes:
+            parts.append(", ".join(f"{n} {o}" for o, n in self.outcomes.items()))
+        return " · ".join(parts)
+
+
+def _int(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        pass
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _str(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return str(value)
+
+
+def _bool(value: Any) -> bool | None:
+    if value is None:
+        return None
+    try:
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return bool(value)
+
+
+def build_steps(rows: Iterable[Mapping[str, Any]]) -> list[StepView]:
+    """Group stored rows (``kind`` ``decision`` or ``tool_result``) into steps, in order.
+
+    Rows without a step index go to step 0. Unknown kinds are ignored.
+    """
+    decisions: dict[int, Mapping[str, Any]] = {}
+    calls: dict[int, list[ToolCallView]] = {}
+    order: list[int] = []
+    for row in rows:
+        step = _int(row.get("step")) or 0
+        if step not in decisions and step not in calls:
+            order.append(step)
+        kind = row.get("kind")
+        if kind == "decision":
+            decisions[step] = row
+            calls.setdefault(step, [])
+        elif kind == "tool_result":
+            calls.setdefault(step, []).append(
+                ToolCallView(
+                    tool=_str(row.get("tool")) or "(unnamed tool)",
+                    outcome=_str(row.get("outcome")),
+                    action_fingerprint=_str(row.get("action_fingerprint")),
+                    observation_digest=_str(row.get("observation_digest")),
+                    progress=_bool(row.get("progress")),
+                    steps_since_progress=_int(row.get("steps_since_progress")),
+                    blocked_by=_str(row.get("blocked_by")),
+                    error_type=_str(row.get("error_type")),
+                    failure_class=_str(row.get("failure_class")),
+                    arguments=_str(row.get("arguments")),
+                    result=_str(row.get("result")),
+                )
+            )
+    steps = []
+    for step in sorted(set(order)):
+        decision = decisions.get(step, {})
+        step_calls = tuple(calls.get(step, ()))
+        reported = [
+            c.steps_since_progress for c in step_calls if c.steps_since_progress is not None
+        ]
+        own = _int(decision.get("steps_since_progress"))
+        if own is not None:
+            reported.append(own)
+        steps.append(
+            StepView(
+                step=step,
+                decision_type=_str(decision.get("decision_type")),
+                decision_fingerprint=_str(decision.get("decision_fingerprint")),
+                calls=step_calls,
+                steps_since_progress=max(reported) if reported else None,
+                tokens=(_int(decision.get("input_tokens")) or 0)
+                + (_int(decision.get("output_tokens")) or 0),
+            )
+        )
+    return steps
+
+
+def collapse(steps: Sequence[StepView]) -> list[StepGroup]:
+    """Fold consecutive steps with the same :attr:`StepView.signature` into groups."""
+    groups: list[list[StepView]] = []
+    for step in steps:
+        if groups and groups[-1][-1].signature == step.signature:
+            groups[-1].append(step)
+        else:
+            groups.append([step])
+    return [StepGroup(tuple(g)) for g in groups]
+
+
+def last_steps(
+    groups: Sequence[StepGroup], n: int, *, stop_step: int | None = None
+) -> list[StepGroup]:
+    """The groups touching the last ``n`` steps up to ``stop_step`` (default: the last).
+
+    A group that starts before the window but reaches into it is kept whole.
+
+    Raises:
+        ValueError: ``n`` < 1.
+    """
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    if not groups:
+        return []
+    end = stop_step if stop_step is not None else groups[-1].last_step
+    start = end - n + 1
+    return [g for g in groups if g.last_step >= start and g.first_step <= end] or list(groups[-1:])
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressMark:
+    """Where progress ceased.
+
+    Attributes:
+        step: the first step after the last progress evidence.
+        last_progress_step: the last step with progress, 0 when none was seen.
+        basis: ``evidence`` (the stop's ``detail.last_progress_step``) or ``steps``.
+    """
+
+    step: int
+    last_progress_step: int
+    basis: str
+
+    @property
+    def text(self) -> str:
+        if self.last_progress_step == 0:
+            return f"no progress evidence in this run: progress never started (step {self.step})"
+        where = "the stop's evidence" if self.basis == "evidence" else "the stored steps"
+        return (
+            f"progress ceased at step {self.step} "
+            f"(last progress evidence at step {self.last_progress_step}, per {where})"
+        )
+
+
+def progress_ceased(
+    steps: Sequence[StepView], evidence: Mapping[str, Any] | None = None
+) -> ProgressMark | None:
+    """The step where progress ceased, or ``None`` when the last step made progress.
+
+    The evidence's ``detail.last_progress_step`` wins (the guard saw every step, even
+    unsampled ones); else the last step whose tool results were progress. A run with no
+    progress at all ceased at its first step.
+    """
+    detail = (evidence or {}).get("detail")
+    if isinstance(detail, Mapping):
+        last = _int(detail.get("last_progress_step"))
+        if last is not None:
+            return ProgressMark(last + 1, last, "evidence")
+    if not steps:
+        return None
+    progressed = [s.step for s in steps if s.progress]
+    last_step = steps[-1].step
+    if not progressed:
+        return ProgressMark(steps[0].step, 0, "steps")
+    last = progressed[-1]
+    if last >= last_step:
+        return None
+    return ProgressMark(last + 1, last, "steps")
+
+
+def mark_groups(
+    groups: Sequence[StepGroup], ceased: ProgressMark | None, stop_step: int | None
+) -> list[StepGroup]:
+    """Attach ``progress ceased`` and ``stop`` marks to the groups holding those steps."""
+    out = []
+    for group in groups:
+        marks = list(group.marks)
+        if ceased is not None and group.first_step <= ceased.step <= group.last_step:
+            marks.append(f"progress ceased at step {ceased.step}")
+        if stop_step is not None and group.first_step <= stop_step <= group.last_step:
+            marks.append(f"stopped at step {stop_step}")
+        out.append(StepGroup(group.steps, tuple(marks)))
+    return out
+
+
+def group_table(groups: Sequence[StepGroup]) -> pd.DataFrame:
+    """One row per group: steps, action, count, outcomes, progress steps, marks."""
+    rows = [
+        {
+            "steps": g.step_range,
+            "action": g.label,
+            "count": g.count,
+            "outcomes": ", ".join(f"{n} {o}" for o, n in g.outcomes.items()),
+            "progress": sum(1 for s in g.steps if s.progress),
+            "marks": "; ".join(g.marks),
+        }
+        for g in groups
+    ]
+    return pd.DataFrame(rows, columns=["steps", "action", "count", "outcomes", "progress", "marks"])
+
+
+def compress_indices(indices: Iterable[Any]) -> str:
+    """``[1, 2, 3, 5, 7, 8]`` -> ``"1–3, 5, 7–8"``."""
+    values = sorted({v for v in (_int(i) for i in indices) if v is not None})
+    if not values:
+        return ""
+    parts: list[str] = []
+    start = prev = values[0]
+    for value in values[1:]:
+        if value == prev + 1:
+            prev = value
+            continue
+        parts.append(str(start) if start == prev else f"{start}–{prev}")
+        start = prev = value
+    parts.append(str(start) if start == prev else f"{start}–{prev}")
+    return ", ".join(parts)
+
+
+def _number(value: Any) -> str:
+    number = value
+    if isinstance(number, float) and number.is_integer():
+        return str(int(number))
+    if isinstance(number, float):
+        return f"{number:.4g}"
+    return str(number)
+
+
+def limit_vs_observed(stop: Mapping[str, Any]) -> str | None:
+    """``"observed 3 > limit 2 (projected)"``, or ``None`` without a limit."""
+    limit = stop.get("limit_value")
+    observed = stop.get("observed")
+    if limit is None or observed is None:
+        return None
+    try:
+        relation = ">" if float(observed) > float(limit) else ("=" if observed == limit else "<")
+    except (TypeError, ValueError):
+        relation = "vs"
+    text = f"observed {_number(observed)} {relation} limit {_number(limit)}"
+    basis = stop.get("basis")
+    return f"{text} ({basis})" if basis else text
+
+
+@dataclass(frozen=True, slots=True)
+class StopCard:
+    """What the stop card shows.
+
+    Attributes:
+        reason / message / step: the stop reason, its one-line explanation, its step.
+        origin: ``stop_span``, ``run_span`` or ``inferred`` (how the collector knows).
+        dimension / limit_vs_observed: the budget and the crossing, for budget stops.
+        detector / tool / matched_period / repetitions / step_indices /
+        fingerprint_previews / failure_class / scope / detail: the evidence.
+        steps_since_progress: at the stop.
+        observe_reason: in ``observe`` mode, what would have stopped the run.
+    """
+
+    reason: str
+    message: str | None = None
+    step: int | None = None
+    origin: str | None = None
+    dimension: str | None = None
+    limit_vs_observed: str | None = None
+    detector: str | None = None
+    tool: str | None = None
+    matched_period: int | None = None
+    repetitions: int | None = None
+    step_indices: str = ""
+    fingerprint_previews: tuple[str, ...] = ()
+    failure_class: str | None = None
+    scope: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    steps_since_progress: int | None = None
+    observe_reason: str | None = None
+
+    def facts(self) -> list[tuple[str, str]]:
+        """``(label, value)`` pairs of the fields that are set, in reading order."""
+        pairs: list[tuple[str, Any]] = [
+            ("stop reason", self.reason),
+            ("stopped at step", self.step),
+            ("dimension", self.dimension),
+            ("limit vs observed", self.limit_vs_observed),
+            ("detector", self.detector),
+            ("tool", self.tool),
+            ("matched period", self.matched_period),
+            ("repetitions", self.repetitions),
+            ("step indices", self.step_indices or None),
+            ("fingerprints", ", ".join(self.fingerprint_previews) or None),
+            ("failure class", self.failure_class),
+            ("steps since progress", self.steps_since_progress),
+            ("scope", self.scope if self.scope not in (None, "run") else None),
+            ("observe mode would have stopped as", self.observe_reason),
+            ("stop known from", self.origin),
+        ]
+        pairs += [(f"detail: {k}", _short(v)) for k, v in sorted(self.detail.items())]
+        return [(label, str(value)) for label, value in pairs if value is not None]
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return fold(text, 120).short
+
+
+def stop_card(
+    stop: Mapping[str, Any] | None, evidence: Mapping[str, Any] | None
+) -> StopCard | None:
+    """The stop card of a run, or ``None`` when the run has no stop."""
+    if not stop:
+        return None
+    ev = dict(evidence or {})
+    detail = ev.get("detail")
+    return StopCard(
+        reason=str(stop.get("reason") or "unknown"),
+        message=_str(stop.get("message")),
+        step=_int(stop.get("step")),
+        origin=_str(stop.get("origin")),
+        dimension=_str(stop.get("dimension")),
+        limit_vs_observed=limit_vs_observed(stop),
+        detector=_str(ev.get("detector")),
+        tool=_str(ev.get("tool")),
+        matched_period=_int(ev.get("matched_period")),
+        repetitions=_int(ev.get("repetitions")),
+        step_indices=compress_indices(ev.get("step_indices") or ()),
+        fingerprint_previews=tuple(str(p) for p in ev.get("fingerprint_previews") or ()),
+        failure_class=_str(ev.get("failure_class")),
+        scope=_str(ev.get("scope")),
+        detail=dict(detail) if isinstance(detail, Mapping) else {},
+        steps_since_progress=_int(stop.get("steps_since_progress")),
+        observe_reason=_str(stop.get("observe_reason")),
+    )
+
+
+def progress_series(steps: Sequence[StepView]) -> pd.DataFrame:
+    """``step``, ``steps_since_progress`` (steps that reported it), in step order."""
+    rows = [
+        {"step": s.step, "steps_since_progress": s.steps_since_progress}
+        for s in steps
+        if s.steps_since_progress is not None
+    ]
+    frame = pd.DataFrame(rows, columns=["step", "steps_since_progress"])
+    return frame.astype("int64")
+
+
+_USAGE: Final = (
+    ("model turns", "usage_model_turns", "decisions"),
+    ("tool attempts", "usage_tool_attempts", "tool_calls"),
+    ("tool successes", "usage_tool_successes", None),
+    ("tokens", "usage_tokens", "tokens"),
+    ("cost (USD)", "usage_cost_usd", None),
+    ("elapsed (s)", "usage_elapsed_seconds", None),
+)
+
+
+def usage_counters(stop: Mapping[str, Any] | None, run: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(label, value)`` usage counters: the stop's, else the run's stored counts."""
+    out = []
+    for label, stop_key, run_key in _USAGE:
+        value = (stop or {}).get(stop_key)
+        if value is None and run_key is not None:
+            value = run.get(run_key)
+        if value is None:
+            continue
+        if stop_key == "usage_cost_usd":
+            text = f"{float(value):.4f}"
+        elif stop_key == "usage_elapsed_seconds":
+            text = f"{float(value):.3f}"
+        else:
+            text = _number(value)
+        out.append((label, text))
+    return out
+
+
+def sampling_notice(run: Mapping[str, Any], steps_stored: int) -> str | None:
+    """Why no steps are shown, with the run's counts; ``None`` when steps are there."""
+    sampled = run.get("sampled")
+    counts = (
+        f"{_number(run.get('steps') or 0)} steps, {_number(run.get('tool_calls') or 0)} tool "
+        f"calls ({_number(run.get('tool_errors') or 0)} errors, "
+        f"{_number(run.get('tool_blocked') or 0)} blocked), "
+        f"{_number(run.get('tokens') or 0)} tokens"
+    )
+    if sampled is False:
+        rule = run.get("sample_rule") or "sampling"
+        return (
+            f"This run was not sampled (rule: {rule}): the collector kept its stop and "
+            f"counts but not its steps. Counts: {counts}."
+        )
+    if sampled is None and steps_stored == 0:
+        return (
+            "The collector has not decided yet whether to keep this run's steps "
+            f"(no stop received). Counts so far: {counts}."
+        )
+    if steps_stored == 0:
+        return f"No steps were stored for this run. Counts: {counts}."
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """A value shortened for a table cell, with the whole text kept.
+
+    Attributes:
+        short: at most the limit, ending in ``…`` when cut.
+        full: the whole value, JSON pretty-printed when it parses.
+        folded: ``short`` is a cut of ``full``.
+    """
+
+    short: str
+    full: str
+    folded: bool
+
+
+def fold(value: str | None, limit: int = _FOLD_CHARS) -> Folded:
+    """Shorten ``value`` to ``limit`` characters; pretty-print the whole if it is JSON.
+
+    Raises:
+        ValueError: ``limit`` < 2.
+    """
+    if limit < 2:
+        raise ValueError("limit must be >= 2")
+    if value is None:
+        return Folded("", "", False)
+    text = str(value)
+    full = text
+    with contextlib.suppress(ValueError):
+        full = json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False)
+    one_line = " ".join(text.split())
+    if len(one_line) <= limit:
+        return Folded(one_line, full, False)
+    return Folded(one_line[: limit - 1] + "…", full, True)

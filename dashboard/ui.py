@@ -1,0 +1,373 @@
+"""Streamlit glue shared by the pages: the source, cached reads, errors, filters, links.
+
+Pages hold no SQL and no HTTP (STYLE rule 15): they call the cached readers here, which
+call a :class:`~loopwatch.dashboard.data.DataSource`. Caching is at this edge:
+``st.cache_resource`` holds one source per configuration, ``st.cache_data`` keeps each
+answer for :data:`TTL_SECONDS`.
+
+The source comes from the environment of the Streamlit process (set by
+:func:`loopwatch.dashboard.cli.run_dashboard`): ``LOOPWATCH_DASHBOARD_DB`` (a DuckDB file,
+read-only) or ``LOOPWATCH_DASHBOARD_COLLECTOR`` (default ``http://127.0.0.1:9464``), and
+``LOOPWATCH_DASHBOARD_TOKEN_FILE``.
+
+Errors never reach the page as a traceback: :func:`call` shows
+:class:`~loopwatch.dashboard.data.SourceError` messages with ``st.error`` and stops the
+script run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, NoReturn, TypeVar
+from urllib.parse import quote
+
+import pandas as pd
+import streamlit as st
+from streamlit.errors import StreamlitAPIException
+
+from . import data
+from .data import (
+    DEFAULT_OTLP_URL,
+    DataSource,
+    Overview,
+    QueryFailed,
+    RunData,
+    RunFilter,
+    RunsPage,
+    SourceConfig,
+    SourceUnavailable,
+    ToolsData,
+)
+
+__all__ = [
+    "RANGES",
+    "RUN_VIEW_PAGE",
+    "TTL_SECONDS",
+    "TimeRange",
+    "cached_looped_runs",
+    "cached_overview",
+    "cached_run",
+    "cached_runs",
+    "cached_tools",
+    "call",
+    "empty_state",
+    "escape_md",
+    "footer",
+    "query_choice",
+    "run_link",
+    "run_url",
+    "runs_table",
+    "select_param",
+    "setup_page",
+    "source",
+    "sync_query_params",
+    "text_param",
+    "time_range",
+]
+
+TTL_SECONDS: Final = 15
+"""How long an answer is reused (short: the collector keeps receiving runs)."""
+
+RUN_VIEW_PAGE: Final = Path(__file__).resolve().parent / "pages" / "run_view.py"
+RUN_VIEW_URL_PATH: Final = "run"
+"""The run view's URL path in the app (``/run?run_id=...``)."""
+
+T = TypeVar("T")
+
+
+def setup_page(title: str) -> None:
+    """Page title and the wide layout (the pages are designed for 1280 px and up)."""
+    st.set_page_config(page_title=f"{title} · loopwatch", layout="wide")
+
+
+@st.cache_resource(show_spinner=False)
+def _open_source(key: str, _config: SourceConfig) -> DataSource:
+    del key
+    return data.open_source(
+        collector_url=_config.collector_url, db=_config.db, token_file=_config.token_file
+    )
+
+
+def _fail(message: str, hint: str | None = None) -> NoReturn:
+    st.error(message)
+    if hint:
+        st.caption(hint)
+    st.stop()
+
+
+def source() -> tuple[DataSource, str]:
+    """The configured source and its cache key; shows the error and stops if unavailable."""
+    config = SourceConfig.from_env(os.environ)
+    try:
+        return _open_source(config.key, config), config.key
+    except SourceUnavailable as exc:
+        _fail(exc.message)
+    except ValueError as exc:
+        _fail(f"The dashboard's source is misconfigured: {exc}.")
+
+
+def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call a reader; on a source error show it with ``st.error`` and stop the run."""
+    try:
+        return fn(*args, **kwargs)
+    except SourceUnavailable as exc:
+        _fail(exc.message)
+    except QueryFailed as exc:
+        _fail(f"The query failed: {exc.message}", "Narrow the time range or retry.")
+
+
+def footer(src: DataSource) -> None:
+    """Where the data comes from."""
+    st.caption(f"Data: {src.description}. Figures are refreshed every {TTL_SECONDS} s.")
+
+
+def empty_state(what: str = "No runs yet.") -> None:
+    """Say what to do when there is nothing to show."""
+    st.info(
+        f"{what} Send spans to the collector: point an OTLP exporter at "
+        f"{DEFAULT_OTLP_URL} (for example `loopwatch.instrumentation.otlp.configure_otlp()` "
+        "in the agent), then reload this page."
+    )
+
+
+# -------------------------------------------------------------- cached reads
+
+
+@st.cache_data(ttl=TTL_SECONDS, show_spinner=False, max_entries=256)
+def cached_runs(
+    key: str,
+    _src: DataSource,
+    filters: tuple[Any, ...],
+    limit: int,
+    offset: int,
+) -> RunsPage:
+    """:meth:`DataSource.runs`; ``filters`` is ``RunFilter`` fields as a tuple."""
+    return _src.runs(RunFilter(*filters), limit=limit, offset=offset)
+
+
+@st.cache_data(ttl=TTL_SECONDS, show_spinner=False, max_entries=64)
+def cached_run(key: str, _src: DataSource, run_id: str) -> RunData | None:
+    """:meth:`DataSource.run`."""
+    return _src.run(run_id)
+
+
+@st.cache_data(ttl=TTL_SECONDS, show_spinner=False, max_entries=64)
+def cached_overview(
+    key: str, _src: DataSource, since: int, until: int, bucket_seconds: int, agent: str | None
+) -> Overview:
+    """:meth:`DataSource.overview`."""
+    return _src.overview(
+        since_unix_nano=since, until_unix_nano=until, bucket_seconds=bucket_seconds, agent=agent
+    )
+
+
+@st.cache_data(ttl=TTL_SECONDS, show_spinner=False, max_entries=64)
+def cached_tools(key: str, _src: DataSource, since: int, until: int) -> ToolsData:
+    """:meth:`DataSource.tools`."""
+    return _src.tools(since_unix_nano=since, until_unix_nano=until)
+
+
+@st.cache_data(ttl=TTL_SECONDS, show_spinner=False, max_entries=64)
+def cached_looped_runs(
+    key: str, _src: DataSource, tool: str, since: int, until: int
+) -> pd.DataFrame:
+    """:func:`~loopwatch.dashboard.data.looped_runs`."""
+    return data.looped_runs(_src, tool, since_unix_nano=since, until_unix_nano=until)
+
+
+# ----------------------------------------------------------- query params
+
+
+def query_choice(name: str, allowed: Sequence[str], default: str) -> str:
+    """The query parameter ``name`` if it is one of ``allowed``, else ``default``."""
+    value = st.query_params.get(name)
+    return value if value is not None and value in allowed else default
+
+
+def select_param(
+    label: str,
+    options: Sequence[str],
+    *,
+    param: str,
+    default: str,
+    key: str,
+    on_change: Callable[[], None] | None = None,
+    format_func: Callable[[str], str] = str,
+) -> str:
+    """A selectbox whose initial choice comes from the query parameter ``param``.
+
+    ``key`` must be unique per page: a widget's state does not survive a page switch,
+    the URL does.
+    """
+    choices = list(options)
+    initial = query_choice(param, choices, default)
+    value = st.selectbox(
+        label,
+        choices,
+        index=choices.index(initial) if initial in choices else 0,
+        key=key,
+        on_change=on_change,
+        format_func=format_func,
+    )
+    return str(value)
+
+
+def text_param(
+    label: str,
+    *,
+    param: str,
+    key: str,
+    on_change: Callable[[], None] | None = None,
+    help: str | None = None,
+) -> str:
+    """A text input whose initial value is the query parameter ``param``; stripped."""
+    value = st.text_input(
+        label, value=st.query_params.get(param, ""), key=key, on_change=on_change, help=help
+    )
+    return (value or "").strip()
+
+
+def sync_query_params(values: Mapping[str, str | None], defaults: Mapping[str, str]) -> None:
+    """Write the page's filters to the URL (shareable), leaving defaults and blanks out."""
+    for name, value in values.items():
+        if value in (None, "") or value == defaults.get(name):
+            if name in st.query_params:
+                del st.query_params[name]
+        elif st.query_params.get(name) != value:
+            st.query_params[name] = value
+
+
+@dataclass(frozen=True, slots=True)
+class TimeRange:
+    """A time window ``[since, until)`` in ns, its bucket width and its label."""
+
+    key: str
+    label: str
+    since_unix_nano: int
+    until_unix_nano: int
+    bucket_seconds: int
+
+
+RANGES: Final[dict[str, tuple[str, int | None, int]]] = {
+    "1h": ("Last hour", 3_600, 60),
+    "6h": ("Last 6 hours", 6 * 3_600, 300),
+    "24h": ("Last 24 hours", 86_400, 1_800),
+    "7d": ("Last 7 days", 7 * 86_400, 6 * 3_600),
+    "30d": ("Last 30 days", 30 * 86_400, 86_400),
+    "all": ("All time", None, 86_400),
+}
+"""Range key -> (label, span in seconds or ``None`` for all, bucket seconds)."""
+
+_NS: Final = 1_000_000_000
+_ROUND_SECONDS: Final = 10
+
+
+def time_range(
+    *,
+    key: str,
+    default: str = "24h",
+    on_change: Callable[[], None] | None = None,
+    now_ns: int | None = None,
+) -> TimeRange:
+    """A time-range select bound to the ``range`` query parameter.
+
+    ``until`` is rounded up to 10 s so that reruns within those seconds hit the cache.
+    """
+    choice = select_param(
+        "Time range",
+        list(RANGES),
+        param="range",
+        default=default,
+        key=key,
+        on_change=on_change,
+        format_func=lambda k: RANGES[k][0],
+    )
+    label, span, bucket = RANGES[choice]
+    now = time.time_ns() if now_ns is None else now_ns
+    step = _ROUND_SECONDS * _NS
+    until = math.ceil(now / step) * step
+    since = 0 if span is None else until - span * _NS
+    return TimeRange(choice, label, since, until, bucket)
+
+
+# ------------------------------------------------------------------ links
+
+
+def run_url(run_id: str) -> str:
+    """The run view's relative URL for ``run_id`` (works from any page of the app)."""
+    return f"{RUN_VIEW_URL_PATH}?run_id={quote(run_id, safe='')}"
+
+
+def run_link(run_id: str, *, label: str | None = None) -> None:
+    """A link to the run view of ``run_id``: in-app when the app routes, else a URL."""
+    text = label or f"Open run view: {run_id}"
+    try:
+        st.page_link(str(RUN_VIEW_PAGE), label=text, query_params={"run_id": run_id})
+    except StreamlitAPIException:
+        st.markdown(f"[{escape_md(text)}]({run_url(run_id)})")
+
+
+def escape_md(text: str) -> str:
+    """``text`` with Markdown syntax characters escaped (for free text from the store)."""
+    return "".join(f"\\{c}" if c in "\\`*_{}[]()#+-.!<>|~" else c for c in text)
+
+
+_TABLE_COLUMNS: Final = (
+    "run",
+    "time",
+    "agent",
+    "stop_reason",
+    "top_tool",
+    "steps",
+    "steps_since_progress",
+    "tool_calls",
+    "tool_errors",
+    "tool_blocked",
+    "canary_detected",
+    "sampled",
+)
+
+
+def runs_table(runs: pd.DataFrame, *, key: str) -> None:
+    """The runs as a sortable table with a link per run, then an "open a run" picker.
+
+    Args:
+        runs: rows with :data:`~loopwatch.dashboard.data.RUN_COLUMNS`.
+        key: widget key prefix (unique per page section).
+    """
+    frame = runs.assign(run=[run_url(r) for r in runs["run_id"]])
+    st.dataframe(
+        frame,
+        hide_index=True,
+        column_order=_TABLE_COLUMNS,
+        column_config={
+            "run": st.column_config.LinkColumn(
+                "run", help="Open the run view", display_text=r"run_id=([^&]*)"
+            ),
+            "time": st.column_config.DatetimeColumn("time (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+            "stop_reason": st.column_config.TextColumn("stop reason"),
+            "top_tool": st.column_config.TextColumn("tool", help="The tool the run called most"),
+            "steps_since_progress": st.column_config.NumberColumn("steps since progress"),
+            "tool_calls": st.column_config.NumberColumn("tool calls"),
+            "tool_errors": st.column_config.NumberColumn("errors"),
+            "tool_blocked": st.column_config.NumberColumn("blocked"),
+            "canary_detected": st.column_config.CheckboxColumn("canary"),
+            "sampled": st.column_config.CheckboxColumn(
+                "sampled", help="Steps kept by the collector's sampling"
+            ),
+        },
+        placeholder="",
+    )
+    ids = runs["run_id"].astype(str).tolist()
+    if not ids:
+        return
+    left, right = st.columns([2, 3], vertical_alignment="bottom")
+    with left:
+        chosen = st.selectbox("Run", ids, key=f"{key}_pick")
+    with right:
+        run_link(str(chosen), label="Open run view")
