@@ -74,16 +74,21 @@ def _canon(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
     if depth > _MAX_DEPTH:
         return f"<{kind.__name__}>"
     if kind is dict:
-        if drop:
-            return {
-                k if type(k) is str else str(k): _canon(v, drop, loose, depth + 1)
-                for k, v in value.items()
-                if (k.lower() if type(k) is str else str(k).lower()) not in drop
-            }
-        return {
-            k if type(k) is str else str(k): _canon(v, drop, loose, depth + 1)
-            for k, v in value.items()
-        }
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            key = k if type(k) is str else str(k)
+            if drop and key.lower() in drop:
+                continue
+            vkind = type(v)
+            # Scalar leaves inline: most tool arguments are flat, and a call per leaf
+            # was a third of the guard's per-step cost.
+            if vkind is str and not loose:
+                out[key] = v.strip()
+            elif vkind is int or vkind is bool or v is None:
+                out[key] = v
+            else:
+                out[key] = _canon(v, drop, loose, depth + 1)
+        return out
     if kind is list or kind is tuple:
         return [_canon(v, drop, loose, depth + 1) for v in value]
     if kind is float:
