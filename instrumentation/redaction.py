@@ -52,9 +52,8 @@ Example:
 
 from __future__ import annotations
 
-import bisect
-
 import base64
+import bisect
 import hashlib
 import hmac
 import json
