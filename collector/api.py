@@ -8,13 +8,20 @@ Read endpoints (JSON; times in nanoseconds since the Unix epoch):
 
 - ``GET /api/v1/runs``: filters ``stop_reason``, ``agent``, ``tool``, ``since``, ``until``
   (ns), ``canary`` and ``sampled`` (``true``/``false``); paging ``limit`` (1..max rows)
-  and ``offset``. Answers ``{"items": [...], "next_offset": int | null}``.
-- ``GET /api/v1/runs/{run_id}``: the run, its steps, its stop and parsed evidence, stop
-  anomalies, tool call counts.
+  and ``offset``. Answers ``{"items": [...], "next_offset": int | null}``; each item has
+  ``steps_since_progress`` of its stop (``null`` without one).
+- ``GET /api/v1/runs/{run_id}``: the run (with its effective ``limits``, parsed, and
+  ``detector_version``), its steps, its stop and parsed evidence, stop anomalies, tool
+  call counts.
 - ``GET /api/v1/stats``: ``since``, ``until`` (default: the last 24 h), ``bucket_seconds``
-  (default 3600). Stops by reason per bucket and loop stops per tool.
+  (default 3600), ``agent``. Stops by reason per bucket, loop stops per tool, runs per
+  agent and stop reason (``runs_by_agent``), canary-flagged runs (``canary_runs``) and
+  ``truncated``.
+- ``GET /api/v1/tools``: ``since``, ``until`` (default: the last 24 h). ``{"items":
+  [{tool, calls, ok, errors, blocked, runs, repeated_action_runs}], "truncated": bool}``.
 
-Queries are parameterized and run on a worker thread with the store's time limit and row
+The SQL beyond :class:`StoreReader`'s is in :mod:`loopwatch.collector.queries`. Queries
+are parameterized and run on a worker thread with the store's time limit and row
 cap. With a token configured every endpoint but ``/healthz`` needs
 ``Authorization: Bearer <token>`` (compared in constant time, never logged).
 """
@@ -24,7 +31,7 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any, Final
 
 from starlette.applications import Starlette
@@ -33,7 +40,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .store import ReadTimeout, StoreReader
+from . import queries
+from .store import ReadTimeout, RunDetail, RunsPage, StoreReader
 
 __all__ = ["ApiError", "create_api_app", "error_response"]
 
@@ -123,6 +131,32 @@ def _str_param(request: Request, name: str) -> str | None:
     return raw
 
 
+def _window(request: Request) -> tuple[int, int]:
+    """``since`` and ``until`` (ns); default: the 24 h before now."""
+    now = time.time_ns()
+    until = _int_param(request, "until", now)
+    until = now if until is None else until
+    since = _int_param(request, "since", until - _DAY_NS)
+    return (until - _DAY_NS if since is None else since), until
+
+
+def _list_runs(reader: StoreReader, **filters: Any) -> RunsPage:
+    """One page of runs, each with ``steps_since_progress`` (worker thread)."""
+    page = reader.list_runs(**filters)
+    return RunsPage(queries.attach_steps_since_progress(reader, page.items), page.next_offset)
+
+
+def _get_run(reader: StoreReader, run_id: str) -> RunDetail | None:
+    """One run, with its effective limits and detector version (worker thread)."""
+    detail = reader.get_run(run_id)
+    if detail is None:
+        return None
+    extra = queries.run_extra(reader, run_id)
+    if extra is not None:
+        detail.run.update(extra)
+    return detail
+
+
 def create_api_app(
     reader: StoreReader,
     *,
@@ -179,7 +213,8 @@ def create_api_app(
                 "stop_reason must be one of: " + ", ".join(sorted(_STOP_REASONS)),
             )
         page = await run_in_threadpool(
-            reader.list_runs,
+            _list_runs,
+            reader,
             stop_reason=stop_reason,
             agent=_str_param(request, "agent"),
             tool=_str_param(request, "tool"),
@@ -196,20 +231,31 @@ def create_api_app(
         run_id = request.path_params["run_id"]
         if len(run_id) > _MAX_FILTER_CHARS:
             raise ApiError(400, "bad_parameter", "run id too long")
-        detail = await run_in_threadpool(reader.get_run, run_id)
+        detail = await run_in_threadpool(_get_run, reader, run_id)
         if detail is None:
             raise ApiError(404, "not_found", "no run with that id")
-        return JSONResponse(asdict(detail))
+        # Shallow: asdict() deep-copies every step value (0.64 s of 0.74 s for 10,000 steps).
+        return JSONResponse({f.name: getattr(detail, f.name) for f in fields(detail)})
 
     async def stats(request: Request) -> Response:
-        now = time.time_ns()
-        until = _int_param(request, "until", now) or now
-        since = _int_param(request, "since", until - _DAY_NS)
+        since, until = _window(request)
         bucket = _int_param(request, "bucket_seconds", 3600, minimum=1) or 3600
         result = await run_in_threadpool(
-            reader.stats, since_unix_nano=since or 0, until_unix_nano=until, bucket_seconds=bucket
+            queries.stats,
+            reader,
+            since_unix_nano=since,
+            until_unix_nano=until,
+            bucket_seconds=bucket,
+            agent=_str_param(request, "agent"),
         )
         return JSONResponse(asdict(result))
+
+    async def tools(request: Request) -> Response:
+        since, until = _window(request)
+        items, truncated = await run_in_threadpool(
+            queries.tools, reader, since_unix_nano=since, until_unix_nano=until
+        )
+        return JSONResponse({"items": items, "truncated": truncated})
 
     async def metrics_endpoint(request: Request) -> Response:
         body = await run_in_threadpool(metrics)
@@ -234,6 +280,7 @@ def create_api_app(
             Route("/api/v1/runs", guarded(runs), methods=["GET"]),
             Route("/api/v1/runs/{run_id:str}", guarded(run), methods=["GET"]),
             Route("/api/v1/stats", guarded(stats), methods=["GET"]),
+            Route("/api/v1/tools", guarded(tools), methods=["GET"]),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
     )

@@ -1,6 +1,6 @@
 """The dashboard's entry file: it only routes (``streamlit run dashboard/app.py``).
 
-Each page also runs on its own (``streamlit run dashboard/pages/overview.py``). The source
+Each page also runs on its own (``streamlit run dashboard/views/overview.py``). The source
 is read from the environment (see :mod:`loopwatch.dashboard.ui`).
 """
 
@@ -10,7 +10,10 @@ from pathlib import Path
 
 import streamlit as st
 
-PAGES = Path(__file__).resolve().parent / "pages"
+# Not "pages/": Streamlit runs the first session after start in its pages-directory mode
+# when that folder exists, so a shared /runs or /run?run_id= link opened first showed
+# "Page not found" (tests/e2e/test_dashboard_browser.py).
+PAGES = Path(__file__).resolve().parent / "views"
 
 st.navigation(
     [

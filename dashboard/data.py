@@ -6,12 +6,13 @@ returns; caching happens at the page edge.
 Two implementations of one protocol:
 
 - :class:`ApiSource`: the collector's JSON read API (``/api/v1/runs``, ``/api/v1/runs/{id}``,
-  ``/api/v1/stats``) over ``httpx`` with timeouts. The collector owns the DuckDB file
-  (DESIGN section 5), so this is the normal mode.
+  ``/api/v1/stats``, ``/api/v1/tools``) over ``httpx`` with timeouts. The collector owns
+  the DuckDB file (DESIGN section 5), so this is the normal mode.
 - :class:`DuckDBSource`: a DuckDB file opened read-only through the collector's
   :class:`~loopwatch.collector.store.StoreReader` when no collector runs (a file copied
-  from an incident opens too). Aggregates the reader lacks are parameterized SQL here,
-  run with the same time limit and row cap.
+  from an incident opens too). Aggregates the reader lacks come from
+  :mod:`loopwatch.collector.queries`, the same functions the read API serves, with the
+  same time limit and row cap.
 
 Exceptions::
 
@@ -118,6 +119,7 @@ RUN_COLUMNS: Final[tuple[str, ...]] = (
 _NS: Final = 1_000_000_000
 _SCAN_PAGE: Final = 1_000
 _SCAN_MAX_RUNS: Final = 10_000
+_TRUNCATED_NOTE: Final = "Figures are partial: a query hit the source's row cap."
 _USAGE_FIELDS: Final = (
     "usage_model_turns",
     "usage_tool_attempts",
@@ -225,6 +227,16 @@ class RunData:
     anomalies: list[dict[str, Any]]
     tools: pd.DataFrame
     limits: pd.DataFrame | None
+
+    def step_records(self) -> list[dict[str, Any]]:
+        """:attr:`steps` as one dict per row (Python values; missing numbers are NaN).
+
+        Same values as ``steps.to_dict("records")``, built column by column: 60 ms
+        instead of 380 ms for 10,000 rows.
+        """
+        columns = list(self.steps.columns)
+        values = [self.steps[c].tolist() for c in columns]
+        return [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -624,9 +636,7 @@ class ApiSource:
                 _by_agent_frame(body["runs_by_agent"]),
                 _loops_frame(body.get("loops_by_tool", [])),
                 int(body["canary_runs"]),
-                "Figures are partial (the collector hit its row cap)."
-                if body.get("truncated")
-                else None,
+                _TRUNCATED_NOTE if body.get("truncated") else None,
             )
         # A collector without these aggregates (nor the agent filter): count from run pages.
         items, more = self._scan(
@@ -661,7 +671,10 @@ class ApiSource:
                 "/api/v1/tools endpoint, which this collector does not serve; open the "
                 "database file with --db for them.",
             )
-        return ToolsData(_tools_frame(body.get("items", [])), loops)
+        truncated = body.get("truncated") or stats.get("truncated")
+        return ToolsData(
+            _tools_frame(body.get("items", [])), loops, _TRUNCATED_NOTE if truncated else None
+        )
 
     def close(self) -> None:
         self._client.close()
@@ -675,62 +688,13 @@ def _quote(run_id: str) -> str:
 
 # ------------------------------------------------------------- DuckDB source
 
-_RUN_TIME: Final = "COALESCE(stop_unix_nano, end_unix_nano, start_unix_nano, first_seen_unix_nano)"
-
-_SQL_STOPS: Final = (
-    f"SELECT ({_RUN_TIME} // ?) * ? AS bucket_unix_nano, stop_reason, count(*) AS stops "
-    f"FROM runs WHERE stop_reason IS NOT NULL AND {_RUN_TIME} >= ? AND {_RUN_TIME} < ? "
-    "AND (? IS NULL OR agent = ?) GROUP BY ALL ORDER BY ALL"
-)
-_SQL_BY_AGENT: Final = (
-    "SELECT COALESCE(agent, '') AS agent, COALESCE(stop_reason, '') AS stop_reason, "
-    f"count(*) AS runs FROM runs WHERE {_RUN_TIME} >= ? AND {_RUN_TIME} < ? "
-    "AND (? IS NULL OR agent = ?) GROUP BY ALL ORDER BY runs DESC, agent, stop_reason"
-)
-_SQL_CANARY: Final = (
-    f"SELECT count(*) AS runs FROM runs WHERE {_RUN_TIME} >= ? AND {_RUN_TIME} < ? "
-    "AND (? IS NULL OR agent = ?) AND (run_id IN (SELECT run_id FROM canary_flags) "
-    "OR trace_id IN (SELECT run_id FROM canary_flags))"
-)
-# The tool a loop is counted under is the run's most frequent tool (ties: first by name),
-# as StoreReader.stats and the loop-detection metric count it.
-_SQL_LOOPS: Final = (
-    "WITH loops AS (SELECT run_key, stop_reason FROM runs WHERE list_contains(?, stop_reason) "
-    f"AND {_RUN_TIME} >= ? AND {_RUN_TIME} < ? AND (? IS NULL OR agent = ?)), "
-    "tt AS (SELECT run_key, first(tool ORDER BY total DESC, tool) AS tool FROM "
-    "(SELECT run_key, tool, sum(calls) AS total FROM run_tools "
-    "WHERE run_key IN (SELECT run_key FROM loops) GROUP BY ALL HAVING sum(calls) > 0) "
-    "GROUP BY run_key) "
-    "SELECT COALESCE(tt.tool, '') AS tool, loops.stop_reason, count(*) AS stops "
-    "FROM loops LEFT JOIN tt USING (run_key) GROUP BY ALL ORDER BY stops DESC, tool, stop_reason"
-)
-_SQL_TOOLS: Final = (
-    f"WITH r AS (SELECT run_key, stop_reason FROM runs WHERE {_RUN_TIME} >= ? "
-    f"AND {_RUN_TIME} < ?), "
-    "c AS (SELECT t.run_key, t.tool, t.outcome, sum(t.calls) AS calls, "
-    "any_value(r.stop_reason) AS stop_reason FROM run_tools t JOIN r USING (run_key) "
-    "GROUP BY t.run_key, t.tool, t.outcome) "
-    "SELECT tool, sum(calls) AS calls, "
-    "COALESCE(sum(calls) FILTER (WHERE outcome = 'ok'), 0) AS ok, "
-    "COALESCE(sum(calls) FILTER (WHERE outcome = 'error'), 0) AS errors, "
-    "COALESCE(sum(calls) FILTER (WHERE outcome = 'blocked'), 0) AS blocked, "
-    "count(DISTINCT run_key) FILTER (WHERE calls > 0) AS runs, "
-    "count(DISTINCT run_key) FILTER (WHERE calls > 0 AND stop_reason = ?) "
-    "AS repeated_action_runs "
-    "FROM c GROUP BY tool HAVING sum(calls) > 0 ORDER BY calls DESC, tool"
-)
-_SQL_RUN_EXTRA: Final = "SELECT limits, detector_version FROM runs WHERE run_id = ? LIMIT 1"
-_SQL_STEPS_SINCE_PROGRESS: Final = (
-    "SELECT run_id, steps_since_progress FROM stops WHERE run_id IN (SELECT unnest(?::VARCHAR[]))"
-)
-
 
 class DuckDBSource:
     """A loopwatch DuckDB file opened read-only (no collector running).
 
     The file is opened once, read-only, through :class:`StoreReader` (the collector's own
-    read helpers: same queries, time limit and row cap as the read API); a few aggregates
-    the reader lacks run here as parameterized SQL with the same limits.
+    read helpers: same queries, time limit and row cap as the read API), with the read
+    API's other queries from :mod:`loopwatch.collector.queries`.
 
     Args:
         path: the DuckDB file.
@@ -841,25 +805,20 @@ class DuckDBSource:
             limit=limit,
             offset=offset,
         )
-        items = page.items
-        if items and "steps_since_progress" not in items[0]:
-            found = {
-                r["run_id"]: r["steps_since_progress"]
-                for r in self._query(_SQL_STEPS_SINCE_PROGRESS, [[i["run_id"] for i in items]])
-            }
-            items = [{**i, "steps_since_progress": found.get(i["run_id"])} for i in items]
+        from loopwatch.collector import queries
+
+        items = self._call(queries.attach_steps_since_progress, self._reader, page.items)
         return RunsPage(_runs_frame(items), offset, page.next_offset)
 
     def run(self, run_id: str) -> RunData | None:
+        from loopwatch.collector import queries
+
         detail = self._call(self._reader.get_run, run_id)
         if detail is None:
             return None
-        limits = detail.run.get("limits")
-        if limits is None:
-            extra = self._query(_SQL_RUN_EXTRA, [run_id])
-            if extra:
-                limits = extra[0]["limits"]
-                detail.run.setdefault("detector_version", extra[0]["detector_version"])
+        extra = self._call(queries.run_extra, self._reader, run_id)
+        if extra is not None:
+            detail.run.update(extra)
         return _run_data(
             {
                 "run": detail.run,
@@ -870,7 +829,7 @@ class DuckDBSource:
                 "stop_anomalies": detail.stop_anomalies,
                 "tools": detail.tools,
             },
-            limits,
+            detail.run.get("limits"),
         )
 
     def overview(
@@ -881,26 +840,35 @@ class DuckDBSource:
         bucket_seconds: int,
         agent: str | None = None,
     ) -> Overview:
-        if bucket_seconds < 1 or until_unix_nano <= since_unix_nano:
-            raise QueryFailed("bad_parameter", "bucket_seconds must be >= 1 and since < until")
-        window = [since_unix_nano, until_unix_nano, agent, agent]
-        bucket = bucket_seconds * _NS
-        stops = self._query(_SQL_STOPS, [bucket, bucket, *window])
-        by_agent = self._query(_SQL_BY_AGENT, window)
-        loops = self._query(_SQL_LOOPS, [list(LOOP_DETECTORS), *window])
-        canary = self._query(_SQL_CANARY, window)
+        from loopwatch.collector import queries
+
+        result = self._call(
+            queries.stats,
+            self._reader,
+            since_unix_nano=since_unix_nano,
+            until_unix_nano=until_unix_nano,
+            bucket_seconds=bucket_seconds,
+            agent=agent,
+        )
         return Overview(
-            _stops_frame(stops),
-            _by_agent_frame(by_agent),
-            _loops_frame(loops),
-            int(canary[0]["runs"]) if canary else 0,
+            _stops_frame(result.stops_by_reason),
+            _by_agent_frame(result.runs_by_agent),
+            _loops_frame(result.loops_by_tool),
+            result.canary_runs,
+            _TRUNCATED_NOTE if result.truncated else None,
         )
 
     def tools(self, *, since_unix_nano: int, until_unix_nano: int) -> ToolsData:
-        window = [since_unix_nano, until_unix_nano]
-        rows = self._query(_SQL_TOOLS, [*window, StopReason.REPEATED_ACTION.value])
-        loops = self._query(_SQL_LOOPS, [list(LOOP_DETECTORS), *window, None, None])
-        return ToolsData(_tools_frame(rows), _loops_frame(loops))
+        from loopwatch.collector import queries
+
+        window = {"since_unix_nano": since_unix_nano, "until_unix_nano": until_unix_nano}
+        rows, truncated = self._call(queries.tools, self._reader, **window)
+        loops, loops_truncated = self._call(queries.loops_by_tool, self._reader, **window)
+        return ToolsData(
+            _tools_frame(rows),
+            _loops_frame(loops),
+            _TRUNCATED_NOTE if truncated or loops_truncated else None,
+        )
 
     def close(self) -> None:
         with self._lock:

@@ -73,7 +73,7 @@ __all__ = [
 TTL_SECONDS: Final = 15
 """How long an answer is reused (short: the collector keeps receiving runs)."""
 
-RUN_VIEW_PAGE: Final = Path(__file__).resolve().parent / "pages" / "run_view.py"
+RUN_VIEW_PAGE: Final = Path(__file__).resolve().parent / "views" / "run_view.py"
 RUN_VIEW_URL_PATH: Final = "run"
 """The run view's URL path in the app (``/run?run_id=...``)."""
 

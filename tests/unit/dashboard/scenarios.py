@@ -28,7 +28,7 @@ from loopwatch.instrumentation.testing import (
 from tests.integration.services import free_port, poll_until
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "dashboard"
-PAGES = DASHBOARD / "pages"
+PAGES = DASHBOARD / "views"
 
 CANARY = "lwcanary-7f3a9c2e51d84b06"
 """A canary value placed in one tool result; the collector's canary file lists it."""

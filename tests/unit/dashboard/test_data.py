@@ -128,13 +128,9 @@ def test_limits_come_with_their_source(fed: Fed) -> None:
     api = ApiSource(fed.api_url)
     try:
         run = api.run(LOOP_RUN)
-        assert run is not None
-        # The read API does not return the limits yet; once it does, they must match.
-        if "limits" in run.run:
-            assert run.limits is not None
-            assert run.limits.set_index("limit").to_dict("index") == limits
-        else:
-            assert run.limits is None
+        assert run is not None and run.limits is not None
+        assert run.limits.set_index("limit").to_dict("index") == limits
+        assert run.run["detector_version"]
     finally:
         api.close()
 
@@ -177,37 +173,56 @@ def test_overview_agrees_between_sources(fed: Fed) -> None:
         db.close()
 
 
-def test_tools(fed: Fed) -> None:
+def test_tools(source: DataSource) -> None:
+    result = source.tools(**WINDOW)
+    assert result.tools is not None and result.note is None
+    rows = result.tools.set_index("tool").to_dict("index")
+    assert rows["get_details_by_id"] == {
+        "calls": 95,
+        "ok": 94,
+        "errors": 0,
+        "blocked": 1,
+        "runs": 1,
+        "repeated_action_runs": 1,
+        "repeated_action_rate": 1.0,
+    }
+    assert rows["lookup_order"]["runs"] == 4
+    assert rows["lookup_order"]["repeated_action_runs"] == 1
+    assert rows["lookup_order"]["repeated_action_rate"] == pytest.approx(0.25)
+    assert int(result.loops["stops"].sum()) == 5
+    assert list(data.looped_runs(source, "lookup_order", **WINDOW)["run_id"]) == ["dash-repeat"]
+    looped = data.looped_runs(source, "get_details_by_id", **WINDOW)
+    assert list(looped["run_id"]) == [LOOP_RUN]
+
+
+def test_tools_agree_between_sources(fed: Fed) -> None:
+    api = ApiSource(fed.api_url)
     db = DuckDBSource(fed.db_copy)
     try:
-        result = db.tools(**WINDOW)
-        assert result.tools is not None and result.note is None
-        rows = result.tools.set_index("tool").to_dict("index")
-        assert rows["get_details_by_id"] == {
-            "calls": 95,
-            "ok": 94,
-            "errors": 0,
-            "blocked": 1,
-            "runs": 1,
-            "repeated_action_runs": 1,
-            "repeated_action_rate": 1.0,
-        }
-        assert rows["lookup_order"]["runs"] == 4
-        assert rows["lookup_order"]["repeated_action_runs"] == 1
-        assert rows["lookup_order"]["repeated_action_rate"] == pytest.approx(0.25)
-        looped = data.looped_runs(db, "lookup_order", **WINDOW)
-        assert list(looped["run_id"]) == ["dash-repeat"]
-    finally:
-        db.close()
-    api = ApiSource(fed.api_url)
-    try:
-        result = api.tools(**WINDOW)
-        assert result.tools is None and result.note and "/api/v1/tools" in result.note
-        assert int(result.loops["stops"].sum()) == 5
-        looped = data.looped_runs(api, "get_details_by_id", **WINDOW)
-        assert list(looped["run_id"]) == [LOOP_RUN]
+        left, right = (s.tools(**WINDOW) for s in (api, db))
+        assert left.tools is not None and right.tools is not None
+        assert left.tools.equals(right.tools)
+        assert left.loops.equals(right.loops)
     finally:
         api.close()
+        db.close()
+
+
+def test_collector_without_the_tools_endpoint(fed: Fed) -> None:
+    """An older collector (no ``/api/v1/tools``): loops still shown, the rest explained."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/api/v1/tools":
+            return httpx.Response(
+                404, json={"error": {"status": 404, "code": "not_found", "message": "x"}}
+            )
+        return httpx.Response(
+            200, json={"stops_by_reason": [], "loops_by_tool": [], "truncated": False}
+        )
+
+    src = ApiSource("http://collector.test", transport=httpx.MockTransport(answer))
+    result = src.tools(**WINDOW)
+    assert result.tools is None and result.note and "/api/v1/tools" in result.note
 
 
 # ------------------------------------------------------------------ failures

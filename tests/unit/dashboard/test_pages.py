@@ -106,8 +106,7 @@ def test_stopped_runs_table(fed_source: str, fed: Fed) -> None:
     assert by_id.loc[LOOP_RUN, "steps"] == 95 and by_id.loc[LOOP_RUN, "tool_blocked"] == 1
     assert bool(by_id.loc["dash-repeat", "canary_detected"]) is True
     assert bool(by_id.loc["dash-completed", "sampled"]) is False
-    if fed_source == "db":
-        assert by_id.loc[LOOP_RUN, "steps_since_progress"] == 93
+    assert by_id.loc[LOOP_RUN, "steps_since_progress"] == 93
     link = at.markdown[0].value
     assert link.startswith("[Open run view](run?run_id=")
 
@@ -230,10 +229,7 @@ def test_run_view_limits_and_canary(fed_source: str) -> None:
     assert "canary flagged" in at.caption[0].value
     assert "[REDACTED" in "\n".join(c.value for c in at.code)
     limits = [d.value for d in at.dataframe if "limit" in d.value.columns]
-    if fed_source == "db":
-        assert limits and "repeat_limit" in set(limits[0]["limit"])
-    else:
-        assert not limits and "does not return the run's effective limits" in texts(at)
+    assert limits and "repeat_limit" in set(limits[0]["limit"])
 
 
 def test_run_view_window_from_the_url(fed_source: str) -> None:
@@ -264,13 +260,10 @@ def test_tools(fed_source: str) -> None:
     assert "5 loop stops over 5 tools" in page_text
     looped = frame(at, -1)
     assert list(looped["run_id"]) == [LOOP_RUN]
-    if fed_source == "db":
-        table = frame(at, 0).set_index("tool")
-        row = table.loc["get_details_by_id"]
-        assert (row["calls"], row["blocked"], row["repeated_action"]) == (95, 1, 1)
-        assert row["repeated_action_rate"] == 1.0
-    else:
-        assert "/api/v1/tools" in "\n".join(i.value for i in at.info)
+    table = frame(at, 0).set_index("tool")
+    row = table.loc["get_details_by_id"]
+    assert (row["calls"], row["blocked"], row["repeated_action"]) == (95, 1, 1)
+    assert row["repeated_action_rate"] == 1.0
     at.selectbox(key="tools_tool").set_value("toggle_state").run()
     assert list(frame(at, -1)["run_id"]) == ["dash-no-progress"]
     assert at.query_params == {"range": "all", "tool": "toggle_state"}
@@ -283,17 +276,17 @@ def test_router_reaches_every_page(fed_source: str) -> None:
     at = AppTest.from_file(str(DASHBOARD / "app.py"), default_timeout=TIMEOUT).run()
     no_failure(at)
     assert at.title[0].value == "Overview"
-    at.switch_page("pages/stopped_runs.py").run()
+    at.switch_page("views/stopped_runs.py").run()
     no_failure(at)
     assert at.title[0].value == "Stopped runs"
     links = at.get("page_link")
     assert [(p.proto.label, p.proto.page) for p in links] == [("Open run view", "run")]
     assert links[0].proto.query_string.startswith("run_id=")
     at.query_params["run_id"] = LOOP_RUN
-    at.switch_page("pages/run_view.py").run()
+    at.switch_page("views/run_view.py").run()
     no_failure(at)
     assert metrics(at)["Stop reason"] == "repeated_action"
-    at.switch_page("pages/tools.py").run()
+    at.switch_page("views/tools.py").run()
     no_failure(at)
     assert at.title[0].value == "Tools"
 

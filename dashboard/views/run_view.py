@@ -55,7 +55,7 @@ if detail is None:
 
 run = detail.run
 stop = detail.stop
-steps = runview.build_steps(detail.steps.to_dict("records"))
+steps = runview.build_steps(detail.step_records())
 card = runview.stop_card(stop, detail.evidence)
 stopped_at = card.step if card is not None and card.step else (steps[-1].step if steps else None)
 
@@ -223,8 +223,9 @@ with limits_col:
     st.subheader("Effective limits")
     if detail.limits is None:
         st.caption(
-            "This source does not return the run's effective limits (the collector's API "
-            "does not include them yet); open the database file with --db to see them."
+            "This source does not return the run's effective limits (a collector older "
+            "than this dashboard, or a run whose agent sent none); open the database file "
+            "with --db to see them."
         )
     else:
         st.caption("Each limit the guard enforced, and where it came from.")

@@ -1,0 +1,252 @@
+"""The read API's additions for the dashboard, on a real collector fed with real spans.
+
+``/api/v1/runs/{id}`` with ``limits`` and ``detector_version``; ``steps_since_progress`` on
+``/api/v1/runs`` items; ``/api/v1/tools``; ``/api/v1/stats`` with ``agent``,
+``runs_by_agent`` and ``canary_runs``. Each figure is checked against the DuckDB file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loopwatch.collector.config import load_config
+from loopwatch.collector.service import Collector
+from loopwatch.instrumentation import Policy
+from starlette.testclient import TestClient
+
+from .spans import completed_run, looping_run, record, to_batch
+
+CANARY = "lw-canary-5b1d0e9a7c3f"
+WINDOW = {"since": 0, "until": 2**62}
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[Collector]:
+    canaries = tmp_path / "canaries.txt"
+    canaries.write_text(f"{CANARY}\n")
+    cfg = load_config(
+        environ={},
+        overrides={
+            "store": {"db": str(tmp_path / "lw.duckdb")},
+            "redaction": {"canaries_file": str(canaries)},
+        },
+    )
+    c = Collector(cfg)
+    yield c
+    c.close()
+
+
+def submit(c: Collector, fn: Any, *, canary: bool = False) -> str:
+    """Record ``fn``'s run, optionally plant the canary in a tool result; return the run id."""
+    batch = to_batch(record(fn))
+    if canary:
+        target = next(s for s in batch.spans if s.name.startswith("execute_tool"))
+        target.attributes["gen_ai.tool.call.result"] = json.dumps({"note": CANARY})
+    asyncio.run(c.submit(batch))
+    run_ids = {s.attributes.get("loopwatch.run.id") for s in batch.spans} - {None}
+    assert len(run_ids) == 1
+    return str(run_ids.pop())
+
+
+@pytest.fixture
+def fed(collector: Collector) -> dict[str, str]:
+    """Three runs: two agents, one loop, one canary-flagged."""
+    return {
+        "loop": submit(collector, looping_run("support", policy=Policy.build(repeat_limit=3))),
+        "done": submit(collector, completed_run("support"), canary=True),
+        "billing": submit(collector, completed_run("billing")),
+    }
+
+
+def api(collector: Collector) -> TestClient:
+    return TestClient(collector.api_app())
+
+
+def sql(collector: Collector, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    reader = collector.store.reader()
+    rows, _ = reader._query(query, list(params))
+    return [tuple(r.values()) for r in rows]
+
+
+def test_run_detail_has_limits_and_detector_version(
+    collector: Collector, fed: dict[str, str]
+) -> None:
+    run = api(collector).get(f"/api/v1/runs/{fed['loop']}").json()["run"]
+    ((raw_limits, version),) = sql(
+        collector, "SELECT limits, detector_version FROM runs WHERE run_id = ?", fed["loop"]
+    )
+    assert run["limits"] == json.loads(raw_limits)
+    assert run["limits"]["repeat_limit"] == {"value": 3, "source": "call"}
+    assert run["detector_version"] == version and version
+
+
+def test_runs_have_steps_since_progress(collector: Collector, fed: dict[str, str]) -> None:
+    items = api(collector).get("/api/v1/runs").json()["items"]
+    got = {i["run_id"]: i["steps_since_progress"] for i in items}
+    stored = dict(sql(collector, "SELECT run_id, steps_since_progress FROM stops"))
+    assert got == stored and set(got) == set(fed.values())
+    assert isinstance(got[fed["loop"]], int)
+
+
+def test_tools(collector: Collector, fed: dict[str, str]) -> None:
+    body = api(collector).get("/api/v1/tools", params=WINDOW).json()
+    assert body == {
+        "items": [
+            {
+                "tool": "get_details_by_id",
+                "calls": 3,
+                "ok": 2,
+                "errors": 0,
+                "blocked": 1,
+                "runs": 1,
+                "repeated_action_runs": 1,
+            },
+            {
+                "tool": "lookup",
+                "calls": 2,
+                "ok": 2,
+                "errors": 0,
+                "blocked": 0,
+                "runs": 2,
+                "repeated_action_runs": 0,
+            },
+        ],
+        "truncated": False,
+    }
+
+
+def test_tools_default_window_is_the_last_day(collector: Collector, fed: dict[str, str]) -> None:
+    client = api(collector)
+    assert len(client.get("/api/v1/tools").json()["items"]) == 2
+    assert client.get("/api/v1/tools", params={"since": 0, "until": 1}).json()["items"] == []
+
+
+@pytest.mark.parametrize(
+    ("agent", "by_agent", "canary_runs", "stops", "loops"),
+    [
+        (
+            None,
+            {
+                ("support", "repeated_action"): 1,
+                ("support", "completed"): 1,
+                ("billing", "completed"): 1,
+            },
+            1,
+            {"repeated_action": 1, "completed": 2},
+            {("get_details_by_id", "repeated_action"): 1},
+        ),
+        (
+            "support",
+            {("support", "repeated_action"): 1, ("support", "completed"): 1},
+            1,
+            {"repeated_action": 1, "completed": 1},
+            {("get_details_by_id", "repeated_action"): 1},
+        ),
+        ("billing", {("billing", "completed"): 1}, 0, {"completed": 1}, {}),
+        ("nobody", {}, 0, {}, {}),
+    ],
+)
+def test_stats_by_agent(
+    collector: Collector,
+    fed: dict[str, str],
+    agent: str | None,
+    by_agent: dict[tuple[str, str], int],
+    canary_runs: int,
+    stops: dict[str, int],
+    loops: dict[tuple[str, str], int],
+) -> None:
+    params: dict[str, Any] = {**WINDOW, "bucket_seconds": 86_400}
+    if agent is not None:
+        params["agent"] = agent
+    body = api(collector).get("/api/v1/stats", params=params).json()
+    assert set(body) == {
+        "stops_by_reason",
+        "loops_by_tool",
+        "runs_by_agent",
+        "canary_runs",
+        "truncated",
+    }
+    assert {(r["agent"], r["stop_reason"]): r["runs"] for r in body["runs_by_agent"]} == by_agent
+    assert body["canary_runs"] == canary_runs
+    totals: dict[str, int] = {}
+    for row in body["stops_by_reason"]:
+        totals[row["stop_reason"]] = totals.get(row["stop_reason"], 0) + row["stops"]
+    assert totals == stops
+    assert {(r["tool"], r["stop_reason"]): r["stops"] for r in body["loops_by_tool"]} == loops
+    assert body["truncated"] is False
+
+
+def test_stats_without_agent_matches_the_store_reader(
+    collector: Collector, fed: dict[str, str]
+) -> None:
+    body = api(collector).get("/api/v1/stats", params={**WINDOW, "bucket_seconds": 3600}).json()
+    reference = collector.store.reader().stats(
+        since_unix_nano=WINDOW["since"], until_unix_nano=WINDOW["until"], bucket_seconds=3600
+    )
+    assert body["stops_by_reason"] == reference.stops_by_reason
+    assert body["loops_by_tool"] == reference.loops_by_tool
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "status"),
+    [
+        ("/api/v1/tools", {"since": "10", "until": "5"}, 400),
+        ("/api/v1/tools", {"since": "soon"}, 400),
+        ("/api/v1/stats", {"agent": "a" * 513}, 400),
+        ("/api/v1/stats", {"since": "10", "until": "5"}, 400),
+        ("/api/v1/runs/" + "r" * 600, {}, 400),
+        ("/api/v1/tools/extra", {}, 404),
+    ],
+)
+def test_new_endpoints_use_the_error_envelope(
+    collector: Collector, path: str, params: dict[str, str], status: int
+) -> None:
+    response = api(collector).get(path, params=params)
+    body = response.json()
+    assert response.status_code == status
+    assert set(body) == {"error"} and set(body["error"]) == {"status", "code", "message"}
+    assert body["error"]["status"] == status
+
+
+def test_tools_needs_the_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t0ken-xyz\n")
+    cfg = load_config(
+        environ={},
+        overrides={
+            "store": {"db": str(tmp_path / "x.duckdb")},
+            "server": {"token_file": str(token)},
+        },
+    )
+    c = Collector(cfg)
+    try:
+        client = api(c)
+        assert client.get("/api/v1/tools").status_code == 401
+        ok = client.get("/api/v1/tools", headers={"Authorization": "Bearer t0ken-xyz"})
+        assert ok.status_code == 200 and ok.json() == {"items": [], "truncated": False}
+    finally:
+        c.close()
+
+
+def test_queries_public_names() -> None:
+    from loopwatch.collector import queries
+
+    defined = {
+        name
+        for name, value in vars(queries).items()
+        if not name.startswith("_") and getattr(value, "__module__", None) == queries.__name__
+    }
+    assert defined <= set(queries.__all__)
+    assert all(hasattr(queries, name) for name in queries.__all__)
+
+
+def test_docs_list_every_read_endpoint(collector: Collector) -> None:
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "collector.md").read_text()
+    section = docs.split("## Read API", 1)[1].split("\n## ", 1)[0]
+    paths = [r.path.replace("{run_id:str}", "{run_id}") for r in collector.api_app().routes]
+    assert paths and all(f"`GET {p}`" in section for p in paths if p != "/metrics")
