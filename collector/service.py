@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import signal
@@ -52,6 +53,7 @@ __all__ = ["Collector", "StoreUnavailable", "counted_stop", "loop_detector", "se
 
 _log = logging.getLogger("loopwatch.collector")
 _AGENT_CACHE: Final = 100_000
+_GC_GEN0_THRESHOLD: Final = 20_000
 _UNKNOWN_AGENT: Final = "unknown"
 
 
@@ -282,11 +284,23 @@ class Collector:
         if new:
             self.metrics.record_canaries(processed.canaries)
             self.metrics.record_redactions(processed.redactions)
+        # Runs on the event loop: count per (run, tool, outcome), then one metric update
+        # per label set, instead of a lock and a label lookup per tool span.
+        everything_new = len(new) == result.spans
+        calls: dict[tuple[str, str | None, str, str], int] = {}
         for step in mapped.steps:
-            if step.kind != "tool_result" or (step.trace_id, step.span_id) not in new:
+            if step.kind != "tool_result":
                 continue
-            agent = self.agent_of(step.run_id, step.agent)
-            self.metrics.record_tool_call(agent, step.tool or "unknown", step.outcome or "error")
+            if not everything_new and (step.trace_id, step.span_id) not in new:
+                continue
+            call = (step.run_id, step.agent, step.tool or "unknown", step.outcome or "error")
+            calls[call] = calls.get(call, 0) + 1
+        by_labels: dict[tuple[str, str, str], int] = {}
+        for (run_id, explicit, tool, outcome), n in calls.items():
+            labels = (self.agent_of(run_id, explicit), tool, outcome)
+            by_labels[labels] = by_labels.get(labels, 0) + n
+        for (agent, tool, outcome), n in by_labels.items():
+            self.metrics.record_tool_call(agent, tool, outcome, n)
         for stop in mapped.stops:
             key = (stop.trace_id, stop.span_id)
             if key not in new or key in result.anomalous_stop_keys or not counted_stop(stop):
@@ -419,6 +433,20 @@ async def _serve(
     stop_task.cancel()
 
 
+def _tune_gc() -> None:
+    """Run the cyclic garbage collector less often in the serving process.
+
+    Each request allocates some 10^5 short-lived, acyclic objects (freed by reference
+    counting), which triggered a generation-0 pass every ~700 allocations: 6 us per span
+    and 35-45 ms full passes that hold the GIL, measured with 512-span batches. Objects
+    alive after start-up (modules, compiled rules, restored metrics) are frozen out of
+    every pass.
+    """
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(_GC_GEN0_THRESHOLD, gen1, gen2)
+
+
 def serve_forever(
     config: CollectorConfig, *, ready: threading.Event | None = None, announce: bool = True
 ) -> None:
@@ -440,6 +468,7 @@ def serve_forever(
         for sock in sockets:
             sock.close()
         raise
+    _tune_gc()
     try:
         asyncio.run(_serve(collector, sockets, ready, announce))
     finally:

@@ -12,19 +12,26 @@ that owns the write connection and a bounded queue in front of it:
   all in one transaction through Arrow tables, commits, then resolves every future. If
   the group fails, each batch is retried alone so one bad batch fails only its own future.
 - Crash safety: DuckDB's write-ahead log; a resolved future means the rows survive a
-  ``kill -9`` of the process (``tests/integration/test_store_crash.py``).
+  ``kill -9`` of the process (``tests/integration/test_store_crash.py``). The writer
+  checkpoints between groups, after the futures are resolved (see
+  ``StoreConfig.checkpoint_wal_bytes``), not inside a group's ``COMMIT``.
 - Cost per group stays flat as tables grow: runs and stops are keyed by a 64-bit hash of
   the run id (``run_key``) and touched through literal key lists, which DuckDB answers with
   primary-key index lookups; rows are appended from Arrow tables; the group's touched runs
   are read once, merged in Python, then deleted and re-inserted (DuckDB's
   ``ON CONFLICT DO UPDATE`` and join-based ``UPDATE`` cost 10-80 ms per statement here).
+  Span keys are checked in memory and appended to an index-free table: a primary key
+  over random 128-bit keys cost 5-12 us per key to insert and made every checkpoint
+  rewrite the whole index (150 ms at 400k keys, 1 s at 2.5M, measured here).
 
 Write semantics (each rule has a test in ``tests/unit/test_store.py``):
 
 - Idempotent by span: every row carries its span's ``(trace_id, span_id)``; spans already
-  in ``spans_seen`` (client retries) or repeated within the group are skipped whole. The
-  key is kept for ``dedup_retention_seconds`` (default one hour); a retry arriving later
-  than that would be stored again.
+  stored (client retries) or repeated within the group are skipped whole. The keys of
+  the last ``dedup_retention_seconds`` (default one hour), at most ``dedup_max_keys`` of
+  them, are held in memory and checked there; ``spans_seen`` records them in the same
+  transaction as the rows and refills the memory at open, so deduplication survives a
+  restart. A retry older than that window would be stored again.
 - Runs are merged: any span of a run may arrive first. The run span's fields win, times
   widen, counts (steps = highest step index, decisions, tool calls, errors, blocked,
   tokens) add up over new spans only.
@@ -51,7 +58,7 @@ Write semantics (each rule has a test in ``tests/unit/test_store.py``):
 Reads (:class:`StoreReader`) run on their own cursors with a time limit and a row cap,
 parameterized SQL only, so they never block or starve the writer.
 
-Schema (``SCHEMA_VERSION`` = 3; numbered migrations in :data:`MIGRATIONS` are applied in
+Schema (``SCHEMA_VERSION`` = 4; numbered migrations in :data:`MIGRATIONS` are applied in
 order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
 
 - ``runs``: one row per run (key ``run_key``), always kept: counts, the primary stop
@@ -64,7 +71,8 @@ order at open; times are integers in ns since the Unix epoch unless named ``_uni
 - ``canary_flags``: run ids or trace ids the redact stage flagged.
 - ``canary_hits``: canary hits by location per committed batch (append-only; never the
   value), counted only for batches that stored at least one new span.
-- ``spans_seen``: 64-bit span id and low 64 bits of the trace id of each stored span.
+- ``spans_seen``: 64-bit span id and low 64 bits of the trace id of each stored span,
+  and when it was stored (no index: append-only, pruned by time).
 - ``sample_quota``: runs kept per (hour, stop_reason, tool).
 - ``schema_version``: applied migrations.
 """
@@ -77,6 +85,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import operator
 import threading
 import time
@@ -340,6 +349,21 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             )""",
         ),
     ),
+    Migration(
+        4,
+        "spans_seen without its primary key (dedup checks moved to memory)",
+        (
+            """CREATE TABLE spans_seen_v4 (
+                span_key UBIGINT NOT NULL,
+                trace_key UBIGINT NOT NULL,
+                seen_unix_nano BIGINT NOT NULL
+            )""",
+            "INSERT INTO spans_seen_v4 SELECT span_key, trace_key, seen_unix_nano "
+            "FROM spans_seen ORDER BY seen_unix_nano",
+            "DROP TABLE spans_seen",
+            "ALTER TABLE spans_seen_v4 RENAME TO spans_seen",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
@@ -394,8 +418,7 @@ class StoreConfig:
             empty).
         max_group_spans: spans written in one transaction (group commit bound).
         dedup_retention_seconds: how long span keys are kept for retry deduplication
-            (OTLP exporters retry for seconds to minutes; the key index is rewritten at
-            every DuckDB checkpoint, so a longer window costs commit-latency tail).
+            (OTLP exporters retry for seconds to minutes).
         maintenance_interval_seconds: how often the writer decides timed-out runs and
             prunes old keys (wall time, checked between groups).
         read_timeout_seconds: time limit of each read query.
@@ -404,6 +427,18 @@ class StoreConfig:
             measured best on 2 cores: 109k vs 81k spans/s and half the commit latency,
             because small group writes gain nothing from parallel scans.
         sampling: the sampling rule.
+        dedup_max_keys: span keys held in memory for deduplication (about 80 bytes
+            each). Past this, the oldest keys are dropped before their retention ends, so
+            a retry older than the newest ``dedup_max_keys`` spans would be stored again
+            (logged). The default covers an hour at 550 spans/s, four minutes at 8,000.
+        checkpoint_wal_bytes: write-ahead log size at which the writer checkpoints, once
+            the queue is empty and after the group's futures are resolved; at four times
+            this size it checkpoints even with batches waiting. DuckDB's own automatic
+            checkpoint (which runs inside ``COMMIT``, delaying that group's
+            acknowledgement) is pushed to eight times this size. A checkpoint blocks the
+            writer for a time that grows with the ``runs`` and ``stops`` tables, not with
+            the log (200-500 ms at 30-40k runs after 4 MiB and after 64 MiB alike), so
+            fewer, larger ones stall less; a larger log takes longer to replay at open.
     """
 
     max_queue_spans: int = 100_000
@@ -414,6 +449,8 @@ class StoreConfig:
     read_max_rows: int = 10_000
     duckdb_threads: int = 1
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    dedup_max_keys: int = 2_000_000
+    checkpoint_wal_bytes: int = 64 * 1024 * 1024
 
     def validate(self) -> None:
         """Check every field.
@@ -421,7 +458,14 @@ class StoreConfig:
         Raises:
             ValueError: a field is out of range.
         """
-        for name in ("max_queue_spans", "max_group_spans", "read_max_rows", "duckdb_threads"):
+        for name in (
+            "max_queue_spans",
+            "max_group_spans",
+            "read_max_rows",
+            "duckdb_threads",
+            "dedup_max_keys",
+            "checkpoint_wal_bytes",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1")
@@ -771,6 +815,72 @@ class _Group:
         self.tool_deltas[key] = self.tool_deltas.get(key, 0) + calls
 
 
+class _RecentKeys:
+    """Span keys committed within the dedup window, in slices (writer thread only).
+
+    Keys are ``span_key << 64 | trace_key``. A slice holds the keys of at most 1/16 of
+    the retention and 1/16 of ``max_keys``; it is forgotten at the first maintenance
+    after its newest key's retention ended, so a key is kept at least ``retention``.
+    Past ``max_keys``, slices are dropped oldest first (logged at most once a minute).
+    """
+
+    def __init__(self, retention_ns: int, max_keys: int) -> None:
+        self._retention_ns = retention_ns
+        self._slice_ns = max(retention_ns // 16, 1)
+        self._slice_keys = max(max_keys // 16, 1)
+        self._max_keys = max_keys
+        # (slice index, [newest seen_ns], keys)
+        self._slices: deque[tuple[int, list[int], set[int]]] = deque()
+        self._size = 0
+        self._warned = -math.inf
+        self.dropped_early = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def unseen(self, keys: Iterable[int]) -> set[int]:
+        """The keys not in the window."""
+        fresh = set(keys)
+        for _, _, members in reversed(self._slices):
+            if not fresh:
+                break
+            fresh = fresh.difference(members)
+        return fresh
+
+    def add(self, keys: set[int], now_ns: int) -> None:
+        """Remember ``keys`` as seen at ``now_ns`` (disjoint from the window)."""
+        index = now_ns // self._slice_ns
+        last = self._slices[-1] if self._slices else None
+        if last is not None and last[0] >= index and len(last[2]) < self._slice_keys:
+            last[1][0] = max(last[1][0], now_ns)
+            last[2].update(keys)
+        else:
+            self._slices.append((max(index, last[0]) if last else index, [now_ns], set(keys)))
+        self._size += len(keys)
+        dropped = 0
+        while self._size > self._max_keys and len(self._slices) > 1:
+            _, _, members = self._slices.popleft()
+            self._size -= len(members)
+            dropped += len(members)
+        if dropped:
+            self.dropped_early += dropped
+            if time.monotonic() - self._warned >= 60:
+                self._warned = time.monotonic()
+                logger.warning(
+                    "dedup window full (dedup_max_keys=%d): %d span keys forgotten before "
+                    "their retention so far; a retry of those spans would be stored again",
+                    self._max_keys,
+                    self.dropped_early,
+                )
+
+    def expire(self, now_ns: int) -> None:
+        """Forget the slices whose newest key was seen ``retention`` before ``now_ns``."""
+        cutoff = now_ns - self._retention_ns
+        while self._slices and self._slices[0][1][0] < cutoff:
+            _, _, members = self._slices.popleft()
+            self._size -= len(members)
+
+
 class Store:
     """The collector's DuckDB file: one writer thread, group commit, read helpers.
 
@@ -810,8 +920,19 @@ class Store:
         self._con = duckdb.connect(
             str(self.path), config={"threads": str(self.config.duckdb_threads)}
         )
+        self._wal_path = Path(f"{self.path}.wal")
+        self._recent = _RecentKeys(
+            int(self.config.dedup_retention_seconds * _NS), self.config.dedup_max_keys
+        )
+        self._after_commit: list[Callable[[], None]] = []
+        self._quota_hour: int | None = None
+        self._quota: dict[tuple[str, str], int] = {}
         try:
+            self._con.execute(
+                f"SET checkpoint_threshold = '{8 * self.config.checkpoint_wal_bytes}B'"
+            )
             self.schema_version = apply_migrations(self._con)
+            self._load_recent_keys()
             self._read_root = self._con.cursor()
         except BaseException:
             self._con.close()
@@ -941,14 +1062,35 @@ class Store:
                 self._maintain(requests)
             if stop:
                 return
+            self._checkpoint_if_due()
+
+    def _checkpoint_if_due(self) -> None:
+        """Checkpoint between groups: when idle past the threshold, or at four times it.
+
+        Runs after the last group's futures are resolved, so no acknowledgement waits for
+        it (DuckDB's automatic checkpoint would run inside that group's ``COMMIT``).
+        """
+        try:
+            wal_bytes = self._wal_path.stat().st_size
+        except OSError:
+            return
+        threshold = self.config.checkpoint_wal_bytes
+        if wal_bytes < threshold or (self._queue and wal_bytes < 4 * threshold):
+            return
+        try:
+            self._con.execute("CHECKPOINT")
+        except duckdb.Error:
+            logger.exception("store checkpoint failed")
 
     def _commit_group(self, jobs: list[_Job]) -> None:
         started = time.perf_counter()
+        self._after_commit.clear()
         try:
             self._con.execute("BEGIN TRANSACTION")
             outcomes = self._write(jobs)
             self._con.execute("COMMIT")
         except Exception as exc:
+            self._after_commit.clear()
             with contextlib.suppress(duckdb.Error):
                 self._con.execute("ROLLBACK")
             if len(jobs) > 1:
@@ -958,6 +1100,7 @@ class Store:
             logger.exception("store write failed")
             jobs[0].future.set_exception(StoreError(type(exc).__name__))
             return
+        self._committed()
         seconds = time.perf_counter() - started
         group_spans = sum(o[0] for o in outcomes)
         new_spans = sum(len(o[1]) for o in outcomes)
@@ -1054,19 +1197,48 @@ class Store:
         finally:
             self._con.unregister(view)
 
+    def _committed(self) -> None:
+        """Publish the in-memory state of the transaction just committed."""
+        hooks, self._after_commit = self._after_commit, []
+        for hook in hooks:
+            hook()
+
+    def _load_recent_keys(self) -> None:
+        """Fill the dedup window from ``spans_seen`` (newest ``dedup_max_keys`` in retention)."""
+        now_ns = int(self._clock() * _NS)
+        since = now_ns - int(self.config.dedup_retention_seconds * _NS)
+        rows = self._con.execute(
+            "SELECT span_key, trace_key, seen_unix_nano FROM spans_seen "
+            "WHERE seen_unix_nano >= ? ORDER BY seen_unix_nano DESC LIMIT ?",
+            [since, self.config.dedup_max_keys],
+        ).fetchall()
+        slice_keys: set[int] = set()
+        slice_ns: int | None = None
+        for span_key, trace_key, seen_ns in reversed(rows):
+            if slice_ns is not None and seen_ns != slice_ns:
+                self._recent.add(slice_keys, slice_ns)
+                slice_keys = set()
+            slice_ns = seen_ns
+            slice_keys.add((int(span_key) << 64) | int(trace_key))
+        if slice_ns is not None:
+            self._recent.add(slice_keys, slice_ns)
+
     def _claim_keys(self, owner: dict[tuple[str, str], int], now_ns: int) -> set[tuple[str, str]]:
-        by_int: dict[tuple[int, int], tuple[str, str]] = {}
+        by_int: dict[int, tuple[str, str]] = {}
         for key in owner:
-            by_int.setdefault(_span_key(*key), key)
-        if not by_int:
+            span_key, trace_key = _span_key(*key)
+            by_int.setdefault((span_key << 64) | trace_key, key)
+        fresh = self._recent.unseen(by_int)
+        if not fresh:
             return set()
-        inserted = self._insert(
+        self._insert(
             "seen",
             ("span_key", "trace_key", "seen_unix_nano"),
-            [(a, b, now_ns) for a, b in by_int],
-            "INSERT OR IGNORE INTO spans_seen SELECT * FROM {t} RETURNING span_key, trace_key",
+            [(k >> 64, k & _MASK64, now_ns) for k in fresh],
+            "INSERT INTO spans_seen SELECT * FROM {t}",
         )
-        return {by_int[(int(a), int(b))] for a, b in inserted}
+        self._after_commit.append(lambda: self._recent.add(fresh, now_ns))
+        return {by_int[k] for k in fresh}
 
     def _fetch_runs(self, where: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         rows = self._con.execute(
@@ -1292,12 +1464,16 @@ class Store:
                 tally = tallies[staged_keys[int(key)]]
                 tally[tool] = tally.get(tool, 0) + int(calls)
         hour = hour_bucket(group.now_ns / _NS)
-        quota = {
-            (reason, tool): kept
-            for reason, tool, kept in self._con.execute(
-                "SELECT stop_reason, tool, kept FROM sample_quota WHERE hour_unix = ?", [hour]
-            ).fetchall()
-        }
+        if hour != self._quota_hour:
+            self._quota_hour = None
+            self._quota = {
+                (reason, tool): kept
+                for reason, tool, kept in self._con.execute(
+                    "SELECT stop_reason, tool, kept FROM sample_quota WHERE hour_unix = ?", [hour]
+                ).fetchall()
+            }
+            self._quota_hour = hour
+        quota = dict(self._quota)
         changed: set[tuple[str, str]] = set()
         for run_id, reason in runs:
             tally = tallies[run_id]
@@ -1317,13 +1493,19 @@ class Store:
             )
             group.settle.add(run_id)
         if changed:
-            self._insert(
-                "quota",
-                ("hour_unix", "stop_reason", "tool", "kept"),
-                [(hour, r, t, quota[(r, t)]) for r, t in sorted(changed)],
-                "INSERT INTO sample_quota SELECT * FROM {t} ON CONFLICT "
-                "(hour_unix, stop_reason, tool) DO UPDATE SET kept = excluded.kept",
+            # A few rows: bound parameters cost half of an Arrow view here.
+            rows = [(hour, r, t, quota[(r, t)]) for r, t in sorted(changed)]
+            self._con.execute(
+                "INSERT INTO sample_quota VALUES "
+                + ", ".join(["(?, ?, ?, ?)"] * len(rows))
+                + " ON CONFLICT (hour_unix, stop_reason, tool) DO UPDATE SET kept = excluded.kept",
+                [value for row in rows for value in row],
             )
+            self._after_commit.append(lambda: self._publish_quota(hour, quota))
+
+    def _publish_quota(self, hour: int, quota: dict[tuple[str, str], int]) -> None:
+        if self._quota_hour == hour:
+            self._quota = quota
 
     def _write_rows(self, group: _Group, anomalies: list[StopRow]) -> None:
         now_ns = group.now_ns
@@ -1421,6 +1603,7 @@ class Store:
         timeout_ns = int(self.config.sampling.undecided_timeout_seconds * _NS)
         retention_ns = int(self.config.dedup_retention_seconds * _NS)
         decided = 0
+        self._after_commit.clear()
         try:
             self._con.execute("BEGIN TRANSACTION")
             stale = self._fetch_runs(
@@ -1443,12 +1626,15 @@ class Store:
             )
             self._con.execute("COMMIT")
         except Exception as exc:
+            self._after_commit.clear()
             with contextlib.suppress(duckdb.Error):
                 self._con.execute("ROLLBACK")
             logger.exception("store maintenance failed")
             for future in requests:
                 future.set_exception(StoreError(type(exc).__name__))
             return
+        self._committed()
+        self._recent.expire(now_ns)
         for future in requests:
             future.set_result(decided)
 

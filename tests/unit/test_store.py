@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import itertools
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -550,7 +551,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     )
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 3
+        assert store.schema_version == SCHEMA_VERSION == 4
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
         detail = store.reader().get_run("old")
         assert detail is not None
@@ -558,7 +559,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con = duckdb.connect(str(path), read_only=True)
     versions = con.execute("SELECT version FROM schema_version ORDER BY 1").fetchall()
     con.close()
-    assert versions == [(1,), (2,), (3,)]
+    assert versions == [(1,), (2,), (3,), (4,)]
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
@@ -706,6 +707,54 @@ def test_dedup_keys_expire_after_retention(make_store: Any, clock: Clock) -> Non
     clock.now += 61
     store.run_maintenance().result(timeout=30)
     assert len(commit(store, mapped).new_span_keys) == 1
+
+
+def test_dedup_survives_a_restart_and_the_v3_migration(tmp_path: Path, clock: Clock) -> None:
+    path = tmp_path / "v3.duckdb"
+    con = duckdb.connect(str(path))
+    apply_migrations(con, target=3)
+    old = step_row("v3", 1)
+    span_key, trace_key = int(old.span_id, 16), int(old.trace_id[-16:], 16)
+    con.execute("INSERT INTO spans_seen VALUES (?, ?, ?)", [span_key, trace_key, int(T0 * NS)])
+    con.close()
+    mapped = full_run("r1", None)
+    with Store(path, clock=clock) as store:
+        assert commit(store, batch(old)).duplicates == 1
+        assert len(commit(store, mapped).new_span_keys) == 7
+    with Store(path, clock=clock) as store:
+        assert commit(store, mapped).duplicates == 7
+        clock.now += 3_601
+        store.run_maintenance().result(timeout=30)
+        assert len(commit(store, mapped).new_span_keys) == 7
+
+
+def test_dedup_window_past_its_key_cap_forgets_the_oldest(make_store: Any, clock: Clock) -> None:
+    store = make_store(dedup_max_keys=8, dedup_retention_seconds=160)
+    first = full_run("c1", None)
+    commit(store, first)
+    clock.now += 20
+    commit(store, full_run("c2", None))
+    assert len(commit(store, first).new_span_keys) == 7
+
+
+def test_keys_of_a_failed_batch_are_not_remembered(store: Store) -> None:
+    good = step_row("f1", 1)
+    bad = dataclasses.replace(step_row("f1", 2), kind=None)  # type: ignore[arg-type]
+    with pytest.raises(StoreError):
+        store.submit(batch(good, bad)).result(timeout=30)
+    assert len(commit(store, batch(good)).new_span_keys) == 1
+
+
+def test_writer_checkpoints_between_groups_past_the_log_threshold(make_store: Any) -> None:
+    store = make_store(checkpoint_wal_bytes=1)
+    wal = Path(f"{store.path}.wal")
+    commit(store, full_run("w1", None))
+    deadline = time.monotonic() + 30
+    while wal.exists() and wal.stat().st_size > 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not wal.exists() or wal.stat().st_size == 0
+    detail = store.reader().get_run("w1")
+    assert detail is not None and detail.run["tool_calls"] == 3
 
 
 def test_future_type(store: Store) -> None:
