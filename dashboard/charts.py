@@ -89,7 +89,11 @@ def stops_over_time_chart(stops: pd.DataFrame, *, bucket_seconds: int = 3600) ->
         alt.Chart(stops, title="Stops by reason over time")
         .mark_bar()
         .encode(
-            x=alt.X("bucket:T", title=f"time (UTC, {width_text} buckets)"),
+            x=alt.X(
+                "bucket:T",
+                title=f"time (UTC, {width_text} buckets)",
+                axis=alt.Axis(format="%m-%d %H:%M"),
+            ),
             y=alt.Y("sum(stops):Q", title="stops", stack="zero"),
             color=alt.Color(
                 "stop_reason:N", title="stop reason", scale=_reason_scale(stops["stop_reason"])

@@ -80,7 +80,9 @@ with st.container(border=True):
         st.subheader(f"Stop: {card.reason}")
         if card.message:
             st.write(card.message)
-        s1, s2, s3, s4 = st.columns(4)
+        # Two columns, two rows: four metrics in a row cut long values at 1280 px.
+        s1, s2 = st.columns(2)
+        s3, s4 = st.columns(2)
         s1.metric("Stop reason", card.reason)
         s2.metric("Stopped at step", "–" if card.step is None else str(card.step))
         s3.metric("Limit vs observed", card.limit_vs_observed or "–")
