@@ -1896,7 +1896,7 @@ class StoreReader:
             return
         rows, _ = self._query(
             "SELECT run_key, tool, sum(calls) AS calls FROM run_tools "
-            "WHERE list_contains(?, run_key) GROUP BY ALL HAVING sum(calls) > 0",
+            "WHERE run_key IN (SELECT unnest(?::UBIGINT[])) GROUP BY ALL HAVING sum(calls) > 0",
             [[r["run_key"] for r in runs]],
         )
         best: dict[int, tuple[int, str]] = {}
