@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, fields
 from typing import Any, Final
 
+from loopwatch.instrumentation import StopReason
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -103,21 +104,7 @@ def _bool_param(request: Request, name: str) -> bool | None:
     raise ApiError(400, "bad_parameter", f"{name} must be true or false")
 
 
-_STOP_REASONS: Final = frozenset(
-    {
-        "completed",
-        "final_unverified",
-        "refused",
-        "budget_exhausted",
-        "deadline_exceeded",
-        "repeated_action",
-        "action_cycle",
-        "repeated_decision",
-        "no_progress",
-        "cancelled",
-        "error",
-    }
-)
+_STOP_REASONS: Final = frozenset(reason.value for reason in StopReason)
 
 
 def _str_param(request: Request, name: str) -> str | None:

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from loopwatch.instrumentation import StopReason
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -52,21 +53,7 @@ __all__ = [
 ]
 
 OTHER: Final = "_other"
-STOP_REASONS: Final = frozenset(
-    {
-        "completed",
-        "final_unverified",
-        "refused",
-        "budget_exhausted",
-        "deadline_exceeded",
-        "repeated_action",
-        "action_cycle",
-        "repeated_decision",
-        "no_progress",
-        "cancelled",
-        "error",
-    }
-)
+STOP_REASONS: Final = frozenset(reason.value for reason in StopReason)
 OUTCOMES: Final = frozenset({"ok", "error", "blocked"})
 DETECTORS: Final = frozenset(
     {"repeated_action", "action_cycle", "repeated_decision", "no_progress"}
