@@ -184,14 +184,19 @@ class StepGroup:
         return " · ".join(parts)
 
 
-def _int(value: Any) -> int | None:
+def _missing(value: Any) -> bool:
+    """None, NaN or pandas NA (a stored NULL in either data source)."""
     if value is None:
-        return None
+        return True
     try:
-        if pd.isna(value):
-            return None
+        return bool(pd.isna(value))
     except (TypeError, ValueError):
-        pass
+        return False
+
+
+def _int(value: Any) -> int | None:
+    if _missing(value):
+        return None
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -199,25 +204,11 @@ def _int(value: Any) -> int | None:
 
 
 def _str(value: Any) -> str | None:
-    if value is None:
-        return None
-    try:
-        if pd.isna(value):
-            return None
-    except (TypeError, ValueError):
-        pass
-    return str(value)
+    return None if _missing(value) else str(value)
 
 
 def _bool(value: Any) -> bool | None:
-    if value is None:
-        return None
-    try:
-        if pd.isna(value):
-            return None
-    except (TypeError, ValueError):
-        pass
-    return bool(value)
+    return None if _missing(value) else bool(value)
 
 
 def build_steps(rows: Iterable[Mapping[str, Any]]) -> list[StepView]:
