@@ -48,6 +48,21 @@ OPENINFERENCE_TOOL_NAME: Final = "tool.name"
 OPENINFERENCE_INPUT_VALUE: Final = "input.value"
 OPENINFERENCE_OUTPUT_VALUE: Final = "output.value"
 
+# Model-output names read by the offline OTLP/JSON importer (loopwatch.replay): GenAI
+# semconv 1.38 message attributes, OpenInference flattened message lists
+# (``llm.output_messages.<i>.message.tool_calls.<j>.tool_call.function.name``), and
+# OpenLLMetry / resource names used only as labels.
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+OPENINFERENCE_LLM_OUTPUT_MESSAGES: Final = "llm.output_messages"
+OPENINFERENCE_LLM_MODEL_NAME: Final = "llm.model_name"
+OPENINFERENCE_LLM_TOKEN_COUNT_PROMPT: Final = "llm.token_count.prompt"
+OPENINFERENCE_LLM_TOKEN_COUNT_COMPLETION: Final = "llm.token_count.completion"
+OPENINFERENCE_TOOL_CALL_ID: Final = "tool_call.id"
+OPENLLMETRY_REQUEST_TYPE: Final = "llm.request.type"
+OPENLLMETRY_WORKFLOW_NAME: Final = "traceloop.workflow.name"
+SERVICE_NAME: Final = "service.name"
+
 # Run span.
 LW_RUN_ID: Final = "loopwatch.run.id"
 LW_PARENT_RUN_ID: Final = "loopwatch.parent_run.id"

@@ -1,0 +1,462 @@
+"""OpenAI chat-completions message lists, and tau-bench historical trajectories.
+
+Accepted documents (detected by shape):
+
+* tau-bench ``historical_trajectories/*.json``: a JSON array of runs ``{task_id, trial,
+  reward, info, traj}`` where ``traj`` is a chat message list (corpus README
+  ``tau-bench/README.md``).
+* A list of records ``{messages: [...], ...}`` (or ``traj``), a single such object, or
+  JSON Lines with one record per line.
+* A bare JSON array of messages (one run).
+
+Messages (OpenAI Chat Completions API, ``messages`` parameter):
+
+* ``system`` / ``developer`` messages are instructions, not turns: skipped.
+* ``user`` messages are user steps (actor ``user``).
+* ``assistant`` messages are agent steps. ``tool_calls: [{id, type, function: {name,
+  arguments}}]`` are the tool calls; ``arguments`` is a JSON string, decoded when
+  valid and kept as the raw string when not. The legacy ``function_call: {name,
+  arguments}`` is one tool call.
+* ``tool`` messages are observations, matched to the call with the same
+  ``tool_call_id`` (without one, to the oldest unanswered call of the latest agent
+  step). Legacy ``function`` messages match the oldest unanswered call with the same
+  ``name``.
+* Error flag: an observation whose text starts with ``Error`` is an error. This is the
+  tau-bench convention (its environment returns ``"Error: ..."`` for a failed call);
+  plain chat logs carry no error flag, so the same rule is applied to them.
+
+Decisions of agent steps without tool calls: ``refusal`` when the message has a
+non-empty ``refusal`` field (OpenAI structured refusals); ``final`` when it is the last
+agent step and the run ended normally, otherwise ``message``. A run ends normally when
+its inferred stop is ``user_stop`` (tau-bench) or, for plain chat logs, when the
+assistant message is the last message of the conversation.
+
+Recorded outcome and stop:
+
+* ``reward`` (a number): 1.0 is ``success``, any other number ``failure``; absent is
+  ``unknown``.
+* tau-bench does not store why a run ended; for ``traj`` records it is inferred as the
+  tau-bench README says (``recorded_stop_kind="inferred"``): ``"###STOP###"`` in the last
+  user message is ``user_stop``; else a last tool call to ``transfer_to_human_agents``
+  is ``transfer_to_human_agents``; else a run of at least 62 messages is
+  ``max_num_steps`` (tau-bench's default ``max_num_steps=30``: 1 system + 1 user +
+  30 x 2 messages). Plain chat logs have no recorded stop (``None``).
+
+Run ids: ``task=<task_id>/trial=<trial>`` for tau-bench (``/record=<i>`` appended when
+the pair repeats), else the record's ``id`` when it has one, else ``record=<i>`` /
+``line=<n>``, with ``/record=<i>`` or ``/line=<n>`` appended to a repeated ``id``; a
+single-run file uses the file's stem. The agent name is
+``tau-bench-<env>`` when the file follows tau-bench's ``<model>-<env>.json`` naming
+(``airline``, ``retail``; the model is then taken from the name too), ``tau-bench``
+for other tau-bench files, and the record's ``agent`` field or ``chat`` otherwise.
+
+A run that cannot be read (a message or tool call of the wrong shape, a tool result
+that answers no earlier call) gives one :class:`ImportProblem` naming the record and
+the message (``[4]`` / ``traj[7]: tool_calls[0] has no name``) and is skipped whole;
+the other runs of the file are still read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from loopwatch.replay.importers import Document
+from loopwatch.replay.trajectory import (
+    AGENT,
+    FAILURE,
+    SUCCESS,
+    UNKNOWN,
+    USER,
+    DecisionKindName,
+    ImportProblem,
+    Outcome,
+    Step,
+    ToolCall,
+    Trajectory,
+)
+
+__all__ = ["IMPORTER", "ChatImporter"]
+
+STOP_TOKEN: Final = "###STOP###"
+"""tau-bench's user-simulator end-of-conversation token (``tau_bench/envs/user.py``)."""
+TRANSFER_TOOL: Final = "transfer_to_human_agents"
+STEP_CAP_MESSAGES: Final = 62
+"""Messages in a tau-bench run that hit the default ``max_num_steps=30``."""
+ERROR_PREFIX: Final = "Error"
+"""Observation prefix tau-bench's environment uses for failed tool calls."""
+
+_ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_SKIPPED_ROLES: Final = frozenset({"system", "developer"})
+_TAU_FILE: Final = re.compile(r"^(?P<model>.+)-(?P<env>airline|retail)$")
+
+
+class _Malformed(ValueError):
+    """One run cannot be read; the message says where inside it."""
+
+
+class ChatImporter:
+    """Reads chat-completions message lists and tau-bench trajectories.
+
+    See the module docstring for accepted shapes and the mapping rules.
+
+    Example::
+
+        doc = Document(path=Path("gpt-4o-airline.json"), text=...)
+        runs = [t for t in IMPORTER.read(doc) if isinstance(t, Trajectory)]
+    """
+
+    name = "chat"
+
+    def matches(self, doc: Document) -> bool:
+        """A message list, a record with ``messages``/``traj``, or a list or JSON Lines of
+        such records."""
+        data = doc.json
+        if data is None:
+            lines = doc.json_lines
+            return bool(lines) and lines is not None and _is_record(lines[0][1])
+        if isinstance(data, dict):
+            return _is_record(data)
+        if isinstance(data, list) and data:
+            return _is_record(data[0]) or all(_is_message(m) for m in data[:3])
+        return False
+
+    def read(self, doc: Document) -> Iterator[Trajectory | ImportProblem]:
+        """Yield every readable run and one problem per unreadable record.
+
+        Raises:
+            ValueError: the document has none of the accepted shapes.
+        """
+        source = str(doc.path)
+        data = doc.json
+        labels = _file_labels(doc)
+        records: list[tuple[str, str, Any]]  # (problem record, default run id, record)
+        if data is None:
+            lines = doc.json_lines
+            if not lines:
+                raise ValueError("not JSON or JSON Lines")
+            records = [(f"line {n}", f"line={n}", value) for n, value in lines]
+        elif isinstance(data, dict):
+            records = [("file", doc.path.stem, data)]
+        elif isinstance(data, list) and data and not _is_record(data[0]):
+            records = [("file", doc.path.stem, {"messages": data})]
+        elif isinstance(data, list):
+            records = [(f"[{i}]", f"record={i}", value) for i, value in enumerate(data)]
+        else:
+            raise ValueError("not a chat message list or a list of chat records")
+        pairs = Counter(_tau_pair(r) for _, _, r in records if isinstance(r, dict) and "traj" in r)
+        seen: set[str] = set()
+        for index, (where, default_id, record) in enumerate(records):
+            try:
+                run = _trajectory(
+                    record, source, default_id=default_id, index=index, labels=labels, pairs=pairs
+                )
+            except _Malformed as exc:
+                yield ImportProblem(source, where, str(exc))
+                continue
+            if run.run_id in seen:  # two records with the same ``id``
+                run = replace(run, run_id=f"{run.run_id}/{default_id}")
+            seen.add(run.run_id)
+            yield run
+
+
+def _is_message(value: Any) -> bool:
+    if not isinstance(value, dict):
+        return False
+    role = value.get("role")
+    return isinstance(role, str) and role in _ROLES
+
+
+def _is_record(value: Any) -> bool:
+    if not isinstance(value, dict):
+        return False
+    for key in ("traj", "messages"):
+        messages = value.get(key)
+        if isinstance(messages, list) and (not messages or _is_message(messages[0])):
+            return True
+    return False
+
+
+def _tau_pair(record: Mapping[str, Any]) -> tuple[str, str]:
+    return str(record.get("task_id")), str(record.get("trial"))
+
+
+@dataclass(frozen=True, slots=True)
+class _Labels:
+    agent: str
+    model: str | None
+
+
+def _file_labels(doc: Document) -> _Labels:
+    match = _TAU_FILE.match(doc.path.stem)
+    if match:
+        return _Labels(f"tau-bench-{match['env']}", match["model"])
+    return _Labels("tau-bench", None)
+
+
+def _trajectory(
+    record: Any,
+    source: str,
+    *,
+    default_id: str,
+    index: int,
+    labels: _Labels,
+    pairs: Counter[tuple[str, str]],
+) -> Trajectory:
+    if not isinstance(record, dict):
+        error = getattr(record, "message", None)  # a JSON Lines line that did not parse
+        if isinstance(error, str):
+            raise _Malformed(f"not valid JSON: {error}")
+        raise _Malformed(f"a record must be an object, got {type(record).__name__}")
+    tau = "traj" in record
+    key = "traj" if tau else "messages"
+    messages = record.get(key)
+    if not isinstance(messages, list):
+        raise _Malformed(f"'{key}' is missing or not a list")
+
+    steps, last_user_text, last_call = _steps(messages, key)
+    stop: str | None = None
+    if tau:
+        if last_user_text is not None and STOP_TOKEN in last_user_text:
+            stop = "user_stop"
+        elif last_call == TRANSFER_TOOL:
+            stop = TRANSFER_TOOL
+        elif len(messages) >= STEP_CAP_MESSAGES:
+            stop = "max_num_steps"
+    ended_normally = (
+        stop == "user_stop"
+        if tau
+        else bool(messages)
+        and isinstance(messages[-1], dict)
+        and messages[-1].get("role") == "assistant"
+    )
+    steps = _mark_final(steps, ended_normally=ended_normally)
+
+    reward = _reward(record.get("reward"))
+    outcome: Outcome = UNKNOWN
+    if reward is not None:
+        outcome = SUCCESS if reward == 1.0 else FAILURE
+    metadata: dict[str, Any] = {}
+    if tau:
+        task_id, trial = _tau_pair(record)
+        run_id = f"task={task_id}/trial={trial}"
+        if pairs[(task_id, trial)] > 1:
+            run_id += f"/record={index}"
+        metadata.update(task_id=record.get("task_id"), trial=record.get("trial"))
+        agent, model = labels.agent, labels.model
+    else:
+        raw_id = record.get("id")
+        run_id = str(raw_id) if isinstance(raw_id, str | int) and raw_id != "" else default_id
+        agent_field, model_field = record.get("agent"), record.get("model")
+        agent = agent_field if isinstance(agent_field, str) and agent_field else "chat"
+        model = model_field if isinstance(model_field, str) and model_field else None
+    if reward is not None:
+        metadata["reward"] = reward
+    return Trajectory(
+        source=source,
+        run_id=run_id,
+        format=IMPORTER.name,
+        steps=tuple(steps),
+        recorded_outcome=outcome,
+        recorded_stop=stop,
+        recorded_stop_kind="inferred",
+        agent=agent,
+        model=model,
+        metadata=metadata,
+    )
+
+
+@dataclass
+class _Call:
+    name: str
+    arguments: Any
+    call_id: str | None
+    observation: str | None = None
+    error: bool = False
+    answered: bool = False
+
+
+@dataclass
+class _Draft:
+    actor: str
+    text: str | None
+    calls: list[_Call] = field(default_factory=list)
+    refusal: bool = False
+
+
+def _steps(messages: list[Any], key: str) -> tuple[list[Step], str | None, str | None]:
+    """Steps, the last user message's text and the last tool call's name."""
+    drafts: list[_Draft] = []
+    by_id: dict[str, _Call] = {}
+    last_user_text: str | None = None
+    last_call: str | None = None
+    for index, message in enumerate(messages):
+        where = f"{key}[{index}]"
+        if not isinstance(message, dict):
+            raise _Malformed(f"{where} is not an object")
+        role = message.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise _Malformed(f"{where}: unknown role {role!r}")
+        if role in _SKIPPED_ROLES:
+            continue
+        text = _content(message.get("content"))
+        if role == "user":
+            last_user_text = text
+            drafts.append(_Draft(USER, text))
+        elif role == "assistant":
+            draft = _Draft(AGENT, text, refusal=bool(message.get("refusal")))
+            draft.calls = _calls(message, where)
+            for call in draft.calls:
+                if call.call_id is not None:
+                    by_id[call.call_id] = call
+                last_call = call.name
+            drafts.append(draft)
+        else:
+            _answer(message, role, where, text, drafts=drafts, by_id=by_id)
+    steps = [
+        Step(
+            index=i,
+            actor=AGENT if d.actor == AGENT else USER,
+            decision=_decision(d),
+            text=d.text,
+            tool_calls=tuple(
+                ToolCall(c.name, c.arguments, c.observation, c.error, c.call_id) for c in d.calls
+            ),
+        )
+        for i, d in enumerate(drafts)
+    ]
+    return steps, last_user_text, last_call
+
+
+def _decision(draft: _Draft) -> DecisionKindName:
+    if draft.actor != AGENT:
+        return "message"
+    if draft.calls:
+        return "tool"
+    return "refusal" if draft.refusal else "message"
+
+
+def _mark_final(steps: list[Step], *, ended_normally: bool) -> list[Step]:
+    if not ended_normally:
+        return steps
+    for i in range(len(steps) - 1, -1, -1):
+        step = steps[i]
+        if step.actor == AGENT:
+            if step.decision == "message":
+                steps[i] = Step(i, AGENT, "final", step.text)
+            break
+    return steps
+
+
+def _calls(message: Mapping[str, Any], where: str) -> list[_Call]:
+    raw = message.get("tool_calls")
+    calls: list[_Call] = []
+    if raw is not None:
+        if not isinstance(raw, list):
+            raise _Malformed(f"{where}: 'tool_calls' is not a list")
+        for position, item in enumerate(raw):
+            at = f"{where}: tool_calls[{position}]"
+            if not isinstance(item, dict):
+                raise _Malformed(f"{at} is not an object")
+            function = item.get("function")
+            if not isinstance(function, dict):
+                raise _Malformed(f"{at} has no 'function' object")
+            name = function.get("name")
+            if not isinstance(name, str) or not name:
+                raise _Malformed(f"{at} has no name")
+            call_id = item.get("id")
+            call_id = call_id if isinstance(call_id, str) and call_id else None
+            calls.append(_Call(name, _arguments(function.get("arguments")), call_id))
+    legacy = message.get("function_call")
+    if legacy is not None:
+        if not isinstance(legacy, dict):
+            raise _Malformed(f"{where}: 'function_call' is not an object")
+        name = legacy.get("name")
+        if not isinstance(name, str) or not name:
+            raise _Malformed(f"{where}: function_call has no name")
+        calls.append(_Call(name, _arguments(legacy.get("arguments")), None))
+    return calls
+
+
+def _answer(
+    message: Mapping[str, Any],
+    role: str,
+    where: str,
+    text: str | None,
+    *,
+    drafts: list[_Draft],
+    by_id: dict[str, _Call],
+) -> None:
+    """Attach a ``tool`` / ``function`` message to the call it answers."""
+    call: _Call | None = None
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if isinstance(call_id, str) and call_id:
+            call = by_id.get(call_id)
+            if call is None or call.answered:
+                raise _Malformed(f"{where}: tool result {call_id!r} answers no earlier call")
+        else:
+            call = _oldest_unanswered(drafts, None)
+    else:
+        name = message.get("name")
+        call = _oldest_unanswered(drafts, name if isinstance(name, str) else None)
+    if call is None:
+        raise _Malformed(f"{where}: {role} result answers no earlier call")
+    call.answered = True
+    call.observation = text
+    call.error = text is not None and text.startswith(ERROR_PREFIX)
+
+
+def _oldest_unanswered(drafts: list[_Draft], name: str | None) -> _Call | None:
+    for draft in reversed(drafts):
+        if draft.actor != AGENT:
+            continue
+        for call in draft.calls:
+            if not call.answered and (name is None or call.name == name):
+                return call
+        return None
+    return None
+
+
+def _arguments(raw: Any) -> Any:
+    """Decoded JSON-string arguments; the raw string when not valid JSON; ``{}`` if absent."""
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):
+            return raw
+    return raw
+
+
+def _content(value: Any) -> str | None:
+    """Message text: a string as is; content parts joined (text parts only)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = [
+            part["text"]
+            for part in value
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        ]
+        return "\n".join(texts) if texts else None
+    try:
+        return json.dumps(value, sort_keys=True, default=str)
+    except (ValueError, RecursionError):
+        return f"<unprintable {type(value).__name__}>"
+
+
+def _reward(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+IMPORTER: Final = ChatImporter()
