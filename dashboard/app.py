@@ -21,5 +21,6 @@ st.navigation(
         st.Page(PAGES / "stopped_runs.py", title="Stopped runs", url_path="runs"),
         st.Page(PAGES / "run_view.py", title="Run view", url_path="run"),
         st.Page(PAGES / "tools.py", title="Tools", url_path="tools"),
+        st.Page(PAGES / "policy_replay.py", title="Policy replay", url_path="replay"),
     ]
 ).run()

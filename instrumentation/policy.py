@@ -458,6 +458,10 @@ def _parse_document(text: str, source: str) -> tuple[dict[str, Policy], list[Pol
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         return {}, [PolicyProblem("<toml>", f"not valid TOML: {exc}", source)]
+    except RecursionError:
+        return {}, [PolicyProblem("<toml>", "not valid TOML: nested too deeply", source)]
+    except ValueError as exc:  # e.g. an integer over Python's int-string digit limit
+        return {}, [PolicyProblem("<toml>", f"not valid TOML: {exc}", source)]
     for key in sorted(set(doc) - {"profiles"}):
         problems.append(
             PolicyProblem(

@@ -1,0 +1,263 @@
+"""``loopwatch replay``: recorded trajectories through policies, offline (issue 5).
+
+Exit codes: 0 when at least one run was read and replayed (import problems with other
+files or records are printed to stderr, one line each, naming the file and the record);
+1 when nothing could be read (no run in any PATH); 2 for a usage error or a policy file
+that does not load (every problem printed, naming the file and the key).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import IO, Any, Final
+
+import click
+
+__all__ = ["replay"]
+
+_PROGRESS_MIN_RUNS: Final = 500
+"""Above this many runs a progress bar is drawn on stderr even when it is not a TTY."""
+
+
+_MAX_TABLE_RUNS: Final = 100
+"""Stopped runs listed by the table format (json and csv list every run)."""
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def _want_progress(count: int) -> bool:
+    return sys.stderr.isatty() or count >= _PROGRESS_MIN_RUNS
+
+
+@contextmanager
+def _output(path: str | None) -> Iterator[IO[str]]:
+    if path is None:
+        yield sys.stdout
+        return
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        yield handle
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    text = [[_cell(c) for c in header], *[[_cell(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in text) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in text]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_table(results: Sequence[Any], summaries: Sequence[Any]) -> str:
+    """The ``table`` format: per-policy summary side by side, then the stopped runs."""
+    labels = [s.policy for s in summaries]
+    reasons = sorted({r for s in summaries for r in s.stops_by_reason})
+    metric_rows: list[list[Any]] = [
+        ["runs", *[s.runs for s in summaries]],
+        ["stopped", *[s.stopped for s in summaries]],
+        *[
+            [f"  {reason}", *[s.stops_by_reason.get(reason, 0) for s in summaries]]
+            for reason in reasons
+        ],
+        ["loops (recorded)", *[s.loops for s in summaries]],
+        ["loops caught", *[s.loops_caught for s in summaries]],
+        ["successful runs", *[s.successful_runs for s in summaries]],
+        ["false stops", *[s.false_stops for s in summaries]],
+        [
+            "false-stop rate",
+            *[
+                "" if s.false_stop_rate is None else f"{100 * s.false_stop_rate:.1f}%"
+                for s in summaries
+            ],
+        ],
+        ["median steps onset->stop", *[s.median_steps_onset_to_stop for s in summaries]],
+        ["tool calls recorded", *[s.calls_total for s in summaries]],
+        ["tool calls saved", *[s.calls_saved for s in summaries]],
+        ["model calls saved", *[s.model_calls_saved for s in summaries]],
+    ]
+    out = [_table(metric_rows, ["policy", *labels])]
+    by_run: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in results:
+        by_run.setdefault((r.source, r.run_id), {})[r.policy] = r
+    stopped_rows: list[list[Any]] = []
+    for (source, run_id), per in by_run.items():
+        if not any(r.stopped for r in per.values()):
+            continue
+        first = next(iter(per.values()))
+        cells = []
+        for label in labels:
+            r = per.get(label)
+            if r is None or not r.stopped:
+                cells.append("-")
+            else:
+                cells.append(f"{r.stop_reason}@{r.stop_step}" + (" FALSE" if r.false_stop else ""))
+        stopped_rows.append(
+            [
+                _short(source.replace("\\", "/").rsplit("/", 1)[-1], 32),
+                _short(run_id, 64),
+                first.recorded_outcome,
+                first.steps_total,
+                first.loop.onset_step if first.loop is not None else None,
+                *cells,
+            ]
+        )
+    if stopped_rows:
+        out.append("")
+        shown = stopped_rows[:_MAX_TABLE_RUNS]
+        out.append(
+            f"Runs stopped by a policy ({len(stopped_rows)}; reason@step, "
+            "FALSE = false stop on a successful run):"
+        )
+        out.append(_table(shown, ["file", "run", "recorded", "steps", "loop onset", *labels]))
+        if len(stopped_rows) > len(shown):
+            out.append(
+                f"... {len(stopped_rows) - len(shown)} more: use --format json or csv "
+                "for every run."
+            )
+    return "\n".join(out) + "\n"
+
+
+def render_json(results: Sequence[Any]) -> str:
+    """The ``json`` format: JSON Lines, one object per (run, policy)."""
+    return "".join(json.dumps(r.to_dict(), sort_keys=False) + "\n" for r in results)
+
+
+def render_csv(results: Sequence[Any]) -> str:
+    """The ``csv`` format: one row per (run, policy), columns ``CSV_COLUMNS``."""
+    from loopwatch.replay.engine import CSV_COLUMNS
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    for r in results:
+        writer.writerow({k: "" if v is None else v for k, v in r.csv_row().items()})
+    return buffer.getvalue()
+
+
+@click.command("replay")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option(
+    "--policy",
+    "policy_specs",
+    multiple=True,
+    metavar="FILE[:PROFILE]",
+    help="Policy file and profile (every profile of FILE when PROFILE is omitted); "
+    "'default' and 'seed' name the shipped files. Repeat to compare. "
+    "Default: the shipped replay policy.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "csv"]),
+    default="table",
+    show_default=True,
+    help="table: summary and stopped runs; json: one object per (run, policy) per line; "
+    "csv: one row per (run, policy).",
+)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the report to FILE instead of stdout.",
+)
+@click.option(
+    "--input-format",
+    "input_format",
+    default=None,
+    metavar="NAME",
+    help="Force one importer (tau2, chat, otlp_json, react, toolbench, openhands) "
+    "instead of detecting each file's format.",
+)
+def replay(
+    paths: tuple[str, ...],
+    policy_specs: tuple[str, ...],
+    fmt: str,
+    out_path: str | None,
+    input_format: str | None,
+) -> None:
+    """Replay recorded agent runs in PATHS through policies, offline (no model calls).
+
+    Every file under PATHS is read with the importer of its format. Each run is fed step
+    by step to the real guard under each policy; the report says where each policy would
+    have stopped it, the loop onset, false stops on successful runs and tool calls saved.
+
+    Exit codes: 0 ok (import problems, if any, listed on stderr); 1 nothing could be
+    read; 2 usage error or an invalid policy file.
+    """
+    from loopwatch.instrumentation.errors import PolicyError
+    from loopwatch.replay.engine import (
+        NamedPolicy,
+        default_policy,
+        load_policy_spec,
+        summarize,
+        unique_labels,
+    )
+    from loopwatch.replay.engine import replay as run_replay
+    from loopwatch.replay.importers import ImportResult, iter_files, read_file
+
+    policies: list[NamedPolicy] = []
+    try:
+        if policy_specs:
+            for spec in policy_specs:
+                policies.extend(load_policy_spec(spec))
+        else:
+            policies.append(default_policy())
+    except PolicyError as exc:
+        for problem in exc.problems:
+            click.echo(f"loopwatch replay: {problem}", err=True)
+        raise SystemExit(2) from None
+    policies = unique_labels(policies)
+
+    files = list(iter_files(paths))
+    loaded = ImportResult()
+    show = sys.stderr.isatty() and len(files) > 1
+    with click.progressbar(files, label="reading", file=sys.stderr, hidden=not show) as bar:
+        for path in bar:
+            one = read_file(path, format=input_format)
+            loaded.trajectories.extend(one.trajectories)
+            loaded.problems.extend(one.problems)
+    for problem in loaded.problems:
+        click.echo(f"loopwatch replay: {problem}", err=True)
+    runs = loaded.trajectories
+    if not runs:
+        click.echo(f"loopwatch replay: no run could be read from {len(files)} file(s)", err=True)
+        raise SystemExit(1)
+
+    with click.progressbar(
+        length=len(runs),
+        label=f"replaying {len(runs)} runs x {len(policies)} policies",
+        file=sys.stderr,
+        hidden=not _want_progress(len(runs)),
+    ) as bar:
+        results = run_replay(runs, policies, on_run=lambda _t: bar.update(1))
+
+    if fmt == "json":
+        text = render_json(results)
+    elif fmt == "csv":
+        text = render_csv(results)
+    else:
+        text = render_table(results, summarize(results))
+    try:
+        with _output(out_path) as handle:
+            handle.write(text)
+    except OSError as exc:
+        click.echo(f"loopwatch replay: cannot write {out_path}: {exc.strerror}", err=True)
+        raise SystemExit(2) from None
+    if out_path is not None:
+        click.echo(
+            f"loopwatch replay: {len(runs)} runs x {len(policies)} policies -> {out_path}",
+            err=True,
+        )

@@ -1,0 +1,144 @@
+"""``loopwatch replay`` through click's ``CliRunner``: formats, ``--out``, exit codes."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from loopwatch.cli._commands import cli
+from loopwatch.replay.engine import CSV_COLUMNS
+
+
+def _call(i: int, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": f"c{i}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
+
+
+def _run(
+    run_id: str, calls: list[tuple[str, dict[str, Any], str]], reward: float
+) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "help me"}]
+    for i, (name, args, result) in enumerate(calls):
+        messages.append(
+            {"role": "assistant", "content": None, "tool_calls": [_call(i, name, args)]}
+        )
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": result})
+    messages.append({"role": "assistant", "content": "All done."})
+    return {"id": run_id, "reward": reward, "messages": messages}
+
+
+@pytest.fixture
+def recordings(tmp_path: Path) -> Path:
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    looping = _run("looping", [("get_details", {"id": "L1"}, '{"status": "Active"}')] * 10, 0.0)
+    clean = _run("clean", [("search", {"q": str(i)}, f"result {i}") for i in range(3)], 1.0)
+    broken = {
+        "id": "broken",
+        "reward": 1.0,
+        "messages": [{"role": "tool", "tool_call_id": "nope", "content": "orphan"}],
+    }
+    lines = [json.dumps(r) for r in (looping, clean, broken)]
+    (folder / "chat.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (folder / "notes.bin").write_bytes(b"\x00\x01 not a trajectory")
+    return folder
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(cli, ["replay", *args], catch_exceptions=False)
+
+
+def test_table_with_the_default_policy(recordings: Path) -> None:
+    result = invoke(str(recordings))
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "replay-default" in out
+    assert "repeated_action@3" in out
+    assert "looping" in out and "clean" not in out.split("Runs stopped")[1]
+    assert "false stops" in out
+    # Import problems name the file and the record, on stderr only.
+    errors = result.stderr
+    assert "chat.jsonl" in errors and "line 3" in errors
+    assert "notes.bin: file: not a recognised trajectory format" in errors
+    assert "notes.bin" not in out
+
+
+def test_json_lines_one_object_per_run_and_policy(recordings: Path) -> None:
+    result = invoke(
+        str(recordings / "chat.jsonl"),
+        "--policy",
+        "default",
+        "--policy",
+        "seed:investigate-readonly",
+        "--format",
+        "json",
+    )
+    assert result.exit_code == 0
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 4
+    assert [r["policy"] for r in rows] == ["replay-default", "investigate-readonly"] * 2
+    loop = rows[0]
+    assert loop["run_id"] == "looping"
+    assert (loop["stop_reason"], loop["stop_step"], loop["loop_onset_step"]) == (
+        "repeated_action",
+        3,
+        1,
+    )
+    assert loop["steps_total"] == 11 and loop["calls_saved"] == 8
+    assert loop["evidence"]["detector"] == "repeated_action"
+    assert loop["recorded_outcome"] == "failure" and loop["false_stop"] is False
+    clean = rows[2]
+    assert clean["recorded_outcome"] == "success" and clean["stop_reason"] is None
+
+
+def test_csv_to_a_file(recordings: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.csv"
+    result = invoke(str(recordings), "--format", "csv", "--out", str(out))
+    assert result.exit_code == 0
+    assert result.stdout == ""
+    assert "-> " + str(out) in result.stderr
+    rows = list(csv.DictReader(io.StringIO(out.read_text(encoding="utf-8"))))
+    assert [r["run_id"] for r in rows] == ["looping", "clean"]
+    assert list(rows[0]) == list(CSV_COLUMNS)
+    assert rows[0]["stop_reason"] == "repeated_action" and rows[1]["stop_reason"] == ""
+    assert json.loads(rows[0]["evidence"])["repetitions"] == 3
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+def test_out_writes_each_format(recordings: Path, tmp_path: Path, fmt: str) -> None:
+    out = tmp_path / f"report.{fmt}"
+    result = invoke(str(recordings), "--format", fmt, "--out", str(out))
+    assert result.exit_code == 0
+    assert result.stdout == ""
+    assert "looping" in out.read_text(encoding="utf-8")
+
+
+def test_nothing_readable_exits_1(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.txt"
+    junk.write_text("hello", encoding="utf-8")
+    result = invoke(str(junk))
+    assert result.exit_code == 1
+    assert "junk.txt" in result.stderr and "no run could be read" in result.stderr
+
+
+def test_bad_policy_exits_2_naming_file_and_key(recordings: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[profiles.x]\nversion = "1"\nrepeat_limit = "three"\n', encoding="utf-8")
+    result = invoke(str(recordings), "--policy", str(bad))
+    assert result.exit_code == 2
+    assert f"{bad}: profiles.x.repeat_limit: must be a number" in result.stderr
+    missing = invoke(str(recordings), "--policy", "seed:nope")
+    assert missing.exit_code == 2 and "profiles.nope" in missing.stderr
+
+
+def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:
+    result = invoke(str(tmp_path / "absent"))
+    assert result.exit_code == 2
