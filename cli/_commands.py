@@ -112,3 +112,15 @@ def dashboard(
         click.echo("the dashboard needs its extra: pip install 'loopwatch[dashboard]'", err=True)
         raise SystemExit(2) from None
     raise SystemExit(code)
+
+
+def _register() -> None:
+    from loopwatch.cli._replay import replay
+    from loopwatch.cli._run import demo, up
+
+    cli.add_command(replay)
+    cli.add_command(up)
+    cli.add_command(demo)
+
+
+_register()

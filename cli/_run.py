@@ -1,0 +1,457 @@
+"""``loopwatch up`` and ``loopwatch demo``.
+
+``demo`` replays recorded trajectories through the real instrumentation into a running
+collector (:mod:`loopwatch.replay.demo`). ``up`` runs the collector in this process and
+the dashboard as a child process on the embedded DuckDB default, optionally feeds the
+demo into it once the collector is healthy, prints the URLs (the dashboard's last), and
+serves until SIGINT or SIGTERM: the collector stops accepting, commits what it holds
+and checkpoints DuckDB; the dashboard child is terminated and waited for.
+
+Exit codes: 0 done (or stopped by a signal), 1 the demo could not send (collector
+unreachable, spans refused), 2 bad configuration or a missing extra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import click
+
+__all__ = ["demo", "up"]
+
+_MAX_PROBLEM_LINES: Final = 5
+_DASHBOARD_START_SECONDS: Final = 90.0
+_DASHBOARD_STOP_SECONDS: Final = 10.0
+
+
+def _read_token(token_file: str | None) -> str | None:
+    if not token_file:
+        return None
+    try:
+        text = Path(token_file).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot read --token-file {token_file}: {exc.strerror}"
+        ) from None
+    if not text:
+        raise click.ClickException(f"--token-file {token_file} is empty")
+    return text
+
+
+class _ProblemPrinter:
+    """Prints the first few import problems to stderr, then counts the rest."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.count = 0
+
+    def __call__(self, line: str) -> None:
+        self.count += 1
+        if self.count <= _MAX_PROBLEM_LINES:
+            click.echo(f"{self.prefix}: skipped: {line}", err=True)
+
+    def close(self) -> None:
+        if self.count > _MAX_PROBLEM_LINES:
+            click.echo(
+                f"{self.prefix}: ... and {self.count - _MAX_PROBLEM_LINES} more skipped records",
+                err=True,
+            )
+
+
+def _send_demo(
+    *,
+    corpus: tuple[str, ...],
+    otlp_url: str | None,
+    policy: str | None,
+    speed: float,
+    limit: int | None,
+    capture_content: bool | None,
+    token: str | None,
+    run_prefix: str | None,
+    verbose: bool,
+    stop: threading.Event | None = None,
+    prefix: str = "loopwatch demo",
+) -> int:
+    """Run the demo and print its summary; returns the exit code (0, 1 or 2)."""
+    try:
+        from loopwatch.instrumentation import PolicyError
+        from loopwatch.replay.demo import CollectorUnreachable, run_demo
+    except ImportError as exc:  # pragma: no cover - base install without the replay package
+        click.echo(f"{prefix}: {exc}", err=True)
+        return 2
+    problems = _ProblemPrinter(prefix)
+    try:
+        report = run_demo(
+            list(corpus) or None,
+            otlp_url=otlp_url,
+            policy=policy,
+            speed=speed,
+            capture_content=capture_content,
+            token=token,
+            run_prefix=run_prefix,
+            limit=limit,
+            stop=stop,
+            on_problem=problems,
+        )
+    except CollectorUnreachable as exc:
+        click.echo(f"{prefix}: {exc}", err=True)
+        return 1
+    except PolicyError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "invalid policy"
+        click.echo(f"{prefix}: invalid policy: {first}", err=True)
+        return 2
+    except ImportError as exc:
+        click.echo(f"{prefix}: {exc}", err=True)
+        return 2
+    except ValueError as exc:
+        click.echo(f"{prefix}: {exc}", err=True)
+        return 1
+    finally:
+        problems.close()
+    if verbose:
+        for run in report.runs:
+            click.echo(f"  {run.stop_reason:<18} {run.run_id}")
+    click.echo(report.summary())
+    if not report.ok:
+        lost = report.spans_ended - report.spans_exported
+        click.echo(
+            f"{prefix}: {lost} of {report.spans_ended} spans were not accepted by the collector",
+            err=True,
+        )
+        return 1
+    return 0
+
+
+_CORPUS_HELP = (
+    "Recorded runs: a file or folder in any supported format (repeatable). Default: "
+    "../shared/corpus when present, else the example runs shipped with loopwatch."
+)
+_POLICY_HELP = (
+    "Replay policy: FILE[:PROFILE] or a built-in profile name. Default: the package's "
+    "replay/policies/default.toml, else the guard's default profile."
+)
+
+
+@click.command("demo")
+@click.option("--corpus", multiple=True, type=click.Path(exists=True), help=_CORPUS_HELP)
+@click.option(
+    "--otlp",
+    "otlp_url",
+    help="Collector OTLP/HTTP traces URL (default http://127.0.0.1:4318/v1/traces, "
+    "or OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT).",
+)
+@click.option("--policy", help=_POLICY_HELP)
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="0: as fast as possible; K: K recorded seconds per real second (gaps capped at 5 s).",
+)
+@click.option("--limit", type=click.IntRange(min=0), help="Replay at most this many runs.")
+@click.option(
+    "--capture-content/--no-capture-content",
+    default=None,
+    help="Record tool arguments and results on spans (default: "
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT).",
+)
+@click.option("--token-file", help="Bearer token file of a collector started with --token-file.")
+@click.option("--run-prefix", help="Run-id prefix (default demo-<6 hex digits>).")
+@click.option("-v", "--verbose", is_flag=True, help="One line per run: stop reason and run id.")
+def demo(
+    corpus: tuple[str, ...],
+    otlp_url: str | None,
+    policy: str | None,
+    speed: float,
+    limit: int | None,
+    capture_content: bool | None,
+    token_file: str | None,
+    run_prefix: str | None,
+    verbose: bool,
+) -> None:
+    """Replay recorded trajectories through the real instrumentation into a collector.
+
+    Each recorded run becomes a guarded run (decisions from a scripted model, recorded
+    observations from the tools) whose spans go over OTLP/HTTP to a running collector.
+    Prints runs sent, stops by reason and spans exported.
+    """
+    code = _send_demo(
+        corpus=corpus,
+        otlp_url=otlp_url,
+        policy=policy,
+        speed=speed,
+        limit=limit,
+        capture_content=capture_content,
+        token=_read_token(token_file),
+        run_prefix=run_prefix,
+        verbose=verbose,
+    )
+    raise SystemExit(code)
+
+
+# ------------------------------------------------------------------------- up
+
+
+class _Dashboard:
+    """The dashboard child: started at most once, never after shutdown began."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closing = False
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, starter: Callable[[], subprocess.Popen[bytes]]) -> bool:
+        with self._lock:
+            if self._closing:
+                return False
+            self.proc = starter()
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=_DASHBOARD_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _start_dashboard(
+    collector_url: str, port: int, token_file: str | None
+) -> subprocess.Popen[bytes]:
+    """Streamlit over the collector's API, quiet: its banner and info log would bury the
+    URLs (warnings and errors still reach stderr)."""
+    import importlib.util
+
+    from loopwatch.dashboard.cli import build_command, build_env
+
+    if importlib.util.find_spec("streamlit") is None:
+        raise ImportError("the dashboard needs its extra: pip install 'loopwatch[dashboard]'")
+    return subprocess.Popen(
+        [*build_command(host="127.0.0.1", port=port), "--logger.level=warning"],
+        env=build_env(collector_url, None, token_file=token_file),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def _wait(ready: threading.Event, closing: threading.Event) -> bool:
+    while not ready.wait(0.1):
+        if closing.is_set():
+            return False
+    return not closing.is_set()
+
+
+def _companion(
+    *,
+    ready: threading.Event,
+    closing: threading.Event,
+    dashboard: _Dashboard | None,
+    dashboard_url: str,
+    collector_url: str,
+    otlp_url: str,
+    dashboard_port: int,
+    token_file: str | None,
+    token: str | None,
+    demo_options: dict[str, Any] | None,
+) -> None:
+    """After the collector is ready: dashboard, demo, then the URLs (dashboard last)."""
+    if not _wait(ready, closing):
+        return
+    if dashboard is not None:
+        try:
+            dashboard.start(lambda: _start_dashboard(collector_url, dashboard_port, token_file))
+        except (ImportError, ValueError, OSError) as exc:
+            click.echo(f"loopwatch up: dashboard not started: {exc}", err=True)
+            dashboard = None
+    if demo_options is not None and not closing.is_set():
+        _send_demo(
+            otlp_url=otlp_url,
+            token=token,
+            stop=closing,
+            prefix="loopwatch up: demo",
+            verbose=False,
+            **demo_options,
+        )
+    if dashboard is not None:
+        deadline = time.monotonic() + _DASHBOARD_START_SECONDS
+        while not closing.is_set() and not _http_ok(f"{dashboard_url}/_stcore/health"):
+            proc = dashboard.proc
+            if proc is not None and proc.poll() is not None:
+                click.echo(f"loopwatch up: the dashboard exited ({proc.returncode})", err=True)
+                dashboard = None
+                break
+            if time.monotonic() > deadline:
+                click.echo("loopwatch up: the dashboard did not answer yet", err=True)
+                break
+            time.sleep(0.2)
+    if closing.is_set():
+        return
+    click.echo("")
+    click.echo(f"OTLP/HTTP:     {otlp_url}")
+    click.echo(f"Stopped runs:  {collector_url}/api/v1/runs")
+    click.echo(f"Metrics:       {collector_url}/metrics")
+    click.echo("Ctrl-C stops the collector and the dashboard.")
+    if dashboard is not None:
+        click.echo(f"Dashboard:     {dashboard_url}")
+    sys.stdout.flush()
+
+
+@click.command("up")
+@click.option("--db", help="DuckDB file (default ./loopwatch.duckdb).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="Collector TOML.")
+@click.option("--otlp-http", help="OTLP/HTTP listen address HOST:PORT (default 127.0.0.1:4318).")
+@click.option(
+    "--http", "http_addr", help="/metrics, /healthz and API address (default 127.0.0.1:9464)."
+)
+@click.option(
+    "--dashboard-port",
+    default=8501,
+    show_default=True,
+    type=int,
+    envvar="LOOPWATCH_DASHBOARD_PORT",
+    help="Dashboard port (env LOOPWATCH_DASHBOARD_PORT).",
+)
+@click.option("--no-dashboard", is_flag=True, help="Run the collector only.")
+@click.option("--token-file", help="Bearer token required on OTLP and the API.")
+@click.option("--demo", "with_demo", is_flag=True, help="Feed the demo once the collector is up.")
+@click.option("--corpus", multiple=True, type=click.Path(exists=True), help=_CORPUS_HELP)
+@click.option("--policy", help=_POLICY_HELP)
+@click.option("--speed", type=click.FloatRange(min=0.0), default=0.0, help="Demo replay speed.")
+@click.option("--limit", type=click.IntRange(min=0), help="Demo: at most this many runs.")
+@click.option("--run-prefix", help="Demo run-id prefix (default demo-<6 hex digits>).")
+def up(
+    db: str | None,
+    config_file: str | None,
+    otlp_http: str | None,
+    http_addr: str | None,
+    dashboard_port: int,
+    no_dashboard: bool,
+    token_file: str | None,
+    with_demo: bool,
+    corpus: tuple[str, ...],
+    policy: str | None,
+    speed: float,
+    limit: int | None,
+    run_prefix: str | None,
+) -> None:
+    """Collector + dashboard on the embedded DuckDB default; prints the URLs.
+
+    Serves until Ctrl-C or SIGTERM, then stops both: the collector commits what it holds
+    before exiting, the dashboard child is terminated. --demo replays recorded runs
+    into the collector once it is healthy (see loopwatch demo).
+    """
+    try:
+        from loopwatch.collector.config import load_config
+        from loopwatch.collector.errors import ConfigError
+        from loopwatch.collector.service import StoreUnavailable, serve_forever
+    except ImportError as exc:
+        click.echo(
+            f"loopwatch up needs the collector extra: pip install 'loopwatch[all]' ({exc.name})",
+            err=True,
+        )
+        raise SystemExit(2) from None
+    if not 0 < dashboard_port < 65536:
+        click.echo(
+            f"loopwatch up: --dashboard-port must be in 1..65535, got {dashboard_port}", err=True
+        )
+        raise SystemExit(2)
+    overrides = {
+        "server": {"otlp_http": otlp_http, "http": http_addr, "token_file": token_file},
+        "store": {"db": db},
+    }
+    try:
+        config = load_config(config_file, overrides=overrides)
+        token = config.token()
+    except ConfigError as exc:
+        click.echo(f"loopwatch up: configuration error: {exc}", err=True)
+        raise SystemExit(2) from None
+
+    ready = threading.Event()
+    closing = threading.Event()
+    dashboard = None if no_dashboard else _Dashboard()
+    demo_options: dict[str, Any] | None = None
+    if with_demo:
+        demo_options = {
+            "corpus": corpus,
+            "policy": policy,
+            "speed": speed,
+            "limit": limit,
+            "capture_content": None,
+            "run_prefix": run_prefix,
+        }
+    collector_url = f"http://{config.server.http}"
+    companion = threading.Thread(
+        target=_companion,
+        name="loopwatch-up",
+        daemon=True,
+        kwargs={
+            "ready": ready,
+            "closing": closing,
+            "dashboard": dashboard,
+            "dashboard_url": f"http://127.0.0.1:{dashboard_port}",
+            "collector_url": collector_url,
+            "otlp_url": f"http://{config.server.otlp_http}/v1/traces",
+            "dashboard_port": dashboard_port,
+            "token_file": config.server.token_file or None,
+            "token": token,
+            "demo_options": demo_options,
+        },
+    )
+    code = 0
+    companion.start()
+    try:
+        serve_forever(config, ready=ready)
+    except KeyboardInterrupt:
+        pass
+    except ConfigError as exc:
+        click.echo(f"loopwatch up: configuration error: {exc}", err=True)
+        code = 2
+    except (OSError, StoreUnavailable) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        click.echo(f"loopwatch up: cannot start the collector: {reason}", err=True)
+        code = 2
+    finally:
+        # Stopping already: a second Ctrl-C or SIGTERM must not cut the cleanup short
+        # and leave the dashboard child behind.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):
+                signal.signal(sig, signal.SIG_IGN)
+        closing.set()
+        # A demo cut short by the signal now fails to export to the stopped collector;
+        # its retries are expected and would only bury the shutdown message.
+        logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
+        if dashboard is not None:
+            dashboard.close()
+        companion.join(timeout=2.0)
+        if companion.is_alive() and with_demo:
+            click.echo(
+                "loopwatch up: the demo was cut short; its unsent runs are dropped", err=True
+            )
+    if code == 0:
+        click.echo("loopwatch up: stopped", err=True)
+    raise SystemExit(code)
