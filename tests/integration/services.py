@@ -545,6 +545,7 @@ def start_prometheus(
     interval: str = "1s",
     *,
     bearer_token_file: Path | None = None,
+    rule_files: Sequence[Path] = (),
     ready_timeout_seconds: float = 30.0,
     first_scrape_timeout_seconds: float = 20.0,
 ) -> PrometheusProcess:
@@ -552,7 +553,8 @@ def start_prometheus(
 
     Writes ``prometheus.yml`` and a fresh ``--storage.tsdb.path`` under ``tmp_path``,
     listens on a free loopback port, polls ``/-/ready``, then waits until the target is
-    up (the first scrape lands a few seconds after start).
+    up (the first scrape lands a few seconds after start). ``rule_files`` are loaded as
+    recording/alerting rules, evaluated every ``interval``.
 
     Raises:
         ServiceError: Prometheus exited, never became ready, or never scraped the target.
@@ -570,6 +572,8 @@ def start_prometheus(
         f"  scrape_interval: {interval}",
         f"  scrape_timeout: {interval}",
         f"  evaluation_interval: {interval}",
+        *(["rule_files:"] if rule_files else []),
+        *(f"  - {json.dumps(str(Path(path).resolve()))}" for path in rule_files),
         "scrape_configs:",
         "  - job_name: loopwatch",
         f"    scheme: {target.scheme or 'http'}",

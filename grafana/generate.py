@@ -1,0 +1,663 @@
+"""Build the loopwatch Grafana dashboards (``grafana/dashboards/*.json``) from code.
+
+The dashboards are written with Grafana's own builder library, ``grafana-foundation-sdk``
+(pinned in the ``dev`` extra; the 10.1 schema build, so the JSON loads in Grafana 10.1
+and later). The generated JSON is committed, so loading the dashboards needs no Python;
+``tests/unit/test_grafana_static.py`` regenerates it and fails on any drift.
+
+Contracts the tests check:
+
+- every dashboard has a fixed ``uid`` (``loopwatch-overview``, ``loopwatch-tools``,
+  ``loopwatch-collector``) and no numeric ``id``;
+- the Prometheus data source is the ``${datasource}`` variable (type ``datasource``,
+  plugin ``prometheus``); no data source uid is written anywhere;
+- queries use only the metric names and labels of DESIGN section 7 (the collector's
+  ``collector/metrics.py``) and the recording rules of ``grafana/alerts/loopwatch.rules.yml``.
+
+Usage::
+
+    .venv/bin/python grafana/generate.py           # rewrite grafana/dashboards/*.json
+    .venv/bin/python grafana/generate.py --check   # exit 1 if a file differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import heatmap, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import heatmap as hm
+from grafana_foundation_sdk.models import prometheus as pm
+
+__all__ = ["DASHBOARDS", "DATASOURCE", "build_all", "main", "render"]
+
+DASHBOARDS_DIR = Path(__file__).resolve().parent / "dashboards"
+DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+"""Every panel, query and variable points at the ``datasource`` template variable."""
+
+TAGS = ["loopwatch"]
+AGENT = 'agent=~"$agent"'
+AGENT_TOOL = 'agent=~"$agent", tool=~"$tool"'
+
+
+# ---------------------------------------------------------------- building blocks
+
+
+def _query(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False) -> Any:
+    q = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DATASOURCE)
+    if legend:
+        q = q.legend_format(legend)
+    return q.instant() if instant else q.range()
+
+
+def _datasource_variable() -> db.DatasourceVariable:
+    return (
+        db.DatasourceVariable("datasource")
+        .label("Data source")
+        .type("prometheus")
+        .description("The Prometheus that scrapes the loopwatch collector (job loopwatch).")
+    )
+
+
+def _label_variable(name: str, label: str, query: str, description: str) -> db.QueryVariable:
+    return (
+        db.QueryVariable(name)
+        .label(label)
+        .description(description)
+        .datasource(DATASOURCE)
+        .query(query)
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .current(dm.VariableOption(selected=True, text="All", value="$__all"))
+    )
+
+
+def _agent_variable(metric: str) -> db.QueryVariable:
+    return _label_variable(
+        "agent",
+        "Agent",
+        f"label_values({metric}, agent)",
+        "Agent names (past the collector's top-N, agents are counted as _other).",
+    )
+
+
+def _timeseries(
+    title: str,
+    description: str,
+    targets: Sequence[Any],
+    *,
+    unit: str = "short",
+    width: int = 12,
+    height: int = 8,
+    stacked: bool = False,
+    max_value: float | None = None,
+) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(width)
+        .height(height)
+        .min(0)
+        .fill_opacity(10)
+        .line_width(1)
+        .show_points(cm.VisibilityMode.NEVER)
+    )
+    if stacked:
+        panel = panel.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL))
+    if max_value is not None:
+        panel = panel.max(max_value)
+    for target in targets:
+        panel = panel.with_target(target)
+    return panel
+
+
+def _stat(
+    title: str, description: str, target: Any, *, unit: str = "short", width: int = 6
+) -> stat.Panel:
+    return (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(width)
+        .height(4)
+        .with_target(target)
+    )
+
+
+def _table(title: str, description: str, target: Any, *, width: int = 12) -> table.Panel:
+    return (
+        table.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(width)
+        .height(8)
+        .with_target(target)
+    )
+
+
+def _dashboard(uid: str, title: str, description: str) -> db.Dashboard:
+    return (
+        db.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .editable()
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .time("now-6h", "now")
+        .refresh("30s")
+        .timezone("browser")
+        .link(
+            db.DashboardLink("loopwatch")
+            .type(dm.DashboardLinkType.DASHBOARDS)
+            .tags(TAGS)
+            .as_dropdown(True)
+            .include_vars(True)
+            .keep_time(True)
+        )
+    )
+
+
+# ------------------------------------------------------------------- dashboards
+
+
+def overview() -> db.Dashboard:
+    """``loopwatch-overview``: why runs stop, per agent."""
+    stops = f"loopwatch_agent_stops_total{{{AGENT}}}"
+    ssp = f"loopwatch_agent_steps_since_progress_bucket{{{AGENT}}}"
+    steps = f"loopwatch_agent_steps_bucket{{{AGENT}}}"
+    return (
+        _dashboard(
+            "loopwatch-overview",
+            "loopwatch / Overview",
+            "Why agent runs stop: stop reasons, abnormal-stop ratio, steps since progress.",
+        )
+        .with_variable(_datasource_variable())
+        .with_variable(_agent_variable("loopwatch_agent_stops_total"))
+        .with_row(db.Row("Stops"))
+        .with_panel(
+            _stat(
+                "Stops in range",
+                "Runs that stopped in the selected time range (every stop reason).",
+                _query(f"sum(increase({stops}[$__range]))", instant=True),
+            )
+        )
+        .with_panel(
+            _stat(
+                "Abnormal stops in range",
+                "Share of stops in the selected range whose reason is not completed.",
+                _query(
+                    f'sum(increase(loopwatch_agent_stops_total{{{AGENT}, stop_reason!="completed"}}'
+                    f"[$__range])) / sum(increase({stops}[$__range]))",
+                    instant=True,
+                ),
+                unit="percentunit",
+            )
+        )
+        .with_panel(
+            _stat(
+                "Loop detections in range",
+                "Loop detections (all detectors, all tools) in the selected range.",
+                _query(
+                    f"sum(increase(loopwatch_loop_detections_total{{{AGENT}}}[$__range]))",
+                    instant=True,
+                ),
+            )
+        )
+        .with_panel(
+            _stat(
+                "Median steps since progress at stop",
+                "Half of the runs stopped within this many steps of their last progress.",
+                _query(
+                    f"histogram_quantile(0.5, sum by (le) (increase({ssp}[$__range])))",
+                    instant=True,
+                ),
+            )
+        )
+        .with_panel(
+            _timeseries(
+                "Stop rate by reason",
+                "Stops per second by stop reason (DESIGN section 2). A rise of one reason "
+                "is the first thing to look at when an alert fires.",
+                [
+                    _query(
+                        f"sum by (stop_reason) (rate({stops}[$__rate_interval]))",
+                        "{{stop_reason}}",
+                    )
+                ],
+                unit="suffix: stops/s",
+                stacked=True,
+            )
+        )
+        .with_panel(
+            _timeseries(
+                "Abnormal-stop ratio by agent",
+                "Share of stops other than completed over 15 minutes (recording rule "
+                "agent:loopwatch_agent_stops_abnormal:ratio_rate15m, the input of "
+                "LoopWatchAbnormalStopRatioHigh).",
+                [
+                    _query(
+                        f"agent:loopwatch_agent_stops_abnormal:ratio_rate15m{{{AGENT}}}",
+                        "{{agent}}",
+                    )
+                ],
+                unit="percentunit",
+                max_value=1,
+            )
+        )
+        .with_row(db.Row("Steps since progress"))
+        .with_panel(
+            _timeseries(
+                "Steps since progress at stop (quantiles)",
+                "How many steps a run went on after its last progress evidence, at the "
+                "stop. High values mean runs spin before a limit ends them.",
+                [
+                    _query(
+                        f"histogram_quantile({q}, sum by (le) (rate({ssp}[$__rate_interval])))",
+                        f"p{int(q * 100)}",
+                        ref,
+                    )
+                    for q, ref in ((0.5, "A"), (0.9, "B"), (0.99, "C"))
+                ],
+            )
+        )
+        .with_panel(
+            heatmap.Panel()
+            .title("Steps since progress at stop (heatmap)")
+            .description("Stops per steps-since-progress bucket over time.")
+            .datasource(DATASOURCE)
+            .span(12)
+            .height(8)
+            .calculate(False)
+            .with_target(
+                _query(f"sum by (le) (increase({ssp}[$__interval]))", "{{le}}").format(
+                    pm.PromQueryFormat.HEATMAP
+                )
+            )
+            .rows_frame(heatmap.RowsHeatmapOptions().layout(cm.HeatmapCellLayout.LE))
+            .color(
+                heatmap.HeatmapColorOptions()
+                .mode(hm.HeatmapColorMode.SCHEME)
+                .scheme("Oranges")
+                .fill("dark-orange")
+                .scale(hm.HeatmapColorScale.EXPONENTIAL)
+                .exponent(0.5)
+                .steps(64)
+            )
+            .y_axis(heatmap.YAxisConfig().unit("short"))
+            .show_tooltip()
+        )
+        .with_row(db.Row("Steps per run"))
+        .with_panel(
+            _timeseries(
+                "Steps per run by stop reason (p90)",
+                "90th percentile of steps per run, by stop reason.",
+                [
+                    _query(
+                        "histogram_quantile(0.9, sum by (le, stop_reason) "
+                        f"(rate({steps}[$__rate_interval])))",
+                        "{{stop_reason}}",
+                    )
+                ],
+            )
+        )
+        .with_panel(
+            _timeseries(
+                "Mean steps per run",
+                "Average steps per stopped run.",
+                [
+                    _query(
+                        f"sum(rate(loopwatch_agent_steps_sum{{{AGENT}}}[$__rate_interval])) / "
+                        f"sum(rate(loopwatch_agent_steps_count{{{AGENT}}}[$__rate_interval]))",
+                        "mean",
+                    )
+                ],
+            )
+        )
+        .with_panel(
+            _table(
+                "Stops by agent and reason in range",
+                "Stop counts per (agent, stop reason) over the selected range.",
+                _query(
+                    f"sum by (agent, stop_reason) (increase({stops}[$__range]))",
+                    instant=True,
+                ).format(pm.PromQueryFormat.TABLE),
+                width=24,
+            )
+        )
+    )
+
+
+def tools() -> db.Dashboard:
+    """``loopwatch-tools``: which tools loop, are blocked or fail."""
+    calls = f"loopwatch_tool_calls_total{{{AGENT_TOOL}}}"
+    detections = f"loopwatch_loop_detections_total{{{AGENT_TOOL}}}"
+    return (
+        _dashboard(
+            "loopwatch-tools",
+            "loopwatch / Tools",
+            "Per-tool loop detections by detector, blocked calls and error rate.",
+        )
+        .with_variable(_datasource_variable())
+        .with_variable(_agent_variable("loopwatch_tool_calls_total"))
+        .with_variable(
+            _label_variable(
+                "tool",
+                "Tool",
+                'label_values(loopwatch_tool_calls_total{agent=~"$agent"}, tool)',
+                "Tool names (past the collector's top-N, tools are counted as _other; "
+                "decision-level detections use tool none).",
+            )
+        )
+        .with_row(db.Row("Loops"))
+        .with_panel(
+            _timeseries(
+                "Loop detections by tool and detector",
+                "Loop detections per second by (tool, detector): repeated_action, "
+                "action_cycle, repeated_decision, no_progress.",
+                [
+                    _query(
+                        f"sum by (tool, detector) (rate({detections}[$__rate_interval]))",
+                        "{{tool}} / {{detector}}",
+                    )
+                ],
+                unit="suffix: detections/s",
+                stacked=True,
+            )
+        )
+        .with_panel(
+            _table(
+                "Loop detections by tool in range",
+                "Loop detections per (tool, detector) over the selected range.",
+                _query(
+                    f"sum by (tool, detector) (increase({detections}[$__range]))", instant=True
+                ).format(pm.PromQueryFormat.TABLE),
+            )
+        )
+        .with_panel(
+            _timeseries(
+                "Repeated-action detections per tool (15m)",
+                "Recording rule tool:loopwatch_loop_detections_repeated_action:increase15m, "
+                "the input of LoopWatchRepeatedActionSurge.",
+                [
+                    _query(
+                        'tool:loopwatch_loop_detections_repeated_action:increase15m{tool=~"$tool"}',
+                        "{{tool}}",
+                    )
+                ],
+                width=24,
+            )
+        )
+        .with_row(db.Row("Calls"))
+        .with_panel(
+            _timeseries(
+                "Blocked calls by tool",
+                "Tool calls the guard refused (outcome blocked) per second: each one is a "
+                "call that never left the process.",
+                [
+                    _query(
+                        f"sum by (tool) (rate(loopwatch_tool_calls_total{{{AGENT_TOOL}, "
+                        'outcome="blocked"}[$__rate_interval]))',
+                        "{{tool}}",
+                    )
+                ],
+                unit="suffix: calls/s",
+            )
+        )
+        .with_panel(
+            _timeseries(
+                "Error rate by tool",
+                "Share of a tool's calls that ended with outcome error.",
+                [
+                    _query(
+                        f"sum by (tool) (rate(loopwatch_tool_calls_total{{{AGENT_TOOL}, "
+                        'outcome="error"}[$__rate_interval])) / '
+                        f"sum by (tool) (rate({calls}[$__rate_interval]))",
+                        "{{tool}}",
+                    )
+                ],
+                unit="percentunit",
+                max_value=1,
+            )
+        )
+        .with_panel(
+            _timeseries(
+                "Tool calls by outcome",
+                "Tool calls per second by outcome (ok, error, blocked).",
+                [
+                    _query(
+                        f"sum by (outcome) (rate({calls}[$__rate_interval]))",
+                        "{{outcome}}",
+                    )
+                ],
+                unit="suffix: calls/s",
+                stacked=True,
+            )
+        )
+        .with_panel(
+            _table(
+                "Tool calls by tool and outcome in range",
+                "Calls per (tool, outcome) over the selected range.",
+                _query(
+                    f"sum by (tool, outcome) (increase({calls}[$__range]))", instant=True
+                ).format(pm.PromQueryFormat.TABLE),
+            )
+        )
+    )
+
+
+def collector() -> db.Dashboard:
+    """``loopwatch-collector``: the collector's own health."""
+    return (
+        _dashboard(
+            "loopwatch-collector",
+            "loopwatch / Collector",
+            "Collector health: ingest, rejections, queue, commit latency, canary detections.",
+        )
+        .with_variable(_datasource_variable())
+        .with_row(db.Row("Health"))
+        .with_panel(
+            _stat(
+                "Collector up",
+                "1 when Prometheus scraped every loopwatch target (job loopwatch).",
+                _query('min(up{job="loopwatch"})', instant=True),
+            )
+        )
+        .with_panel(
+            _stat(
+                "Canary detections in range",
+                "Planted canary secrets found in received telemetry. Any value above 0 "
+                "is a leak: see LoopWatchCanaryDetected.",
+                _query("sum(increase(loopwatch_canary_detections_total[$__range]))", instant=True),
+            )
+        )
+        .with_panel(
+            _stat(
+                "Queue depth",
+                "Spans waiting for the store writer now (summed over collectors).",
+                _query("sum(loopwatch_collector_queue_depth)", instant=True),
+            )
+        )
+        .with_panel(
+            _stat(
+                "Rejected share (5m)",
+                "Recording rule instance:loopwatch_collector_spans_rejected:ratio_rate5m, "
+                "the input of LoopWatchCollectorRejectingSpans.",
+                _query(
+                    "max(instance:loopwatch_collector_spans_rejected:ratio_rate5m)", instant=True
+                ),
+                unit="percentunit",
+            )
+        )
+        .with_row(db.Row("Ingest"))
+        .with_panel(
+            _timeseries(
+                "Ingest rate by transport",
+                "Spans received per second, by transport.",
+                [
+                    _query(
+                        "sum by (transport) "
+                        "(rate(loopwatch_collector_spans_received_total[$__rate_interval]))",
+                        "{{transport}}",
+                    )
+                ],
+                unit="suffix: spans/s",
+                stacked=True,
+            )
+        )
+        .with_panel(
+            _timeseries(
+                "Rejections by reason",
+                "Spans refused per second, by reason (invalid_span, queue_full, "
+                "submit_failed, pipeline).",
+                [
+                    _query(
+                        "sum by (reason) "
+                        "(rate(loopwatch_collector_spans_rejected_total[$__rate_interval]))",
+                        "{{reason}}",
+                    )
+                ],
+                unit="suffix: spans/s",
+                stacked=True,
+            )
+        )
+        .with_panel(
+            _timeseries(
+                "Queue depth",
+                "Spans waiting for the store writer, per collector.",
+                [_query("loopwatch_collector_queue_depth", "{{instance}}")],
+            )
+        )
+        .with_panel(
+            _timeseries(
+                "Commit latency",
+                "DuckDB group-commit duration quantiles.",
+                [
+                    _query(
+                        f"histogram_quantile({q}, sum by (le) (rate("
+                        "loopwatch_collector_commit_duration_seconds_bucket[$__rate_interval])))",
+                        f"p{int(q * 100)}",
+                        ref,
+                    )
+                    for q, ref in ((0.5, "A"), (0.99, "B"))
+                ],
+                unit="s",
+            )
+        )
+        .with_row(db.Row("Redaction"))
+        .with_panel(
+            _timeseries(
+                "Canary detections by location",
+                "Canary hits by where they were found (attribute, event, name, status, "
+                "resource). The value is never stored, logged or labelled.",
+                [
+                    _query(
+                        "sum by (location) "
+                        "(increase(loopwatch_canary_detections_total[$__rate_interval]))",
+                        "{{location}}",
+                    )
+                ],
+            )
+        )
+        .with_panel(
+            _timeseries(
+                "Redactions by rule",
+                "Values redacted per second, by redaction rule.",
+                [
+                    _query(
+                        "sum by (rule) (rate(loopwatch_redactions_total[$__rate_interval]))",
+                        "{{rule}}",
+                    )
+                ],
+                unit="suffix: values/s",
+            )
+        )
+    )
+
+
+DASHBOARDS: dict[str, Callable[[], db.Dashboard]] = {
+    "loopwatch-overview.json": overview,
+    "loopwatch-tools.json": tools,
+    "loopwatch-collector.json": collector,
+}
+"""File name -> builder of each shipped dashboard."""
+
+
+def _prune(value: Any) -> Any:
+    """Drop ``null`` members: Grafana fills in its defaults for absent keys."""
+    if isinstance(value, dict):
+        return {k: _prune(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_prune(v) for v in value]
+    return value
+
+
+def render(builder: db.Dashboard) -> str:
+    """The dashboard as stable, pretty JSON text (sorted keys, trailing newline).
+
+    Numeric and placeholder ids the builder writes are removed (the dashboard's ``id``,
+    panel and row ids, variable ids): Grafana assigns them when it loads the file, and
+    a dashboard copied between instances must not carry another instance's ids.
+    """
+    model = _prune(json.loads(json.dumps(builder.build(), cls=JSONEncoder)))
+    model.pop("id", None)
+    model["annotations"] = {"list": []}
+    for panel in model.get("panels", []):
+        panel.pop("id", None)
+        for inner in panel.get("panels", []):
+            inner.pop("id", None)
+    for variable in model.get("templating", {}).get("list", []):
+        variable.pop("id", None)
+        if variable.get("type") != "interval":
+            for key in ("auto", "auto_count", "auto_min"):
+                variable.pop(key, None)
+        if variable.get("type") == "query":
+            variable["definition"] = variable["query"]
+    return json.dumps(model, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def build_all() -> dict[str, str]:
+    """``{file name: JSON text}`` of every dashboard."""
+    return {name: render(make()) for name, make in DASHBOARDS.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the dashboards, or with ``--check`` report (exit 1) the files that differ."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    parser.add_argument("--out", type=Path, default=DASHBOARDS_DIR, help="output folder")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, text in build_all().items():
+        path = args.out / name
+        if args.check:
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                stale.append(str(path))
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+    for path in stale:
+        print(f"{path} is stale: run python grafana/generate.py", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

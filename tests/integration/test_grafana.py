@@ -1,0 +1,317 @@
+"""Every query of grafana/ against a real Prometheus scraping a real collector.
+
+A ``loopwatch collector`` (with a canary file) receives real agent runs: ``loopwatch
+demo`` replaying the recorded runs shipped in ``replay/examples`` (every stop reason,
+through the instrumentation, the SDK and the OTLP/HTTP exporter), the integration
+scenarios of ``services.emit_loopwatch_runs``, one span the collector must reject and
+one span carrying a canary. Debian's Prometheus scrapes it
+every second with ``grafana/alerts/loopwatch.rules.yml`` loaded. Runs are sent twice,
+before and after Prometheus's first scrape, so ``rate()`` and ``increase()`` see the
+counters grow (a series first seen at N has no increase yet).
+
+Then every dashboard panel query, every template variable and every rule expression is
+run through Prometheus's HTTP API (instant and, for panels, range queries) with the
+template variables substituted as Grafana would: no query errors, every rule evaluates
+with health ``ok``, the core panels return data, and the canary alert fires.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+
+from .services import (
+    CollectorProcess,
+    PrometheusProcess,
+    emit_loopwatch_runs,
+    loopwatch_command,
+    start_collector,
+    start_prometheus,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+GRAFANA = Path(__file__).resolve().parents[2] / "grafana"
+RULES = GRAFANA / "alerts" / "loopwatch.rules.yml"
+DEMO_RUNS = GRAFANA.parent / "replay" / "examples"
+AGENT = "grafana-e2e"
+CANARY = "lw-canary-5b1f0c9e27d4"
+ALL_STOP_REASONS = {
+    "completed",
+    "final_unverified",
+    "refused",
+    "budget_exhausted",
+    "deadline_exceeded",
+    "repeated_action",
+    "action_cycle",
+    "repeated_decision",
+    "no_progress",
+    "cancelled",
+    "error",
+}
+
+
+def _lint() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("loopwatch_grafana_lint", GRAFANA / "lint.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+lint = _lint()
+
+
+def _demo(otlp_url: str) -> str:
+    """``loopwatch demo`` with the recorded runs shipped in ``replay/examples`` (every stop
+    reason), through the real instrumentation and OTLP exporter; returns its stdout."""
+    done = subprocess.run(
+        [*loopwatch_command(), "demo", "--otlp", otlp_url, "--corpus", str(DEMO_RUNS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _post_spans(otlp_url: str, spans: list[dict[str, Any]]) -> dict[str, Any]:
+    body = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": spans}]}]}
+    response = httpx.post(otlp_url, json=body, timeout=10.0)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def _span(trace: int, name: str, attributes: dict[str, str]) -> dict[str, Any]:
+    now = time.time_ns()
+    return {
+        "traceId": f"{trace:032x}",
+        "spanId": f"{trace:016x}",
+        "name": name,
+        "kind": 1,
+        "startTimeUnixNano": str(now - 1_000_000),
+        "endTimeUnixNano": str(now),
+        "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attributes.items()],
+    }
+
+
+def _feed(collector: CollectorProcess, wave: int) -> str:
+    """One wave of traffic; returns the demo's report."""
+    report = _demo(collector.otlp_url)
+    emit_loopwatch_runs(
+        collector.otlp_url,
+        ["repeated_action", "budget_exhausted", "completed"],
+        agent=AGENT,
+        run_id_prefix=f"wave{wave}",
+    )
+    rejected = _post_spans(
+        collector.otlp_url, [{**_span(1, "bad", {}), "traceId": "not-a-trace-id"}]
+    )
+    assert rejected["partialSuccess"]["rejectedSpans"] == "1", rejected
+    if wave == 2:
+        _post_spans(
+            collector.otlp_url,
+            [_span(0xC0FFEE + wave, "chat", {"gen_ai.prompt": f"password is {CANARY}"})],
+        )
+    return report
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, str]]:
+    tmp_path = tmp_path_factory.mktemp("grafana")
+    canaries = tmp_path / "canaries.txt"
+    canaries.write_text(f"# planted by the Grafana test\n{CANARY}\n", encoding="utf-8")
+    with start_collector(tmp_path, "--canaries", str(canaries)) as collector:
+        _feed(collector, 1)
+        with start_prometheus(
+            tmp_path, collector.metrics_url, interval="1s", rule_files=[RULES]
+        ) as prometheus:
+            report = _feed(collector, 2)
+            stops = collector.metrics().total("loopwatch_agent_stops_total")
+            prometheus.wait_for(
+                "sum(loopwatch_agent_stops_total)",
+                lambda r: len(r) == 1 and float(r[0]["value"][1]) == stops,
+                timeout_seconds=20,
+            )
+            # Recording rules run every second; wait until they have seen the second wave.
+            prometheus.wait_for(
+                'tool:loopwatch_loop_detections_repeated_action:increase15m{tool="lookup_order"} > 0',
+                lambda r: len(r) == 1,
+                timeout_seconds=20,
+            )
+            yield collector, prometheus, report
+
+
+def _query(prometheus: PrometheusProcess, promql: str) -> list[dict[str, Any]]:
+    body = prometheus.query_response(promql)
+    assert body.get("status") == "success", (promql, body)
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+def _query_range(prometheus: PrometheusProcess, promql: str) -> list[dict[str, Any]]:
+    end = time.time()
+    response = httpx.get(
+        f"{prometheus.url}/api/v1/query_range",
+        params={"query": promql, "start": end - 60, "end": end, "step": "2"},
+        timeout=10.0,
+    )
+    body = response.json()
+    assert body.get("status") == "success", (promql, body)
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+def _values(result: list[dict[str, Any]]) -> list[float]:
+    return [float(s["value"][1]) for s in result]
+
+
+def test_demo_covers_every_stop_reason(stack: tuple[Any, Any, str]) -> None:
+    """Proves the traffic is representative: the demo's runs end with all eleven reasons."""
+    stops = next(line for line in stack[2].splitlines() if line.strip().startswith("stops:"))
+    assert {item.split()[0] for item in stops.split(":", 1)[1].split(",")} == ALL_STOP_REASONS
+
+
+def test_live_exposition_has_every_metric_and_label_the_folder_uses(
+    stack: tuple[Any, Any, str],
+) -> None:
+    """Proves every metric and label named in the dashboards and rules exists in the
+    collector's live ``/metrics`` (not only in its code)."""
+    collector, _, _ = stack
+    catalog = lint.Catalog.from_exposition(collector.metrics_text())
+    assert lint.check_folder(catalog) == []
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [
+        lint.DEFAULT_VARIABLES,
+        {**lint.DEFAULT_VARIABLES, "agent": AGENT, "tool": "lookup_order"},
+        {**lint.DEFAULT_VARIABLES, "agent": f"support|{AGENT}", "tool": "none|lookup_order"},
+    ],
+    ids=["all", "one-agent-one-tool", "multi-value"],
+)
+def test_every_query_runs_without_error(
+    stack: tuple[Any, Any, str], variables: dict[str, str]
+) -> None:
+    """Proves each panel target (instant and range), each template variable
+    (``label_values`` through the label values API) and each rule expression is accepted
+    by Prometheus, for the All value, one agent/tool, and a multi-value selection."""
+    _, prometheus, _ = stack
+    queries = lint.folder_queries()
+    assert len(queries) >= 40
+    for query in queries:
+        if query.kind == "variable":
+            (label,) = query.labels_used
+            response = httpx.get(
+                f"{prometheus.url}/api/v1/label/{label}/values",
+                params={"match[]": lint.substitute(query.expr, variables)},
+                timeout=10.0,
+            )
+            body = response.json()
+            assert body["status"] == "success", (query.source, body)
+            assert body["data"], f"{query.source}: no {label} values"
+            continue
+        promql = lint.substitute(query.expr, variables) if query.kind == "panel" else query.expr
+        _query(prometheus, promql)
+        if query.kind == "panel" and not query.instant:
+            _query_range(prometheus, promql)
+
+
+def test_every_rule_evaluates_healthy(stack: tuple[Any, Any, str]) -> None:
+    """Proves Prometheus loaded every rule of the file and evaluated each without error."""
+    _, prometheus, _ = stack
+    body = httpx.get(f"{prometheus.url}/api/v1/rules", timeout=10.0).json()
+    rules = [r for g in body["data"]["groups"] for r in g["rules"]]
+    assert len(rules) == sum(1 for q in lint.folder_queries() if q.kind in ("record", "alert"))
+    for rule in rules:
+        assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
+
+
+def test_core_panels_return_data(stack: tuple[Any, Any, str]) -> None:
+    """Proves the core panels show the traffic: stops by reason (every reason), steps
+    since progress (quantiles and heatmap buckets), per-tool loops, blocked calls, the
+    recorded ratios, rejections by reason, and variable values."""
+    _, prometheus, _ = stack
+    panels = {q.source: q for q in lint.folder_queries() if q.kind == "panel"}
+
+    def run(title: str, ref: str = "A", **variables: str) -> list[dict[str, Any]]:
+        (query,) = [q for s, q in panels.items() if f"panel {title!r} target {ref}" in s]
+        return _query(
+            prometheus, lint.substitute(query.expr, {**lint.DEFAULT_VARIABLES, **variables})
+        )
+
+    by_reason = run("Stop rate by reason")
+    assert {s["metric"]["stop_reason"] for s in by_reason} == ALL_STOP_REASONS
+    assert all(v > 0 for v in _values(by_reason)), by_reason
+    table = run("Stops by agent and reason in range", agent=AGENT)
+    assert {s["metric"]["stop_reason"] for s in table} == {
+        "repeated_action",
+        "budget_exhausted",
+        "completed",
+    }
+
+    for ref in ("A", "B", "C"):
+        quantile = run("Steps since progress at stop (quantiles)", ref)
+        assert len(quantile) == 1 and _values(quantile)[0] >= 0, quantile
+    heatmap = run("Steps since progress at stop (heatmap)", __interval="1m")
+    assert {s["metric"]["le"] for s in heatmap} >= {"0", "1", "+Inf"}
+    assert max(_values(heatmap)) > 0
+    steps = run("Steps per run by stop reason (p90)")
+    assert {s["metric"]["stop_reason"] for s in steps} == ALL_STOP_REASONS
+
+    loops = run("Loop detections by tool and detector")
+    pairs = {(s["metric"]["tool"], s["metric"]["detector"]) for s in loops}
+    assert ("lookup_order", "repeated_action") in pairs, pairs
+    assert {d for _, d in pairs} == {
+        "repeated_action",
+        "action_cycle",
+        "repeated_decision",
+        "no_progress",
+    }
+    blocked = run("Blocked calls by tool", tool="lookup_order")
+    assert len(blocked) == 1 and _values(blocked)[0] > 0, blocked
+    error_rate = run("Error rate by tool")
+    assert error_rate and all(0 <= v <= 1 for v in _values(error_rate)), error_rate
+
+    ratio = run("Abnormal-stop ratio by agent", agent=AGENT)
+    assert len(ratio) == 1 and 0 < _values(ratio)[0] < 1, ratio
+    surge = run("Repeated-action detections per tool (15m)", tool="lookup_order")
+    assert len(surge) == 1 and _values(surge)[0] > 0, surge
+    rejections = run("Rejections by reason")
+    assert {s["metric"]["reason"] for s in rejections} == {"invalid_span"}
+    share = run("Rejected share (5m)")
+    assert len(share) == 1 and 0 < _values(share)[0] < 1, share
+    assert _values(run("Collector up")) == [1.0]
+    canaries = run("Canary detections in range")
+    assert len(canaries) == 1 and _values(canaries)[0] > 0, canaries
+
+
+def test_canary_alert_fires_and_collector_down_does_not(
+    stack: tuple[Any, Any, str],
+) -> None:
+    """Proves the alert rules act on live data: the planted canary makes
+    LoopWatchCanaryDetected fire (critical, location attribute) while the collector is
+    up, so LoopWatchCollectorDown stays silent."""
+    _, prometheus, _ = stack
+    firing = prometheus.wait_for(
+        'ALERTS{alertname="LoopWatchCanaryDetected", alertstate="firing"}',
+        lambda r: len(r) >= 1,
+        timeout_seconds=20,
+    )
+    labels = firing[0]["metric"]
+    assert labels["severity"] == "critical" and labels["location"] == "attribute", labels
+    assert _query(prometheus, 'ALERTS{alertname="LoopWatchCollectorDown"}') == []
