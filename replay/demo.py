@@ -36,7 +36,8 @@ Replay rules (one place, so ``loopwatch demo`` is predictable):
   (``final_unverified``), ``unknown`` has no goal check.
 
 The shipped example runs (``replay/examples/*.json``) are in this module's own JSON
-form, ``loopwatch.trajectory/1`` (:func:`write_trajectories`, :func:`read_trajectories`),
+form, ``loopwatch.trajectory/1`` (:mod:`loopwatch.replay.importers.native`; also read by
+``loopwatch replay``),
 which carries everything the data model holds plus, per run, the policy it was
 recorded under (``metadata.replay.policy``, a profile table of the policy file format)
 and its expected stop. They were recorded from
@@ -54,7 +55,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
-import math
 import os
 import re
 import secrets
@@ -62,6 +62,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -83,7 +84,9 @@ from loopwatch.instrumentation import ToolCall as GuardToolCall
 from loopwatch.instrumentation.testing import FakeClock, ScriptedModel
 
 from .engine import DEFAULT_POLICY_FILE, classify_recorded_error, default_policy, load_policy_spec
-from .importers import ImportResult, iter_files, read_file
+from .importers import ImportResult, load_paths, read_file
+from .importers.native import FORMAT, write_trajectories
+from .importers.native import NAME as NATIVE_FORMAT_NAME
 from .trajectory import (
     AGENT,
     FAILURE,
@@ -123,7 +126,6 @@ __all__ = [
     "write_trajectories",
 ]
 
-FORMAT: Final = "loopwatch.trajectory/1"
 """The ``format`` value of this module's own trajectory files."""
 
 EXAMPLES_DIR: Final = Path(__file__).resolve().parent / "examples"
@@ -247,200 +249,15 @@ def _policy_to_table(policy: Policy) -> dict[str, Any]:
 # ------------------------------------------------------ own trajectory format
 
 
-def _tool_call_json(call: ToolCall) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": call.name, "arguments": call.arguments}
-    for key in ("observation", "call_id", "started_at", "ended_at"):
-        if getattr(call, key) is not None:
-            out[key] = getattr(call, key)
-    if call.error:
-        out["error"] = True
-    return out
-
-
-def _step_json(step: Step) -> dict[str, Any]:
-    out: dict[str, Any] = {"actor": step.actor, "decision": step.decision}
-    for key in ("text", "timestamp", "input_tokens", "output_tokens", "cost_usd"):
-        if getattr(step, key) is not None:
-            out[key] = getattr(step, key)
-    if step.tool_calls:
-        out["tool_calls"] = [_tool_call_json(c) for c in step.tool_calls]
-    return out
-
-
-def write_trajectories(path: str | Path, trajectories: Sequence[Trajectory]) -> None:
-    """Write ``trajectories`` as one ``loopwatch.trajectory/1`` JSON file.
-
-    The document is ``{"format": "loopwatch.trajectory/1", "runs": [run, ...]}``; a run
-    is ``{run_id, agent, model, recorded_outcome, recorded_stop, recorded_stop_kind,
-    metadata, steps}``; a step ``{actor, decision, text, timestamp (Unix s),
-    input_tokens, output_tokens, cost_usd, tool_calls}``; a tool call ``{name,
-    arguments, observation, error, call_id, started_at, ended_at}`` (absent keys are
-    ``None``/``false``). ``metadata.replay`` may hold ``policy`` (a profile table),
-    ``mode`` (``enforce``/``observe``), ``expected_stop`` and ``crash``
-    (``{type, message}``: the loop raised this after the last step).
-    """
-    runs = []
-    for t in trajectories:
-        runs.append(
-            {
-                "run_id": t.run_id,
-                "agent": t.agent,
-                "model": t.model,
-                "recorded_outcome": t.recorded_outcome,
-                "recorded_stop": t.recorded_stop,
-                "recorded_stop_kind": t.recorded_stop_kind,
-                "metadata": dict(t.metadata),
-                "steps": [_step_json(s) for s in t.steps],
-            }
-        )
-    text = json.dumps({"format": FORMAT, "runs": runs}, indent=1, sort_keys=False)
-    Path(path).write_text(text + "\n", encoding="utf-8")
-
-
-_ACTORS = ("agent", "user", "environment")
-_DECISIONS = ("tool", "final", "refusal", "message")
-_OUTCOMES = (SUCCESS, FAILURE, UNKNOWN)
-
-
-def _num(value: Any, where: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{where}: not a finite number: {str(value)[:40]!r}")
-    return float(value)
-
-
-def _int(value: Any, where: str) -> int | None:
-    number = _num(value, where)
-    return None if number is None else int(number)
-
-
-def _read_run(raw: Any, source: str, where: str) -> Trajectory:
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: a run must be an object")
-    steps = []
-    raw_steps = raw.get("steps")
-    if not isinstance(raw_steps, list):
-        raise ValueError(f"{where}.steps: must be a list")
-    for i, s in enumerate(raw_steps):
-        at = f"{where}.steps[{i}]"
-        if not isinstance(s, dict):
-            raise ValueError(f"{at}: must be an object")
-        actor = s.get("actor")
-        decision = s.get("decision", "message")
-        if actor not in _ACTORS:
-            raise ValueError(f"{at}.actor: one of {', '.join(_ACTORS)}, got {actor!r}")
-        if decision not in _DECISIONS:
-            raise ValueError(f"{at}.decision: one of {', '.join(_DECISIONS)}, got {decision!r}")
-        calls = []
-        for j, c in enumerate(s.get("tool_calls") or ()):
-            cat = f"{at}.tool_calls[{j}]"
-            if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"]:
-                raise ValueError(f"{cat}: needs a non-empty name")
-            observation = c.get("observation")
-            calls.append(
-                ToolCall(
-                    name=c["name"],
-                    arguments=c.get("arguments", {}),
-                    observation=None if observation is None else str(observation),
-                    error=bool(c.get("error", False)),
-                    call_id=None if c.get("call_id") is None else str(c["call_id"]),
-                    started_at=_num(c.get("started_at"), f"{cat}.started_at"),
-                    ended_at=_num(c.get("ended_at"), f"{cat}.ended_at"),
-                )
-            )
-        text = s.get("text")
-        steps.append(
-            Step(
-                index=i,
-                actor=actor,
-                decision=decision,
-                text=None if text is None else str(text),
-                tool_calls=tuple(calls),
-                timestamp=_num(s.get("timestamp"), f"{at}.timestamp"),
-                input_tokens=_int(s.get("input_tokens"), f"{at}.input_tokens"),
-                output_tokens=_int(s.get("output_tokens"), f"{at}.output_tokens"),
-                cost_usd=_num(s.get("cost_usd"), f"{at}.cost_usd"),
-            )
-        )
-    run_id = raw.get("run_id")
-    if not isinstance(run_id, str) or not run_id:
-        raise ValueError(f"{where}.run_id: must be a non-empty string")
-    outcome = raw.get("recorded_outcome", UNKNOWN)
-    if outcome not in _OUTCOMES:
-        raise ValueError(f"{where}.recorded_outcome: one of {', '.join(_OUTCOMES)}")
-    kind = raw.get("recorded_stop_kind", "inferred")
-    if kind not in ("explicit", "inferred"):
-        raise ValueError(f"{where}.recorded_stop_kind: explicit or inferred")
-    metadata = raw.get("metadata") or {}
-    if not isinstance(metadata, dict):
-        raise ValueError(f"{where}.metadata: must be an object")
-    stop = raw.get("recorded_stop")
-    return Trajectory(
-        source=source,
-        run_id=run_id,
-        format="loopwatch",
-        steps=tuple(steps),
-        recorded_outcome=outcome,
-        recorded_stop=None if stop is None else str(stop),
-        recorded_stop_kind=kind,
-        agent=str(raw.get("agent") or "recorded-agent"),
-        model=None if raw.get("model") is None else str(raw["model"]),
-        metadata=metadata,
-    )
-
-
-def _is_own_format(path: Path) -> bool:
-    if path.suffix.lower() != ".json":
-        return False
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(256)
-    except OSError:
-        return False
-    return FORMAT.encode() in head
-
-
 def read_trajectories(path: str | Path) -> ImportResult:
-    """Read a ``loopwatch.trajectory/1`` file (see :func:`write_trajectories`).
-
-    Never raises for bad input: an unreadable file or a malformed run becomes an
-    :class:`ImportProblem` naming the file and the run (``runs[3].steps[2].actor``);
-    the other runs are still read.
-    """
-    result = ImportResult()
-    source = str(path)
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        result.problems.append(ImportProblem(source, "file", str(exc).splitlines()[0][:200]))
-        return result
-    if (
-        not isinstance(doc, dict)
-        or doc.get("format") != FORMAT
-        or not isinstance(doc.get("runs"), list)
-    ):
-        result.problems.append(ImportProblem(source, "file", f"not a {FORMAT} document"))
-        return result
-    for i, raw in enumerate(doc["runs"]):
-        try:
-            result.trajectories.append(_read_run(raw, source, f"runs[{i}]"))
-        except ValueError as exc:
-            record, _, message = str(exc).partition(": ")
-            result.problems.append(ImportProblem(source, record, message))
-    return result
+    """Read a ``loopwatch.trajectory/1`` file (see :mod:`loopwatch.replay.importers.native`)."""
+    return read_file(path, format=NATIVE_FORMAT_NAME)
 
 
 def load_trajectories(paths: Sequence[str | Path]) -> ImportResult:
-    """Every run under ``paths`` (files or folders, any importer format or this module's
-    own), in order; problems (unknown format, malformed record) are collected, not raised.
-    """
-    total = ImportResult()
-    for path in iter_files(paths):
-        one = read_trajectories(path) if _is_own_format(path) else read_file(path)
-        total.trajectories.extend(one.trajectories)
-        total.problems.extend(one.problems)
-    return total
+    """Every run under ``paths`` (files or folders, any importer format), in order;
+    problems (unknown format, malformed record) are collected, not raised."""
+    return load_paths(paths)
 
 
 def default_corpus(cwd: Path | None = None) -> Path | None:
@@ -758,8 +575,12 @@ def otlp_endpoint(url: str | None) -> str:
     """The traces URL: ``url``, else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``, else the local default
     ``http://127.0.0.1:4318/v1/traces`` (the OpenTelemetry exporter variables, read as
-    :func:`loopwatch.instrumentation.otlp.configure_otlp` reads them)."""
+    :func:`loopwatch.instrumentation.otlp.configure_otlp` reads them). A ``url`` with no
+    path (``http://127.0.0.1:4318``) is a base endpoint and gets ``/v1/traces``, as
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` does (OTLP exporter specification)."""
     if url:
+        if urllib.parse.urlsplit(url).path in ("", "/"):
+            return url.rstrip("/") + "/v1/traces"
         return url
     traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
     base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()

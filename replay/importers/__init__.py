@@ -8,6 +8,8 @@ unreadable file): one bad file or record never stops the others.
 
 Formats (module: what it reads):
 
+* ``native`` (format name ``loopwatch``): loopwatch's own ``loopwatch.trajectory/1``
+  files, as the shipped example runs use.
 * ``tau2``: tau2-bench results (``{info, tasks, simulations}``).
 * ``chat``: tau-bench historical trajectories and any OpenAI chat-completions message
   list (``traj`` / ``messages`` with ``tool_calls``, legacy ``function_call``).
@@ -43,7 +45,7 @@ __all__ = [
 
 # Order matters only for ambiguous documents: the first importer whose ``matches``
 # accepts the document reads it.
-_MODULES = ("tau2", "toolbench", "openhands", "otlp_json", "chat", "react")
+_MODULES = ("native", "tau2", "toolbench", "openhands", "otlp_json", "chat", "react")
 
 MAX_FILE_BYTES = 512 << 20
 """Files larger than this are refused with a problem (512 MiB), not read into memory."""

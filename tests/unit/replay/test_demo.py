@@ -305,3 +305,16 @@ def test_default_corpus_is_found_next_to_the_working_directory(tmp_path: Path) -
     (tmp_path / "shared" / "corpus").mkdir(parents=True)
     (tmp_path / "repo").mkdir()
     assert demo.default_corpus(tmp_path / "repo") == tmp_path / "shared" / "corpus"
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"),
+        ("http://127.0.0.1:4318/", "http://127.0.0.1:4318/v1/traces"),
+        ("http://127.0.0.1:4318/v1/traces", "http://127.0.0.1:4318/v1/traces"),
+        ("http://collector:9000/custom/path", "http://collector:9000/custom/path"),
+    ],
+)
+def test_otlp_url_without_a_path_is_a_base_endpoint(given: str, expected: str) -> None:
+    assert demo.otlp_endpoint(given) == expected
