@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO, Any, Final
@@ -65,13 +66,22 @@ def render_table(results: Sequence[Any], summaries: Sequence[Any]) -> str:
     """The ``table`` format: per-policy summary side by side, then the stopped runs."""
     labels = [s.policy for s in summaries]
     reasons = sorted({r for s in summaries for r in s.stops_by_reason})
+    # Budget and deadline stops broken down by dimension: "budget_exhausted 76" alone
+    # hides which limit (model turns? retries of a failing call?) did the stopping.
+    by_dimension: dict[tuple[str, str], Counter[str]] = {}
+    for r in results:
+        if r.stopped and r.stop_dimension is not None:
+            by_dimension.setdefault((r.stop_reason, r.stop_dimension), Counter())[r.policy] += 1
+    reason_rows: list[list[Any]] = []
+    for reason in reasons:
+        reason_rows.append([f"  {reason}", *[s.stops_by_reason.get(reason, 0) for s in summaries]])
+        for (of, dimension), counts in sorted(by_dimension.items()):
+            if of == reason:
+                reason_rows.append([f"    {dimension}", *[counts[label] for label in labels]])
     metric_rows: list[list[Any]] = [
         ["runs", *[s.runs for s in summaries]],
         ["stopped", *[s.stopped for s in summaries]],
-        *[
-            [f"  {reason}", *[s.stops_by_reason.get(reason, 0) for s in summaries]]
-            for reason in reasons
-        ],
+        *reason_rows,
         ["loops (recorded)", *[s.loops for s in summaries]],
         ["loops caught", *[s.loops_caught for s in summaries]],
         ["successful runs", *[s.successful_runs for s in summaries]],
@@ -103,7 +113,10 @@ def render_table(results: Sequence[Any], summaries: Sequence[Any]) -> str:
             if r is None or not r.stopped:
                 cells.append("-")
             else:
-                cells.append(f"{r.stop_reason}@{r.stop_step}" + (" FALSE" if r.false_stop else ""))
+                reason = r.stop_reason
+                if r.stop_dimension is not None:
+                    reason = f"{reason}({r.stop_dimension})"
+                cells.append(f"{reason}@{r.stop_step}" + (" FALSE" if r.false_stop else ""))
         stopped_rows.append(
             [
                 _short(source.replace("\\", "/").rsplit("/", 1)[-1], 32),
@@ -233,7 +246,12 @@ def replay(
         click.echo(f"loopwatch replay: {problem}", err=True)
     runs = loaded.trajectories
     if not runs:
-        click.echo(f"loopwatch replay: no run could be read from {len(files)} file(s)", err=True)
+        if not files:
+            click.echo("loopwatch replay: no files found under the given paths", err=True)
+        else:
+            click.echo(
+                f"loopwatch replay: no run could be read from {len(files)} file(s)", err=True
+            )
         raise SystemExit(1)
 
     with click.progressbar(

@@ -142,3 +142,35 @@ def test_bad_policy_exits_2_naming_file_and_key(recordings: Path, tmp_path: Path
 def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     result = invoke(str(tmp_path / "absent"))
     assert result.exit_code == 2
+
+
+def test_replay_reads_the_shipped_example_runs() -> None:
+    """The demo's own ``loopwatch.trajectory/1`` examples are a replay input too, so a
+    user without the corpus has runs to try ``loopwatch replay`` on."""
+    from loopwatch.replay.demo import EXAMPLES_DIR
+
+    result = CliRunner().invoke(cli, ["replay", str(EXAMPLES_DIR), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == len(list(Path(EXAMPLES_DIR).glob("*.json"))) == 16
+    by_id = {row["run_id"]: row for row in rows}
+    assert by_id["example-03"]["stop_reason"] == "repeated_action"
+    assert by_id["example-05"]["stop_reason"] == "action_cycle"
+
+
+def test_table_names_the_budget_dimension(tmp_path: Path) -> None:
+    """A failing call retried unchanged is a budget stop on ``action_retries``: the table
+    says which budget, per run and in the summary."""
+    failing = _run("retrying", [("book", {"seat": "1A"}, "Error: invalid seat")] * 4, 0.0)
+    path = tmp_path / "retry.json"
+    path.write_text(json.dumps(failing), encoding="utf-8")
+    result = CliRunner().invoke(cli, ["replay", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "budget_exhausted(action_retries)@" in result.stdout
+    assert "    action_retries" in result.stdout
+
+
+def test_empty_folder_says_no_files(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["replay", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "no files found" in result.stderr
