@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -259,6 +260,19 @@ def _start_dashboard(
     )
 
 
+def _port_free(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be bound now (Streamlit would fail on a busy port only
+    after the collector had started and the demo had run)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As Tornado binds: a port left in TIME_WAIT by a previous dashboard is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def _wait(ready: threading.Event, closing: threading.Event) -> bool:
     while not ready.wait(0.1):
         if closing.is_set():
@@ -302,7 +316,11 @@ def _companion(
         while not closing.is_set() and not _http_ok(f"{dashboard_url}/_stcore/health"):
             proc = dashboard.proc
             if proc is not None and proc.poll() is not None:
-                click.echo(f"loopwatch up: the dashboard exited ({proc.returncode})", err=True)
+                click.echo(
+                    f"loopwatch up: the dashboard exited ({proc.returncode}); the collector "
+                    "keeps serving",
+                    err=True,
+                )
                 dashboard = None
                 break
             if time.monotonic() > deadline:
@@ -313,9 +331,13 @@ def _companion(
         return
     click.echo("")
     click.echo(f"OTLP/HTTP:     {otlp_url}")
-    click.echo(f"Stopped runs:  {collector_url}/api/v1/runs")
+    click.echo(f"Runs (API):    {collector_url}/api/v1/runs")
     click.echo(f"Metrics:       {collector_url}/metrics")
-    click.echo("Ctrl-C stops the collector and the dashboard.")
+    click.echo(
+        "Ctrl-C stops the collector and the dashboard."
+        if dashboard is not None
+        else "Ctrl-C stops the collector."
+    )
     if dashboard is not None:
         click.echo(f"Dashboard:     {dashboard_url}")
     sys.stdout.flush()
@@ -390,6 +412,21 @@ def up(
     except ConfigError as exc:
         click.echo(f"loopwatch up: configuration error: {exc}", err=True)
         raise SystemExit(2) from None
+
+    if not no_dashboard and not _port_free("127.0.0.1", dashboard_port):
+        click.echo(
+            f"loopwatch up: cannot start the dashboard: 127.0.0.1:{dashboard_port} is in use "
+            "(pick another with --dashboard-port or LOOPWATCH_DASHBOARD_PORT, "
+            "or pass --no-dashboard)",
+            err=True,
+        )
+        raise SystemExit(2)
+    if with_demo and Path(config.store.db).exists():
+        click.echo(
+            f"loopwatch up: {config.store.db} already holds runs; the demo adds its own "
+            "(pass --db with a new file for a fresh store)",
+            err=True,
+        )
 
     ready = threading.Event()
     closing = threading.Event()

@@ -8,8 +8,18 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [[ ! -x .venv/bin/python ]]; then
   "$PY" -m venv .venv
 fi
-# pip on some machines warns about an ignored local index location; the warning is harmless.
-quiet() { grep -vE "Location 'file:///opt/pypi|^\s*$" || true; }
+# Harmless noise, dropped: pip on some machines warns about an ignored local index
+# location, and setuptools warns on every editable install of a package-dir mapping
+# ("Editable installation ... folders with the same name as your package", a "!!" block).
+quiet() {
+  grep -vE "Location 'file:///opt/pypi|^\s*$" | awk '
+    /BuildBackendWarning: Editable installation/ { skip = 1; next }
+    skip && /^ *!! *$/ { bangs++; if (bangs == 2) { skip = 0; bangs = 0; drop_next = 1 } ; next }
+    skip { next }
+    drop_next && /with strategy, WheelFile/ { drop_next = 0; next }
+    { drop_next = 0; print }
+  ' || true
+}
 stamp=.venv/.loopwatch-installed
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | quiet

@@ -364,3 +364,39 @@ def test_ctrl_c_stops_up_and_its_dashboard(tmp_path: Path) -> None:
         assert seconds < 10, f"took {seconds:.1f} s to stop"
         assert not any(_alive(p) for p in dashboards), "the dashboard outlived loopwatch up"
     assert set(_stored_reasons(up.db_path).values()) == ALL_REASONS
+
+
+def test_up_refuses_a_busy_dashboard_port_before_starting(tmp_path: Path) -> None:
+    """A taken dashboard port is one clear line and exit 2, not a collector left running
+    alone behind a banner that promises a dashboard."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [
+                *loopwatch_command(),
+                "up",
+                "--db",
+                str(tmp_path / "lw.duckdb"),
+                "--otlp-http",
+                f"127.0.0.1:{free_port()}",
+                "--http",
+                f"127.0.0.1:{free_port()}",
+                "--dashboard-port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"127.0.0.1:{port} is in use" in done.stderr
+    assert "--dashboard-port" in done.stderr
+    assert not (tmp_path / "lw.duckdb").exists(), "the collector started anyway"
