@@ -60,7 +60,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Final, Protocol
@@ -139,6 +139,11 @@ _KEY_CACHE_MAX_ENTRIES: Final = 8192
 _FIXPOINT_PASSES: Final = 4
 # Shortest text any built-in rule can match: "pwd=x" (assignment) or "://:x@" (URL).
 _MIN_SECRET_CHARS: Final = 5
+# A line break (CR, LF, CRLF, or their JSON escapes) and the spaces and tabs after it:
+# what MIME (RFC 2045 section 6.8: lines of at most 76 chars), PEM (RFC 7468: 64) and
+# `base64` (76) insert into long base64 text, and what indented or folded text adds.
+# Canary matching ignores them (see Redactor._find_canaries).
+_LINE_BREAK_RE: Final = re.compile(r"(?:\r\n|\r|\n|\\r\\n|\\r|\\n)[ \t]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -761,6 +766,21 @@ class Redactor:
         """Every rule name a hit can carry (the bounded ``rule`` label set)."""
         return self.rules.rule_names
 
+    def clean_caches(self) -> tuple[Container[str], Mapping[str, bool], int]:
+        """What this redactor already knows to be clean, for callers that can skip it.
+
+        Returns:
+            ``(strings, keys, max_depth)``: strings that :meth:`redact_value` leaves
+            unchanged, key names mapped to False when a value under them is not masked
+            and the key text itself is unchanged, and the container nesting bound. A
+            JSON-like value (``dict`` with ``str`` keys, ``list``, ``str``, ``int``,
+            ``float``, ``bool``, ``None``) whose every string is in ``strings``, every
+            key maps to False in ``keys``, and whose containers nest less than
+            ``max_depth`` deep is returned unchanged by :meth:`redact_value`. Both are
+            live, bounded caches (read-only for the caller; a miss only means "unknown").
+        """
+        return self._clean, self._key_cache, self.rules.max_json_depth
+
     def redact_text(self, text: str) -> tuple[str, Hits]:
         """Redact one string (JSON inside it included). Never raises.
 
@@ -866,7 +886,7 @@ class Redactor:
 
     def _scrub_once(self, text: str, hits: Hits, depth: int) -> str:
         rules = self.rules
-        canary = self._matcher.find_spans(text) if self._matcher is not None else []
+        canary = self._find_canaries(text) if self._matcher is not None else []
         fired: set[int] | None = None
         if not (
             rules._alnum_lower_safe
@@ -892,7 +912,7 @@ class Redactor:
                     hits[rule] = hits.get(rule, 0) + count
                 if canary and self._matcher is not None:
                     # A canary written across JSON structure survives the walk.
-                    rest = self._matcher.find_spans(out)
+                    rest = self._find_canaries(out)
                     if rest:
                         out = self._replace(out, rest, None, hits)
                 return out
@@ -900,6 +920,19 @@ class Redactor:
         if out is text and not json_like:
             self._remember_clean(text)
         return out
+
+    def _find_canaries(self, text: str) -> list[tuple[int, int]]:
+        """Canary spans in ``text``, also those broken by line breaks (``_LINE_BREAK_RE``).
+
+        Rule: a canary form split by line breaks (and the indentation after them) is still
+        that form, so MIME-wrapped base64 of a canary, a canary in a folded header or in
+        a wrapped log line is found. The span reported covers the breaks inside it.
+        """
+        assert self._matcher is not None
+        found = self._matcher.find_spans(text)
+        if "\n" in text or "\r" in text or "\\n" in text or "\\r" in text:
+            found = _wrapped_canary_spans(self._matcher, text, found)
+        return found
 
     def _remember_clean(self, text: str) -> None:
         if len(text) <= _CLEAN_CACHE_MAX_CHARS:
@@ -1101,6 +1134,41 @@ class Redactor:
         if kind is list or kind is tuple:
             return sum(self._count_canaries(v, depth + 1) for v in value)
         return 0
+
+
+def _wrapped_canary_spans(
+    matcher: CanaryMatcher, text: str, found: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """Add to ``found`` the canary spans that straddle a line break of ``text``.
+
+    ``text`` is folded (every ``_LINE_BREAK_RE`` match removed) and scanned once more;
+    a match that crosses a removed break is mapped back onto ``text``. Cost: one regex
+    pass, one join and one extra scan, only for text holding a line break.
+    """
+    parts: list[str] = []
+    breaks: list[int] = []  # folded index at which each removed break sat
+    removed: list[int] = []  # chars removed up to and including that break
+    position = total = 0
+    for match in _LINE_BREAK_RE.finditer(text):
+        start, end = match.span()
+        parts.append(text[position:start])
+        breaks.append(start - total)
+        total += end - start
+        removed.append(total)
+        position = end
+    if not breaks:
+        return found
+    parts.append(text[position:])
+    extra = set(found)
+    for start, end in matcher.find_spans("".join(parts)):
+        first = bisect.bisect_right(breaks, start)
+        last = bisect.bisect_right(breaks, end - 1)
+        if first == last:
+            continue  # no break inside: already found in the text itself
+        original_start = start + (removed[first - 1] if first else 0)
+        original_end = end + removed[last - 1]
+        extra.add((original_start, original_end))
+    return sorted(extra)
 
 
 def _outside_placeholders(
