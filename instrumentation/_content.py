@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from . import _semconv as sc
 from .fingerprint import canonicalize
+
+if TYPE_CHECKING:
+    from .redaction import Redactor
 
 __all__ = ["capture_enabled", "capture_json", "scrub_for_digest", "truncate"]
 
@@ -95,7 +98,23 @@ def capture_json(value: Any, *, max_chars: int = MAX_CAPTURE_CHARS) -> str:
     return json.dumps({"truncated": True, "preview": preview}, ensure_ascii=False)
 
 
+class _DigestScrub:
+    """The redactor's ``redact_value`` as a callable, with its ``clean_caches`` exposed so
+    digesting can skip the walk for results already known clean."""
+
+    __slots__ = ("clean_caches", "redact")
+
+    def __init__(self, redactor: Redactor) -> None:
+        self.redact = redactor.redact_value
+        self.clean_caches = redactor.clean_caches
+
+    def __call__(self, value: Any) -> Any:
+        return self.redact(value)
+
+
 def scrub_for_digest() -> Callable[[Any], Any] | None:
     """The redaction applied to results before digesting (rotating secrets are not
     progress)."""
-    return _redactor()
+    from .redaction import default_redactor
+
+    return _DigestScrub(default_redactor())

@@ -26,6 +26,7 @@ _log = logging.getLogger("loopwatch.instrumentation")
 _drops = 0
 _drops_lock = threading.Lock()
 _VERSION = "0.1.0"
+_TOOL_SPAN_NAMES = 256
 
 
 def telemetry_drops() -> int:
@@ -111,6 +112,7 @@ class RunTelemetry:
         self._lock = threading.Lock()
         self._decision_name = sc.SPAN_DECISION.format(agent=agent)
         self._stop_name = sc.SPAN_STOP.format(agent=agent)
+        self._tool_span_names: dict[str, str] = {}
 
     @property
     def run_context(self) -> otel_context.Context | None:
@@ -123,6 +125,15 @@ class RunTelemetry:
                 sc.INSTRUMENTATION_NAME, _VERSION, tracer_provider=self._provider
             )
         return self._tracer
+
+    def _tool_span_name(self, tool: str) -> str:
+        name = self._tool_span_names.get(tool)
+        if name is None:
+            name = sc.SPAN_TOOL.format(tool=tool)
+            if len(self._tool_span_names) >= _TOOL_SPAN_NAMES:
+                self._tool_span_names.clear()  # bounded: tool names come from the model
+            self._tool_span_names[tool] = name
+        return name
 
     def start_run(self, mode: str) -> None:
         """Start the ``invoke_agent {agent}`` span."""
@@ -152,8 +163,12 @@ class RunTelemetry:
         except Exception as exc:
             _dropped(exc)
 
-    def start_decision(self) -> Span | None:
-        """Start a ``decide {agent}`` span (child of the run span)."""
+    def start_decision(self, *, start_time: int | None = None) -> Span | None:
+        """Start a ``decide {agent}`` span (child of the run span).
+
+        Args:
+            start_time: span start in ns since the epoch (``time.time_ns()``); now when None.
+        """
         try:
             return self._get_tracer().start_span(
                 self._decision_name,
@@ -165,6 +180,7 @@ class RunTelemetry:
                     sc.GEN_AI_AGENT_NAME: self.agent,
                     sc.LW_STEP: self.guard.step,
                 },
+                start_time=start_time,
             )
         except Exception as exc:
             _dropped(exc)
@@ -196,8 +212,14 @@ class RunTelemetry:
         except Exception as exc:
             _dropped(exc)
 
-    def start_tool(self, ticket: ToolTicket, arguments_json: str | None) -> Span | None:
-        """Start an ``execute_tool {tool}`` span for an allowed call."""
+    def start_tool(
+        self, ticket: ToolTicket, arguments_json: str | None, *, start_time: int | None = None
+    ) -> Span | None:
+        """Start an ``execute_tool {tool}`` span for an allowed call.
+
+        Args:
+            start_time: span start in ns since the epoch (``time.time_ns()``); now when None.
+        """
         try:
             attrs: dict[str, Any] = {
                 sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
@@ -215,10 +237,11 @@ class RunTelemetry:
             if ticket.would_stop is not None:
                 attrs[sc.LW_OBSERVE_STOP_REASON] = ticket.would_stop.reason.value
             return self._get_tracer().start_span(
-                sc.SPAN_TOOL.format(tool=ticket.tool),
+                self._tool_span_name(ticket.tool),
                 context=self._run_ctx,
                 kind=SpanKind.INTERNAL,
                 attributes=attrs,
+                start_time=start_time,
             )
         except Exception as exc:
             _dropped(exc)
@@ -259,8 +282,11 @@ class RunTelemetry:
         except Exception as exc:
             _dropped(exc)
 
-    def blocked_tool(self, ticket: ToolTicket, arguments_json: str | None) -> None:
-        """Emit a zero-length tool span with outcome ``blocked`` (or the unknown-tool error)."""
+    def blocked_tool(
+        self, ticket: ToolTicket, arguments_json: str | None, *, start_time: int | None = None
+    ) -> None:
+        """Emit a tool span with outcome ``blocked`` (or the unknown-tool error), from
+        ``start_time`` (ns since the epoch; now when None) to now."""
         try:
             unknown = ticket.blocked_by == "unknown_tool"
             attrs: dict[str, Any] = {
@@ -284,10 +310,11 @@ class RunTelemetry:
             if arguments_json is not None:
                 attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = arguments_json
             span = self._get_tracer().start_span(
-                sc.SPAN_TOOL.format(tool=ticket.tool),
+                self._tool_span_name(ticket.tool),
                 context=self._run_ctx,
                 kind=SpanKind.INTERNAL,
                 attributes=attrs,
+                start_time=start_time,
             )
             if unknown:
                 span.set_status(Status(StatusCode.ERROR))

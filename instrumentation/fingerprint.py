@@ -21,9 +21,10 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import fields as dataclass_fields
 from dataclasses import is_dataclass
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final
 
 __all__ = [
@@ -32,13 +33,19 @@ __all__ = [
     "canonical_json",
     "canonicalize",
     "digest",
+    "fingerprint_with",
     "is_empty_result",
     "observation_digest",
+    "observation_digest_with",
     "preview",
     "text_fingerprint",
+    "tool_suffix",
 ]
 
 _WS: Final = re.compile(r"\s+")
+_sha256: Final = hashlib.sha256
+# Canonical scalars no redaction rule can change (only strings and containers are scanned).
+_UNSCRUBBED: Final = frozenset({int, bool, float})
 _MAX_DEPTH: Final = 64
 
 
@@ -90,10 +97,80 @@ def _canon(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
                 out[key] = _canon(v, drop, loose, depth + 1)
         return out
     if kind is list or kind is tuple:
-        return [_canon(v, drop, loose, depth + 1) for v in value]
+        items: list[Any] = []
+        append = items.append
+        for v in value:
+            vkind = type(v)
+            if vkind is str and not loose:
+                append(v.strip())
+            elif vkind is int or vkind is bool or v is None:
+                append(v)
+            else:
+                append(_canon(v, drop, loose, depth + 1))
+        return items
     if kind is float:
         return value if math.isfinite(value) else str(value)
     return _canon_other(value, drop, loose, depth)
+
+
+def _plain(  # noqa: PLR0917 - positional on purpose: recursive hot path
+    value: Any,
+    drop: frozenset[str],
+    clean: Container[str] | None,
+    keys: Mapping[str, bool] | None,
+    limit: int,
+    depth: int,
+) -> bool:
+    """True when ``value`` is already canonical (``_canon`` would return an equal copy:
+    JSON types only, ``str`` keys none of them dropped, strings already stripped, finite
+    floats, nesting under ``limit``) and, when ``clean`` is given, known clean (every
+    string in ``clean``, every key False in ``keys``: redaction would return it as is).
+
+    One read-only pass instead of a canonical copy plus a redaction walk; False only
+    means "take the full path".
+    """
+    kind = type(value)
+    if kind is dict:
+        if depth >= limit:
+            return False
+        for k, v in value.items():
+            if type(k) is not str or (drop and k.lower() in drop):
+                return False
+            if keys is not None and keys.get(k) is not False:
+                return False
+            vkind = type(v)
+            if vkind is str:
+                if v.strip() is not v or (clean is not None and v not in clean):
+                    return False
+            elif vkind is int or vkind is bool or v is None:
+                continue
+            elif vkind is float:
+                if not math.isfinite(v):
+                    return False
+            elif not _plain(v, drop, clean, keys, limit, depth + 1):
+                return False
+        return True
+    if kind is list:
+        if depth >= limit:
+            return False
+        for v in value:
+            vkind = type(v)
+            if vkind is str:
+                if v.strip() is not v or (clean is not None and v not in clean):
+                    return False
+            elif vkind is int or vkind is bool or v is None:
+                continue
+            elif vkind is float:
+                if not math.isfinite(v):
+                    return False
+            elif not _plain(v, drop, clean, keys, limit, depth + 1):
+                return False
+        return True
+    if kind is str:
+        return value.strip() is value and (clean is None or value in clean)
+    if kind is int or kind is bool or value is None:
+        return True
+    return kind is float and math.isfinite(value)
 
 
 def _canon_other(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
@@ -125,10 +202,28 @@ def _canon_other(value: Any, drop: frozenset[str], loose: bool, depth: int) -> A
 _ENCODER: Final = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
 )
+# The C encoder built once: ``JSONEncoder.encode`` builds one (and a closure) per call,
+# which was most of the cost of encoding a small value. Same arguments as ``_ENCODER``
+# except the circular-reference markers: canonical values are trees.
+_C_ENCODE: Final[Callable[[Any, int], Any] | None] = (
+    c_make_encoder(None, str, encode_basestring, None, ":", ",", True, False, True)
+    if c_make_encoder is not None
+    else None
+)
 
 
 def canonical_json(value: Any) -> str:
-    """Compact JSON with sorted keys of an already canonical value."""
+    """Compact JSON with sorted keys of an already canonical value.
+
+    Raises:
+        ValueError: a circular reference (not a canonical value).
+        TypeError: keys that cannot be sorted together (not a canonical value).
+    """
+    if _C_ENCODE is not None:
+        try:
+            return "".join(_C_ENCODE(value, 0))
+        except RecursionError:
+            pass  # a cycle: the checked encoder below reports it as ValueError
     return _ENCODER.encode(value)
 
 
@@ -162,8 +257,37 @@ def action_fingerprint(
     Returns:
         64 lowercase hex chars.
     """
-    canon = canonicalize(arguments, volatile, keep, loose=loose)
-    return digest(canonical_json({"tool": tool, "arguments": canon}))
+    drop = volatile - keep if keep else volatile
+    return fingerprint_with(tool_suffix(tool), arguments, drop, loose=loose)
+
+
+def tool_suffix(tool: str) -> str:
+    """The constant tail of a tool's fingerprint text (see :func:`fingerprint_with`)."""
+    return ',"tool":' + canonical_json(tool) + "}"
+
+
+def fingerprint_with(
+    suffix: str, arguments: Any, drop: frozenset[str], *, loose: bool = False
+) -> str:
+    """:func:`action_fingerprint` with the per-tool parts precomputed (the guard's hot path).
+
+    ``'{"arguments":' + canonical JSON + suffix`` is byte for byte the canonical JSON of
+    ``{"tool": tool, "arguments": ...}`` (keys sorted: ``arguments`` < ``tool``).
+
+    Args:
+        suffix: :func:`tool_suffix` of the tool.
+        arguments: the call's arguments.
+        drop: lowercase keys dropped at any depth (``volatile - keep``).
+        loose: the retry-key variant.
+    """
+    canon = (
+        arguments
+        if not loose and _plain(arguments, drop, None, None, _MAX_DEPTH, 0)
+        else _canon(arguments, drop, loose, 0)
+    )
+    body = "".join(_C_ENCODE(canon, 0)) if _C_ENCODE is not None else canonical_json(canon)
+    text = '{"arguments":' + body + suffix
+    return _sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 EMPTY_DIGEST: Final = digest(canonical_json(None))
@@ -185,10 +309,32 @@ def observation_digest(
             secret in a result (a fresh session token) is not mistaken for a new
             observation.
     """
-    canon = canonicalize(result, volatile, keep)
-    if scrub is not None:
+    drop = volatile - keep if keep else volatile
+    return observation_digest_with(result, drop, scrub)
+
+
+def observation_digest_with(
+    result: Any, drop: frozenset[str], scrub: Callable[[Any], Any] | None = None
+) -> str:
+    """:func:`observation_digest` with ``drop = volatile - keep`` precomputed (hot path).
+
+    A scrub that offers ``clean_caches()`` (see
+    :meth:`~.redaction.Redactor.clean_caches`) lets a result that is already canonical
+    and known clean skip both the canonical copy and the redaction walk.
+    """
+    caches = getattr(scrub, "clean_caches", None) if scrub is not None else None
+    if scrub is None or caches is not None:
+        clean, keys, limit = caches() if caches is not None else (None, None, _MAX_DEPTH)
+        if _plain(result, drop, clean, keys, min(limit, _MAX_DEPTH), 0):
+            text = (
+                "".join(_C_ENCODE(result, 0)) if _C_ENCODE is not None else canonical_json(result)
+            )
+            return _sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    canon = _canon(result, drop, False, 0)
+    if scrub is not None and not (canon is None or type(canon) in _UNSCRUBBED):
         canon = scrub(canon)
-    return digest(canonical_json(canon))
+    text = "".join(_C_ENCODE(canon, 0)) if _C_ENCODE is not None else canonical_json(canon)
+    return _sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def text_fingerprint(text: str | None) -> str:

@@ -7,7 +7,8 @@ DESIGN section 3:
 - ``before_model_call`` / ``before_tool_call`` check and reserve the budget before the
   call leaves the process: a limit of N permits exactly N calls.
 - Pre-dispatch checks, in order: deadline, ceilings (tool attempts, tool successes, the
-  parent's remaining budget), retries per action (keyed by a loose fingerprint and the
+  parent's remaining budget, then success slots held by calls in flight: refused without
+  a stop), retries per action (keyed by a loose fingerprint and the
   previous failure class; :mod:`.failures` decides the allowance), repeated action
   (same fingerprint and unchanged observation, in a row; for writes, the same *intent*
   anywhere in the window), action cycle (periods ``2..cycle_max_period`` repeated
@@ -20,8 +21,11 @@ DESIGN section 3:
 - Detector state is bounded by ``detector_window`` whatever the run's length.
 
 Thread-safety: every public method takes the guard's lock, so parallel tool calls cannot
-both take the last slot. A child guard takes its own lock, then its parent's (never the
-reverse), so nesting cannot deadlock.
+both take the last slot. A run tree shares one lock (a child uses its root's), so a
+child's check and its charge to every ancestor are one atomic step. A dispatched call
+holds a tool-success slot (here and in every ancestor) until its result or error is
+recorded, so calls in flight together cannot all succeed past ``max_tool_successes``: a
+call that finds every slot left held is refused without ending the run.
 
 Modes: ``enforce`` ends the run at the first stop; ``observe`` records what it would have
 stopped (``Outcome.observed_stops``) and lets the run go on to its natural end.
@@ -53,21 +57,23 @@ import uuid
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from enum import StrEnum
 from typing import Any, Final, Literal
 
 from .failures import FailureClass, classify_exception, retry_allowance
 from .fingerprint import (
-    action_fingerprint,
     canonical_json,
     canonicalize,
     digest,
     fields_lower,
-    observation_digest,
+    fingerprint_with,
+    observation_digest_with,
     preview,
     text_fingerprint,
+    tool_suffix,
 )
-from .policy import DEFAULT_VOLATILE_FIELDS, Policy, ToolPolicy
+from .policy import DEFAULT_VOLATILE_FIELDS, Policy
 
 __all__ = [
     "Decision",
@@ -425,6 +431,42 @@ class ToolRecord:
     verdict: Verdict = _ALLOWED
 
 
+def _record_maker() -> Callable[..., ToolRecord]:
+    # A frozen dataclass's __init__ sets each field through object.__setattr__; the
+    # slot descriptors set them directly (same object, same immutability afterwards).
+    slots = ToolRecord.__dict__
+    names = [f.name for f in dataclass_fields(ToolRecord)]
+    # A field added to ToolRecord must be added here too (unpacking fails at import).
+    s0, s1, s2, s3, s4, s5, s6, s7 = (slots[n].__set__ for n in names)
+    new = object.__new__
+
+    def make(  # noqa: PLR0917 - positional on purpose: this is the hot path
+        accepted: bool,
+        outcome: str,
+        obs: str,
+        fc: FailureClass | None,
+        error_type: str | None,
+        progress: bool,
+        since: int,
+        verdict: Verdict,
+    ) -> ToolRecord:
+        record = new(ToolRecord)
+        s0(record, accepted)
+        s1(record, outcome)
+        s2(record, obs)
+        s3(record, fc)
+        s4(record, error_type)
+        s5(record, progress)
+        s6(record, since)
+        s7(record, verdict)
+        return record
+
+    return make
+
+
+_new_record: Final = _record_maker()
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """How a run ended: the envelope returned by the ``@agent`` decorator and ``Run``.
@@ -471,14 +513,61 @@ class _Action:
     progress: bool = False
 
 
+class _ToolSettings:
+    """Everything the hot path needs about one tool, derived once per guard (the policy
+    and the known-tool set are immutable)."""
+
+    __slots__ = (
+        "drop",
+        "intent_drop",
+        "keep",
+        "key_field",
+        "repeat_limit",
+        "risk",
+        "suffix",
+        "timeout",
+        "tp",
+        "unknown",
+        "write",
+    )
+
+    def __init__(self, policy: Policy, tool: str, known_tools: frozenset[str] | None) -> None:
+        tp = policy.tool(tool)
+        keep = fields_lower(tp.progress)
+        volatile = DEFAULT_VOLATILE_FIELDS | fields_lower(tp.volatile)
+        intent_volatile = (
+            volatile | {tp.idempotency_key.lower()} if tp.idempotency_key else volatile
+        )
+        self.tp = tp
+        self.keep = keep
+        self.drop = volatile - keep if keep else volatile
+        self.intent_drop = intent_volatile - keep if keep else intent_volatile
+        self.suffix = tool_suffix(tool)
+        self.key_field = tp.idempotency_key.lower() if tp.idempotency_key else None
+        self.risk = tp.risk
+        self.write = tp.risk == "write"
+        self.repeat_limit = policy.repeat_limit_for(tp)
+        self.timeout = policy.timeout_for(tp)
+        self.unknown = (known_tools is not None and tool not in known_tools) or (
+            known_tools is None and policy.strict_tools and tool not in policy.tools
+        )
+
+
+_TOOL_CACHE_ENTRIES: Final = 256
+
+
 class _LRU:
-    """A bounded mapping: inserting past ``capacity`` evicts the oldest key."""
+    """A bounded mapping: inserting past ``capacity`` evicts the oldest key.
 
-    __slots__ = ("_capacity", "_data")
+    ``on_evict`` (optional) is called with each evicted key.
+    """
 
-    def __init__(self, capacity: int) -> None:
+    __slots__ = ("_capacity", "_data", "_on_evict")
+
+    def __init__(self, capacity: int, on_evict: Callable[[Any], None] | None = None) -> None:
         self._capacity = capacity
         self._data: OrderedDict[Any, Any] = OrderedDict()
+        self._on_evict = on_evict
 
     def get(self, key: Any, default: Any = None) -> Any:
         return self._data.get(key, default)
@@ -490,10 +579,13 @@ class _LRU:
         self._data.pop(key, None)
 
     def set(self, key: Any, value: Any) -> None:
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self._capacity:
-            self._data.popitem(last=False)
+        data = self._data
+        data[key] = value
+        data.move_to_end(key)
+        while len(data) > self._capacity:
+            old, _ = data.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict(old)
 
     def items(self) -> list[tuple[Any, Any]]:
         return list(self._data.items())
@@ -551,9 +643,15 @@ class Guard:
         self._elapsed_offset = 0.0
         window = policy.detector_window
         self._window = window
+        self._cycle_reps = policy.cycle_repetitions
+        self._cycle_periods = range(2, policy.cycle_max_period + 1)
         self._turns = 0
         self._attempts = 0
         self._successes = 0
+        # Dispatched calls whose result is not recorded yet (this run's and its
+        # children's): each holds a tool-success slot, so parallel calls cannot all
+        # succeed past max_tool_successes. Not serialized: a ticket does not survive resume.
+        self._in_flight = 0
         self._errors = 0
         self._blocked = 0
         self._retries_total = 0
@@ -577,11 +675,14 @@ class Guard:
         self._retries = _LRU(window)
         self._writes = _LRU(window)
         self._seen = _LRU(window * 4)
-        self._progress_values = _LRU(window)
+        # How many (tool, field) slots of each pair _progress_values holds, so "was this
+        # field seen before" is one lookup instead of a scan of the window.
+        self._progress_fields: Counter[tuple[Any, ...]] = Counter()
+        self._progress_values = _LRU(window, self._forget_progress_value)
         self._decisions: deque[tuple[str, int]] = deque(maxlen=window)
         self._decision_counts: Counter[str] = Counter()
         self._call_ids = itertools.count(1)
-        self._tool_cache = _LRU(256)
+        self._tool_cache: dict[str, _ToolSettings] = {}
 
     # ------------------------------------------------------------------ state
 
@@ -611,7 +712,10 @@ class Guard:
 
     def remaining_seconds(self) -> float:
         """Seconds left before the deadline (this run's and every ancestor's)."""
-        left = self.policy.max_elapsed_seconds - self.elapsed()
+        return self._remaining(self.elapsed())
+
+    def _remaining(self, elapsed: float) -> float:
+        left = self.policy.max_elapsed_seconds - elapsed
         if self.parent is not None:
             left = min(left, self.parent.remaining_seconds())
         return max(left, 0.0)
@@ -680,8 +784,10 @@ class Guard:
             return Verdict(False, stop=self._stop)
         return None
 
-    def _check_deadline(self) -> Stop | None:
-        elapsed = self.elapsed()
+    def _check_deadline(self, elapsed: float | None = None) -> Stop | None:
+        """The deadline stop, if due; ``elapsed`` is this call's one clock reading."""
+        if elapsed is None:
+            elapsed = self.elapsed()
         if elapsed >= self.policy.max_elapsed_seconds:
             return self._make_stop(
                 StopReason.DEADLINE_EXCEEDED,
@@ -746,6 +852,26 @@ class Guard:
             node = node.parent
         return None
 
+    def _ancestor_stopped(self) -> bool:
+        """An ancestor run has stopped: this run's use can no longer be charged to it (a
+        late result or decision in a child would change a stopped run's counters)."""
+        node = self.parent
+        while node is not None:
+            if node._stop is not None:
+                return True
+            node = node.parent
+        return False
+
+    def _success_slots_held(self) -> bool:
+        """Every tool-success slot left (here or in an ancestor) is held by a call in
+        flight: this call must wait, though the run has not used its budget yet."""
+        node: Guard | None = self
+        while node is not None:
+            if node._successes + node._in_flight >= node.policy.max_tool_successes:
+                return True
+            node = node.parent
+        return False
+
     def _used_and_limit(self, dim: Dimension) -> tuple[float, float]:
         p = self.policy
         if dim is Dimension.MODEL_TURNS:
@@ -770,6 +896,7 @@ class Guard:
                 node._input_tokens += int(amounts.get("input_tokens", 0))
                 node._output_tokens += int(amounts.get("output_tokens", 0))
                 node._cost += float(amounts.get("cost", 0.0))
+                node._in_flight += int(amounts.get("in_flight", 0))
             node = node.parent
 
     def child(
@@ -844,17 +971,23 @@ class Guard:
             ``Verdict(allowed=True)`` when the call may be made; otherwise the stop.
         """
         with self._lock:
-            closed = self._closed()
-            if closed is not None:
-                return closed
+            if self._stop is not None:
+                return Verdict(False, stop=self._stop)
+            # One clock reading per call: ending the previous step and this check see the
+            # same time.
+            elapsed = self._elapsed_offset + (self._clock() - self._started)
             observed: Stop | None = None
             if self._step_open:
-                ended = self._end_step()
+                ended = self._end_step(elapsed)
                 if not ended.allowed:
                     return ended
                 observed = ended.would_stop
-            stop = self._check_deadline()
             p = self.policy
+            stop = (
+                None
+                if self.parent is None and elapsed < p.max_elapsed_seconds
+                else self._check_deadline(elapsed)
+            )
             tokens = self._input_tokens + self._output_tokens
             if stop is None and self._turns >= p.max_model_turns:
                 stop = self._ceiling(Dimension.MODEL_TURNS, p.max_model_turns, self._turns + 1)
@@ -890,7 +1023,7 @@ class Guard:
             self._step += 1
             self._step_open = True
             self._step_progress = False
-            return Verdict(True, would_stop=observed)
+            return _ALLOWED if observed is None else Verdict(True, would_stop=observed)
 
     def record_decision(self, decision: Decision) -> Verdict:
         """Record the model's decision for the current step.
@@ -905,9 +1038,14 @@ class Guard:
             recorded and returns the existing stop).
         """
         with self._lock:
-            closed = self._closed()
-            if closed is not None:
-                return closed
+            if self._stop is not None:
+                return Verdict(False, stop=self._stop)
+            if self.parent is not None and self._ancestor_stopped():
+                parent_stop = self._parent_block({})
+                if parent_stop is not None:
+                    verdict = self._decide(parent_stop)
+                    if not verdict.allowed:
+                        return verdict
             if not self._step_open:
                 self._step += 1
                 self._step_open = True
@@ -922,7 +1060,9 @@ class Guard:
                     output_tokens=max(int(decision.output_tokens), 0),
                     cost=cost if cost > 0 else 0.0,
                 )
-            dtype = DecisionType(decision.type)
+            dtype = decision.type
+            if dtype.__class__ is not DecisionType:
+                dtype = DecisionType(dtype)
             if dtype is DecisionType.FINAL:
                 return self._finalize(decision.answer)
             if dtype is DecisionType.REFUSAL:
@@ -936,10 +1076,17 @@ class Guard:
                 if not verdict.allowed:
                     return verdict
                 would = verdict.would_stop
-            verdict = self._observed_ceilings()
-            if not verdict.allowed:
-                return verdict
-            return Verdict(True, would_stop=would or verdict.would_stop)
+            p = self.policy
+            if (
+                self.parent is not None
+                or self._input_tokens + self._output_tokens > p.max_tokens
+                or self._cost > p.max_cost_usd
+            ):
+                verdict = self._observed_ceilings()
+                if not verdict.allowed:
+                    return verdict
+                would = would or verdict.would_stop
+            return _ALLOWED if would is None else Verdict(True, would_stop=would)
 
     def provided(self, *fields: str) -> None:
         """Note fields the user or environment has provided (shown in re-ask evidence)."""
@@ -1061,39 +1208,57 @@ class Guard:
             call_id: the model's tool-call id (one is generated when omitted).
 
         Returns:
-            A :class:`ToolTicket`; dispatch only when ``ticket.allowed``. A refused call
+            A :class:`ToolTicket`; dispatch only when ``ticket.allowed``. An allowed ticket
+            holds a tool-success slot until :meth:`record_tool_result` is called with it
+            (result or error), so always record it. In ``enforce`` mode, a call that would
+            need a slot held by a call in flight is refused without ending the run
+            (``blocked_by="ceiling"``, no ``stop``); try it again once calls return. A
+            refused call
             that ends the run carries ``ticket.stop``; an unknown tool is refused with
             ``blocked_by="unknown_tool"`` without ending the run (its result is an
             ``unknown_tool`` error the model can see; retrying it as-is ends the run).
         """
         args: Mapping[str, Any] = arguments if arguments is not None else {}
         with self._lock:
-            tp, volatile, keep, intent_volatile = self._tool_settings(tool)
-            fp = action_fingerprint(tool, args, volatile, keep)
-            key_field = tp.idempotency_key.lower() if tp.idempotency_key else None
+            ts = self._tool_cache.get(tool) or self._tool_settings(tool)
+            fp = fingerprint_with(ts.suffix, args, ts.drop)
+            key_field = ts.key_field
             idem_value = None
             intent = fp
             if key_field is not None:
                 for k, v in args.items():
                     if str(k).lower() == key_field and v not in (None, ""):
                         idem_value = canonical_json(canonicalize(v))
-            if tp.risk == "write":
+            if ts.write:
                 # Duplicate intent ignores the key and cosmetic case/space changes: a side
                 # effect must not run twice because the model re-typed the recipient.
-                intent = action_fingerprint(tool, args, intent_volatile, keep, loose=True)
-            # The loose retry key only matters once some action has failed.
-            retry_key = self._retry_key(tool, args) if len(self._last_failure) else ""
+                intent = fingerprint_with(ts.suffix, args, ts.intent_drop, loose=True)
+            # The loose retry key only matters once some action has failed (for a write it
+            # is the intent fingerprint: same drop set, same loose form).
+            retry_key = ""
+            if self._last_failure._data:
+                retry_key = (
+                    intent
+                    if ts.write
+                    else fingerprint_with(ts.suffix, args, ts.intent_drop, loose=True)
+                )
             ticket = ToolTicket(
-                allowed=False,
-                tool=tool,
-                call_id=call_id or f"call_{next(self._call_ids)}",
-                step=max(self._step, 1),
-                risk=tp.risk,
-                fingerprint=fp,
-                intent=intent,
-                retry_key=retry_key,
-                idempotency_key=idem_value,
-                arguments=args,
+                False,
+                tool,
+                call_id or f"call_{next(self._call_ids)}",
+                self._step if self._step > 1 else 1,
+                ts.risk,
+                fp,
+                intent,
+                retry_key,
+                False,
+                idem_value,
+                None,
+                None,
+                0.0,
+                None,
+                False,
+                args,
             )
             if self._stop is not None:
                 ticket.stop = self._stop
@@ -1105,12 +1270,7 @@ class Guard:
                 self._step_open = True
                 self._step_progress = False
                 ticket.step = 1
-            unknown = (self._known_tools is not None and tool not in self._known_tools) or (
-                self._known_tools is None
-                and self.policy.strict_tools
-                and tool not in self.policy.tools
-            )
-            if unknown:
+            if ts.unknown:
                 ticket.done = True
                 if self._last_failure.get(retry_key) is FailureClass.UNKNOWN_TOOL:
                     verdict = self._decide(
@@ -1125,7 +1285,16 @@ class Guard:
                 self._errors += 1
                 self._remember_failure(ticket, FailureClass.UNKNOWN_TOOL)
                 return ticket
-            stop, blocked_by, is_retry = self._pre_dispatch(ticket, tp)
+            elapsed = self._elapsed_offset + (self._clock() - self._started)
+            stop, blocked_by, is_retry = self._pre_dispatch(ticket, ts, elapsed)
+            if stop is None and blocked_by is not None:
+                # Refused, the run goes on: the slots come back as the calls in flight
+                # return (a failure frees its slot; a success uses it, and the next call
+                # then meets the ceiling itself).
+                self._blocked += 1
+                ticket.blocked_by = blocked_by
+                ticket.done = True
+                return ticket
             if stop is not None:
                 verdict = self._decide(stop)
                 if not verdict.allowed:
@@ -1138,19 +1307,28 @@ class Guard:
             ticket.allowed = True
             ticket.is_retry = is_retry
             self._attempts += 1
+            self._in_flight += 1
             if self.parent is not None:
-                self._charge_parents(attempts=1)
+                self._charge_parents(attempts=1, in_flight=1)
             if is_retry:
                 self._retries.set(retry_key, self._retries.get(retry_key, 0) + 1)
                 self._retries_total += 1
-            ticket.timeout_seconds = min(self.policy.timeout_for(tp), self.remaining_seconds())
+            if self.parent is None:
+                left = self.policy.max_elapsed_seconds - elapsed
+                ticket.timeout_seconds = min(ts.timeout, left if left > 0.0 else 0.0)
+            else:
+                ticket.timeout_seconds = min(ts.timeout, self._remaining(elapsed))
             return ticket
 
     def _pre_dispatch(
-        self, ticket: ToolTicket, tp: ToolPolicy
+        self, ticket: ToolTicket, ts: _ToolSettings, elapsed: float
     ) -> tuple[Stop | None, str | None, bool]:
         p = self.policy
-        stop = self._check_deadline()
+        stop = (
+            None
+            if self.parent is None and elapsed < p.max_elapsed_seconds
+            else self._check_deadline(elapsed)
+        )
         if stop is not None:
             return stop, "deadline", False
         if self._attempts >= p.max_tool_attempts:
@@ -1173,11 +1351,19 @@ class Guard:
             stop = self._parent_block({Dimension.TOOL_ATTEMPTS: 1, Dimension.TOOL_SUCCESSES: 1})
         if stop is not None:
             return stop, "parent", False
-        failure: FailureClass | None = self._last_failure.get(ticket.retry_key)
+        if (
+            (self._in_flight or self.parent is not None)
+            and self.mode == "enforce"
+            and self._success_slots_held()
+        ):
+            return None, "ceiling", False
+        failure: FailureClass | None = (
+            self._last_failure.get(ticket.retry_key) if ticket.retry_key else None
+        )
         if failure is not None:
             allowance = retry_allowance(
                 failure,
-                write=tp.risk == "write",
+                write=ts.write,
                 has_idempotency_key=ticket.idempotency_key is not None,
                 max_retries=p.max_retries_per_action,
             )
@@ -1185,7 +1371,7 @@ class Guard:
             if used >= allowance:
                 return self._retry_stop(ticket, failure, allowance, used), "retry_rule", False
             return None, None, True
-        stop = self._repeat(ticket, tp)
+        stop = self._repeat(ticket, ts)
         if stop is not None:
             return stop, stop.evidence.detector, False
         return None, None, False
@@ -1208,10 +1394,10 @@ class Guard:
             ),
         )
 
-    def _repeat(self, ticket: ToolTicket, tp: ToolPolicy) -> Stop | None:
-        limit = self.policy.repeat_limit_for(tp)
+    def _repeat(self, ticket: ToolTicket, ts: _ToolSettings) -> Stop | None:
+        limit = ts.repeat_limit
         streak = self._streak
-        if tp.risk == "write":
+        if ts.write:
             prior: list[tuple[str | None, int]] = self._writes.get(ticket.intent) or []
             replay = ticket.idempotency_key is not None and any(
                 k == ticket.idempotency_key for k, _ in prior
@@ -1235,7 +1421,7 @@ class Guard:
                         },
                     ),
                 )
-        if tp.risk == "write" and ticket.idempotency_key is not None:
+        if ts.write and ticket.idempotency_key is not None:
             # An idempotent replay acts once whatever the count; only a runaway of
             # replays is a loop, judged by the profile's (read) repeat limit.
             limit = max(limit, self.policy.repeat_limit, 2)
@@ -1265,14 +1451,17 @@ class Guard:
         result would be unknown, and polling where that member advances, such as reading
         new log lines between status checks, would be stopped wrongly.)
         """
-        reps = self.policy.cycle_repetitions
+        reps = self._cycle_reps
         actions = self._actions
         n = len(actions)
-        for period in range(2, self.policy.cycle_max_period + 1):
+        if n < 2 * reps:
+            return None
+        newest = actions[n - 1].fingerprint
+        for period in self._cycle_periods:
             length = period * reps
             if n < length:
                 break
-            if actions[n - 1 - period].fingerprint != actions[n - 1].fingerprint:
+            if actions[n - 1 - period].fingerprint != newest:
                 continue
             seq = [actions[i] for i in range(n - length, n)]
             if len({a.fingerprint for a in seq[:period]}) < 2:
@@ -1301,26 +1490,19 @@ class Guard:
             )
         return None
 
-    def _tool_settings(
-        self, tool: str
-    ) -> tuple[ToolPolicy, frozenset[str], frozenset[str], frozenset[str]]:
-        cached: tuple[ToolPolicy, frozenset[str], frozenset[str], frozenset[str]] | None = (
-            self._tool_cache.get(tool)
-        )
+    def _tool_settings(self, tool: str) -> _ToolSettings:
+        cached = self._tool_cache.get(tool)
         if cached is None:
-            tp = self.policy.tool(tool)
-            keep = fields_lower(tp.progress)
-            volatile = DEFAULT_VOLATILE_FIELDS | fields_lower(tp.volatile)
-            intent_volatile = (
-                volatile | {tp.idempotency_key.lower()} if tp.idempotency_key else volatile
-            )
-            cached = (tp, volatile, keep, intent_volatile)
-            self._tool_cache.set(tool, cached)
+            cached = _ToolSettings(self.policy, tool, self._known_tools)
+            if len(self._tool_cache) >= _TOOL_CACHE_ENTRIES:
+                # Bounded: a model inventing tool names must not grow the guard.
+                self._tool_cache.clear()
+            self._tool_cache[tool] = cached
         return cached
 
     def _retry_key(self, tool: str, args: Mapping[str, Any]) -> str:
-        _tp, _volatile, keep, intent_volatile = self._tool_settings(tool)
-        return action_fingerprint(tool, args, intent_volatile, keep, loose=True)
+        ts = self._tool_settings(tool)
+        return fingerprint_with(ts.suffix, args, ts.intent_drop, loose=True)
 
     def _remember_failure(self, ticket: ToolTicket, failure: FailureClass | None) -> None:
         if failure is None:
@@ -1345,7 +1527,7 @@ class Guard:
 
         A result that arrives after the run stopped, or for a refused or already used
         ticket, is not recorded (``accepted=False``): a late result cannot append to a
-        closed run.
+        closed run (nor, in a child run, to a stopped ancestor's counters).
 
         Args:
             ticket: from :meth:`before_tool_call`.
@@ -1357,11 +1539,20 @@ class Guard:
             A :class:`ToolRecord`.
         """
         with self._lock:
-            if ticket.done or not ticket.allowed or self._stop is not None:
+            if ticket.allowed and not ticket.done:
+                self._in_flight -= 1
+                if self.parent is not None:
+                    self._charge_parents(in_flight=-1)
+            if (
+                ticket.done
+                or not ticket.allowed
+                or self._stop is not None
+                or (self.parent is not None and self._ancestor_stopped())
+            ):
                 ticket.done = True
                 return ToolRecord(accepted=False, steps_since_progress=self._steps_since_progress)
             ticket.done = True
-            tp, volatile, keep, _intent = self._tool_settings(ticket.tool)
+            ts = self._tool_cache.get(ticket.tool) or self._tool_settings(ticket.tool)
             progress = False
             fc: FailureClass | None = None
             error_type: str | None = None
@@ -1383,15 +1574,15 @@ class Guard:
                 )
                 self._errors += 1
             else:
-                obs = observation_digest(result, volatile, keep, scrub=self._scrub)
+                obs = observation_digest_with(result, ts.drop, self._scrub)
                 self._successes += 1
                 if self.parent is not None:
                     self._charge_parents(successes=1)
                 if obs not in self._seen:
                     progress = True
-                if keep and self._progress_changed(ticket, result, keep):
+                if ts.keep and self._progress_changed(ticket, result, ts.keep):
                     progress = True
-                if tp.risk == "write":
+                if ts.write:
                     prior = list(self._writes.get(ticket.intent) or [])
                     if ticket.idempotency_key is None or all(
                         k != ticket.idempotency_key for k, _ in prior
@@ -1399,7 +1590,8 @@ class Guard:
                         prior.append((ticket.idempotency_key, ticket.step))
                     self._writes.set(ticket.intent, prior[-self._window :])
             self._seen.set(obs, None)
-            self._remember_failure(ticket, fc)
+            if fc is not None or ticket.retry_key:
+                self._remember_failure(ticket, fc)
             action = _Action(ticket.fingerprint, obs, ticket.tool, ticket.step, progress)
             self._actions.append(action)
             streak = self._streak
@@ -1420,15 +1612,15 @@ class Guard:
             cycle = self._cycle(ticket)
             if cycle is not None:
                 verdict = self._decide(cycle)
-            return ToolRecord(
-                accepted=True,
-                outcome="error" if error is not None else "ok",
-                observation_digest=obs,
-                failure_class=fc,
-                error_type=error_type,
-                progress=progress,
-                steps_since_progress=self._steps_since_progress,
-                verdict=verdict,
+            return _new_record(
+                True,
+                "ok" if error is None else "error",
+                obs,
+                fc,
+                error_type,
+                progress,
+                self._steps_since_progress,
+                verdict,
             )
 
     def _progress_changed(self, ticket: ToolTicket, result: Any, keep: frozenset[str]) -> bool:
@@ -1443,10 +1635,19 @@ class Guard:
                 continue
             slot = (ticket.tool, lowered, canonical_json(canonicalize(v)))
             if slot not in self._progress_values:
-                seen_field = any(key[:2] == slot[:2] for key, _ in self._progress_values.items())
-                changed = changed or seen_field
+                pair = slot[:2]
+                changed = changed or self._progress_fields[pair] > 0
+                self._progress_fields[pair] += 1
                 self._progress_values.set(slot, None)
         return changed
+
+    def _forget_progress_value(self, slot: tuple[Any, ...]) -> None:
+        pair = slot[:2]
+        left = self._progress_fields[pair] - 1
+        if left > 0:
+            self._progress_fields[pair] = left
+        else:
+            del self._progress_fields[pair]
 
     def progress(self, note: str | None = None) -> None:
         """Record explicit progress evidence from the environment for the current step.
@@ -1469,20 +1670,28 @@ class Guard:
                 return closed
             if not self._step_open:
                 return _ALLOWED
-            return self._end_step()
+            return self._end_step(self.elapsed())
 
-    def _end_step(self) -> Verdict:
+    def _end_step(self, elapsed: float) -> Verdict:
         self._step_open = False
         if not self._step_progress:
             self._steps_since_progress += 1
-        stop = self._check_deadline()
-        if stop is not None:
-            return self._decide(stop)
-        verdict = self._observed_ceilings()
-        if not verdict.allowed:
-            return verdict
-        would = verdict.would_stop
-        patience = self.policy.no_progress_patience
+        p = self.policy
+        if self.parent is not None or elapsed >= p.max_elapsed_seconds:
+            stop = self._check_deadline(elapsed)
+            if stop is not None:
+                return self._decide(stop)
+        would: Stop | None = None
+        if (
+            self.parent is not None
+            or self._input_tokens + self._output_tokens > p.max_tokens
+            or self._cost > p.max_cost_usd
+        ):
+            verdict = self._observed_ceilings()
+            if not verdict.allowed:
+                return verdict
+            would = verdict.would_stop
+        patience = p.no_progress_patience
         if self._steps_since_progress >= patience:
             first = self._step - self._steps_since_progress + 1
             v = self._decide(
@@ -1501,7 +1710,7 @@ class Guard:
             if not v.allowed:
                 return v
             would = would or v.would_stop
-        return Verdict(True, would_stop=would)
+        return _ALLOWED if would is None else Verdict(True, would_stop=would)
 
     # ------------------------------------------------------------------ end
 
@@ -1697,7 +1906,10 @@ class Guard:
         for k in state["seen"]:
             g._seen.set(k, None)
         for k, v in state["progress_values"]:
-            g._progress_values.set(tuple(k), v)
+            slot = tuple(k)
+            if slot not in g._progress_values:
+                g._progress_fields[slot[:2]] += 1
+            g._progress_values.set(slot, v)
         for fp, step in state["decisions"]:
             g._decisions.append((fp, int(step)))
             g._decision_counts[fp] += 1

@@ -43,14 +43,13 @@ import inspect
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import TracerProvider
+from opentelemetry.trace import Span, TracerProvider
 
 from . import _content
 from ._tracing import RunTelemetry
@@ -179,6 +178,7 @@ class Run:
         self._token: contextvars.Token[Run | None] | None = None
         self._otel_token: object | None = None
         self._outcome: Outcome | None = None
+        self._close_lock = threading.Lock()
         self._started = False
 
     # ----------------------------------------------------------------- basics
@@ -265,10 +265,12 @@ class Run:
         return self.__exit__(exc_type, exc, tb)
 
     def _close(self, outcome: Outcome) -> Outcome:
-        if self._outcome is None:
-            self._outcome = outcome
-            self._telemetry.stop(outcome)
-        return self._outcome
+        # Threads of one run may end it together: one outcome, one stop span.
+        with self._close_lock:
+            if self._outcome is None:
+                self._outcome = outcome
+                self._telemetry.stop(outcome)
+            return self._outcome
 
     def finish(self, answer: Any = None) -> Outcome:
         """End the run (a return without a ``final`` decision: ``answer`` is final)."""
@@ -334,42 +336,20 @@ class Run:
 
     # -------------------------------------------------------------- decisions
 
-    @contextmanager
     def model_call(
         self, *, estimate_tokens: int | None = None, estimate_cost_usd: float | None = None
-    ) -> Iterator[_ModelCall]:
+    ) -> _ModelCall:
         """Guard one model call: checked and reserved before, recorded after.
 
-        Use ``call.record(decision)`` inside the block. The ``decide`` span is current
-        inside the block, so model-call spans of other instrumentations nest in it.
+        A context manager: use ``with run.model_call() as call:`` and ``call.record(decision)``
+        inside the block. The ``decide`` span is current inside the block, so model-call
+        spans of other instrumentations nest in it.
 
         Raises:
             StopRun: the guard refused the call (enforce mode), or the decision ended the
                 run.
         """
-        verdict = self.guard.before_model_call(
-            estimate_tokens=estimate_tokens, estimate_cost_usd=estimate_cost_usd
-        )
-        if not verdict.allowed:
-            self._raise_if_stopped(verdict.stop)
-        span = self._telemetry.start_decision()
-        token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
-        call = _ModelCall(self)
-        try:
-            yield call
-        except BaseException as exc:
-            if token is not None:
-                otel_context.detach(token)
-                token = None
-            self._telemetry.end_decision(
-                span, call.decision, error=None if isinstance(exc, StopRun) else exc
-            )
-            raise
-        if token is not None:
-            otel_context.detach(token)
-        self._telemetry.end_decision(span, call.decision)
-        if call.stop is not None:
-            self._raise_if_stopped(call.stop)
+        return _ModelCall(self, estimate_tokens, estimate_cost_usd)
 
     def decide(
         self,
@@ -431,59 +411,46 @@ class Run:
 
     def _check_tool(
         self, name: str, arguments: Mapping[str, Any], call_id: str | None
-    ) -> tuple[ToolTicket, str | None]:
+    ) -> tuple[ToolTicket, str | None, int]:
+        """Check one tool call; returns the ticket, the captured arguments and the time
+        the check began (the tool span's start: a call allowed before a stop made in
+        another thread must not start after the stop span)."""
         if self._outcome is not None and self.mode == "enforce":
             raise StopRun(self._outcome.stop)
+        started = time.time_ns()
         ticket = self.guard.before_tool_call(name, arguments, call_id=call_id)
         args_json = _content.capture_json(arguments) if self.capture_content else None
         if not ticket.allowed:
             if ticket.blocked_by == "run_stopped":
                 self._raise_if_stopped(ticket.stop)
-            self._telemetry.blocked_tool(ticket, args_json)
+            self._telemetry.blocked_tool(ticket, args_json, start_time=started)
             if ticket.stop is not None:
                 self._raise_if_stopped(ticket.stop)
+            if ticket.stop is None and ticket.blocked_by == "ceiling":
+                raise ToolFailure(
+                    f"tool {name[:80]!r} refused for now: every tool-success slot left is "
+                    "held by calls in flight",
+                    FailureClass.TRANSIENT,
+                )
             raise ToolFailure(f"unknown tool: {name[:80]}", FailureClass.UNKNOWN_TOOL)
-        return ticket, args_json
+        return ticket, args_json, started
 
-    @contextmanager
     def tool_call(
         self, name: str, arguments: Mapping[str, Any] | None = None, *, call_id: str | None = None
-    ) -> Iterator[_ToolCall]:
+    ) -> _ToolCall:
         """Guard one tool call that the caller runs itself (no timeout enforcement).
 
-        Inside the block call ``call.set_result(value)``; an exception raised in the block
-        is recorded as the tool's error and re-raised.
+        A context manager: ``with run.tool_call(name, args) as call:``; inside the block
+        call ``call.set_result(value)``; an exception raised in the block is recorded as
+        the tool's error and re-raised.
 
         Raises:
             StopRun: the guard refused the call and ended the run (enforce mode).
-            ToolFailure: an unknown tool (class ``unknown_tool``); not dispatched.
+            ToolFailure: not dispatched: an unknown tool (class ``unknown_tool``), or every
+                tool-success slot left is held by calls in flight (class ``transient``;
+                the run goes on, try again once they return).
         """
-        args = arguments if arguments is not None else {}
-        ticket, args_json = self._check_tool(name, args, call_id)
-        span = self._telemetry.start_tool(ticket, args_json)
-        token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
-        handle = _ToolCall(ticket)
-        try:
-            yield handle
-        except StopRun:
-            if token is not None:
-                otel_context.detach(token)
-            record = self.guard.record_tool_result(ticket, error=RuntimeError("stopped"))
-            self._telemetry.end_tool(span, record)
-            raise
-        except BaseException as exc:
-            if token is not None:
-                otel_context.detach(token)
-            record = self.guard.record_tool_result(ticket, error=exc)
-            self._telemetry.end_tool(span, record, error=exc)
-            raise
-        if token is not None:
-            otel_context.detach(token)
-        record = self.guard.record_tool_result(ticket, result=handle.result)
-        result_json = _content.capture_json(handle.result) if self.capture_content else None
-        self._telemetry.end_tool(span, record, result_json=result_json)
-        handle.record = record
-        self._after_result(record)
+        return _ToolCall(self, name, arguments if arguments is not None else {}, call_id)
 
     def call_tool(
         self,
@@ -507,15 +474,16 @@ class Run:
 
         Raises:
             StopRun: the guard refused the call and ended the run (enforce mode).
-            ToolFailure: an unknown tool (never dispatched).
+            ToolFailure: never dispatched: an unknown tool (class ``unknown_tool``), or
+                every tool-success slot left is held by calls in flight (``transient``).
             TimeoutError: the call exceeded its timeout (the tool's own, capped by the
                 run's remaining wall clock); a result arriving later is discarded.
             Exception: whatever the tool raised, after it was recorded.
         """
         args = dict(arguments or {})
         invoke = _invoke or self._invoker(name, args, fn)
-        ticket, args_json = self._check_tool(name, args, call_id)
-        span = self._telemetry.start_tool(ticket, args_json)
+        ticket, args_json, started = self._check_tool(name, args, call_id)
+        span = self._telemetry.start_tool(ticket, args_json, start_time=started)
         ctx = contextvars.copy_context()
         if span is not None:
             ctx.run(otel_context.attach, trace.set_span_in_context(span))
@@ -556,8 +524,8 @@ class Run:
         target = fn if fn is not None else self.tools.get(name)
         invoke = _invoke or self._invoker(name, args, fn)
         is_async = _is_async if _is_async is not None else inspect.iscoroutinefunction(target)
-        ticket, args_json = self._check_tool(name, args, call_id)
-        span = self._telemetry.start_tool(ticket, args_json)
+        ticket, args_json, started = self._check_tool(name, args, call_id)
+        span = self._telemetry.start_tool(ticket, args_json, start_time=started)
         token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
         try:
             if is_async:
@@ -591,14 +559,55 @@ class Run:
 
 
 class _ModelCall:
-    """Handle yielded by :meth:`Run.model_call`."""
+    """Context manager returned by :meth:`Run.model_call`; ``with`` yields it as the
+    handle (a class, not a generator: this runs once per model call)."""
 
-    __slots__ = ("_run", "decision", "stop")
+    __slots__ = ("_cost", "_run", "_span", "_token", "_tokens", "decision", "stop")
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, tokens: int | None = None, cost: float | None = None) -> None:
         self._run = run
+        self._tokens = tokens
+        self._cost = cost
+        self._span: Span | None = None
+        self._token: object | None = None
         self.decision: Decision | None = None
         self.stop: Any = None
+
+    def __enter__(self) -> _ModelCall:
+        run = self._run
+        # The span starts when the check began: a call allowed before a stop made in
+        # another thread must not start after the stop span.
+        started = time.time_ns()
+        verdict = run.guard.before_model_call(
+            estimate_tokens=self._tokens, estimate_cost_usd=self._cost
+        )
+        if not verdict.allowed:
+            run._raise_if_stopped(verdict.stop)
+        span = run._telemetry.start_decision(start_time=started)
+        self._span = span
+        if span is not None:
+            self._token = otel_context.attach(trace.set_span_in_context(span))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        token = self._token
+        if token is not None:
+            self._token = None
+            otel_context.detach(token)  # type: ignore[arg-type]
+        run = self._run
+        if exc is not None:
+            run._telemetry.end_decision(
+                self._span, self.decision, error=None if isinstance(exc, StopRun) else exc
+            )
+            return
+        run._telemetry.end_decision(self._span, self.decision)
+        if self.stop is not None:
+            run._raise_if_stopped(self.stop)
 
     def record(self, decision: Decision) -> None:
         """Record the model's decision.
@@ -618,14 +627,73 @@ class _ModelCall:
 
 
 class _ToolCall:
-    """Handle yielded by :meth:`Run.tool_call`."""
+    """Context manager returned by :meth:`Run.tool_call`; ``with`` yields it as the handle
+    (``ticket`` once entered, ``set_result``, and ``record`` after a normal exit)."""
 
-    __slots__ = ("record", "result", "ticket")
+    __slots__ = (
+        "_args",
+        "_args_json",
+        "_call_id",
+        "_name",
+        "_run",
+        "_span",
+        "_token",
+        "record",
+        "result",
+        "ticket",
+    )
 
-    def __init__(self, ticket: ToolTicket) -> None:
-        self.ticket = ticket
+    def __init__(
+        self, run: Run, name: str, arguments: Mapping[str, Any], call_id: str | None
+    ) -> None:
+        self._run = run
+        self._name = name
+        self._args = arguments
+        self._call_id = call_id
+        self._span: Span | None = None
+        self._token: object | None = None
+        self._args_json: str | None = None
+        self.ticket: ToolTicket | None = None
         self.result: Any = None
         self.record: ToolRecord | None = None
+
+    def __enter__(self) -> _ToolCall:
+        run = self._run
+        ticket, args_json, started = run._check_tool(self._name, self._args, self._call_id)
+        self.ticket = ticket
+        span = run._telemetry.start_tool(ticket, args_json, start_time=started)
+        self._span = span
+        if span is not None:
+            self._token = otel_context.attach(trace.set_span_in_context(span))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        token = self._token
+        if token is not None:
+            self._token = None
+            otel_context.detach(token)  # type: ignore[arg-type]
+        run = self._run
+        ticket = self.ticket
+        assert ticket is not None  # __exit__ runs only after a successful __enter__
+        if exc is not None:
+            if isinstance(exc, StopRun):
+                record = run.guard.record_tool_result(ticket, error=RuntimeError("stopped"))
+                run._telemetry.end_tool(self._span, record)
+            else:
+                record = run.guard.record_tool_result(ticket, error=exc)
+                run._telemetry.end_tool(self._span, record, error=exc)
+            return
+        result = self.result
+        record = run.guard.record_tool_result(ticket, result=result)
+        result_json = _content.capture_json(result) if run.capture_content else None
+        run._telemetry.end_tool(self._span, record, result_json=result_json)
+        self.record = record
+        run._after_result(record)
 
     def set_result(self, value: Any) -> None:
         """The tool's result (recorded when the block exits)."""

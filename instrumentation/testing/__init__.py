@@ -314,12 +314,14 @@ def assert_trace_invariants(spans: Iterable[Any]) -> dict[str, RunTrace]:
     4. tool successes <= tool attempts;
     5. counters equal events: the stop's usage counts equal the decision spans, the
        dispatched tool spans (``ok`` + ``error``, not ``unknown_tool``) and the ``ok``
-       tool spans.
+       tool spans, of the run and of its child runs (``loopwatch.parent_run.id`` on
+       their run spans), whose use is charged to it.
 
     Raises:
         InvariantViolation: the first rule that does not hold, naming the run.
     """
     runs = collect_runs(spans)
+    own: dict[str, tuple[int, int, int]] = {}
     for run_id, tr in runs.items():
         if len(tr.stops) != 1:
             raise _fail(run_id, "exactly one stop", f"found {len(tr.stops)}")
@@ -352,8 +354,26 @@ def assert_trace_invariants(spans: Iterable[Any]) -> dict[str, RunTrace]:
                 attempted += 1
         if ok > attempted:
             raise _fail(run_id, "successes <= attempts", f"{ok} > {attempted}")
+        own[run_id] = (len(tr.decisions), attempted, ok)
+    children: dict[str, list[str]] = defaultdict(list)
+    for run_id, tr in runs.items():
+        parent = tr.run.attributes.get(sc.LW_PARENT_RUN_ID) if tr.run is not None else None
+        if parent:
+            children[str(parent)].append(run_id)
+
+    def with_children(run_id: str, seen: frozenset[str] = frozenset()) -> tuple[int, int, int]:
+        turns, attempted, ok = own.get(run_id, (0, 0, 0))
+        for child in children.get(run_id, ()):
+            if child not in seen:
+                t, a, o = with_children(child, seen | {run_id})
+                turns, attempted, ok = turns + t, attempted + a, ok + o
+        return turns, attempted, ok
+
+    for run_id, tr in runs.items():
+        sattrs = tr.stops[0].attributes
+        turns, attempted, ok = with_children(run_id)
         expected = {
-            sc.LW_USAGE_MODEL_TURNS: len(tr.decisions),
+            sc.LW_USAGE_MODEL_TURNS: turns,
             sc.LW_USAGE_TOOL_ATTEMPTS: attempted,
             sc.LW_USAGE_TOOL_SUCCESSES: ok,
         }
