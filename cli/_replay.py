@@ -12,9 +12,11 @@ import csv
 import io
 import json
 import sys
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import IO, Any, Final
 
 import click
@@ -29,8 +31,57 @@ _MAX_TABLE_RUNS: Final = 100
 """Stopped runs listed by the table format (json and csv list every run)."""
 
 
+def _printable(text: str) -> str:
+    """``text`` safe for one table cell: control, format (bidi overrides, zero-width)
+    and line-separator characters shown as ``\\n``, ``\\x1b``, ``\\u202e``... so a run id
+    cannot break a row or drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
+
+def _char_width(c: str) -> int:
+    """Terminal columns of one character: 0 combining, 2 East Asian wide/fullwidth."""
+    if unicodedata.combining(c):
+        return 0
+    return 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1
+
+
+def _width(text: str) -> int:
+    """Terminal columns ``text`` takes (see :func:`_char_width`)."""
+    if text.isascii():
+        return len(text)
+    return sum(_char_width(c) for c in text)
+
+
 def _short(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "\u2026"
+    """``text`` made printable and cut to at most ``width`` terminal columns (``…``)."""
+    text = _printable(text)
+    if _width(text) <= width:
+        return text
+    out, used = [], 0
+    for c in text:
+        w = _char_width(c)
+        if used + w > width - 1:
+            break
+        out.append(c)
+        used += w
+    return "".join(out) + "\u2026"
+
+
+_CSV_FORMULA_START: Final = ("=", "+", "-", "@", "\t", "\r")
+"""Cell starts a spreadsheet reads as a formula (OWASP "CSV Injection")."""
+
+
+def _csv_safe(value: Any) -> Any:
+    """A text cell that a spreadsheet would run as a formula, prefixed with ``'``
+    (OWASP CSV Injection guidance); other values unchanged."""
+    if isinstance(value, str) and value.startswith(_CSV_FORMULA_START):
+        return "'" + value
+    return value
 
 
 def _want_progress(count: int) -> bool:
@@ -51,13 +102,16 @@ def _cell(value: Any) -> str:
         return ""
     if isinstance(value, float):
         return f"{value:.3g}"
-    return str(value)
+    return _printable(str(value))
 
 
 def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     text = [[_cell(c) for c in header], *[[_cell(c) for c in r] for r in rows]]
-    widths = [max(len(r[i]) for r in text) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in text]
+    widths = [max(_width(r[i]) for r in text) for i in range(len(header))]
+    lines = [
+        "  ".join(c + " " * (w - _width(c)) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in text
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -149,14 +203,18 @@ def render_json(results: Sequence[Any]) -> str:
 
 
 def render_csv(results: Sequence[Any]) -> str:
-    """The ``csv`` format: one row per (run, policy), columns ``CSV_COLUMNS``."""
+    """The ``csv`` format: one row per (run, policy), columns ``CSV_COLUMNS``.
+
+    A text cell starting with ``=``, ``+``, ``-``, ``@``, TAB or CR (a run id such as
+    ``=HYPERLINK(...)``) is prefixed with ``'`` so spreadsheets show it as text (OWASP
+    CSV Injection); numbers are written as they are. The JSON format is verbatim."""
     from loopwatch.replay.engine import CSV_COLUMNS
 
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
     writer.writeheader()
     for r in results:
-        writer.writerow({k: "" if v is None else v for k, v in r.csv_row().items()})
+        writer.writerow({k: "" if v is None else _csv_safe(v) for k, v in r.csv_row().items()})
     return buffer.getvalue()
 
 
@@ -233,6 +291,22 @@ def replay(
             click.echo(f"loopwatch replay: {problem}", err=True)
         raise SystemExit(2) from None
     policies = unique_labels(policies)
+    if input_format is not None:
+        from loopwatch.replay.importers import importers
+
+        known = [i.name for i in importers()]
+        if input_format not in known:
+            raise click.BadParameter(
+                f"{input_format!r} is not one of {', '.join(known)}", param_hint="--input-format"
+            )
+    if out_path is not None:
+        # Fail before the (possibly long) replay, not after it.
+        parent = Path(out_path).resolve().parent
+        if not parent.is_dir():
+            click.echo(
+                f"loopwatch replay: cannot write {out_path}: no directory {parent}", err=True
+            )
+            raise SystemExit(2)
 
     files = list(iter_files(paths))
     loaded = ImportResult()
@@ -243,7 +317,7 @@ def replay(
             loaded.trajectories.extend(one.trajectories)
             loaded.problems.extend(one.problems)
     for problem in loaded.problems:
-        click.echo(f"loopwatch replay: {problem}", err=True)
+        click.echo(f"loopwatch replay: {_printable(str(problem))}", err=True)
     runs = loaded.trajectories
     if not runs:
         if not files:
@@ -268,6 +342,9 @@ def replay(
         text = render_csv(results)
     else:
         text = render_table(results, summarize(results))
+    # A file name that is not UTF-8 (bytes decoded as lone surrogates) must not make
+    # the write fail after the whole replay: such characters are written as \udcXX.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     try:
         with _output(out_path) as handle:
             handle.write(text)

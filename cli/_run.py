@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -292,9 +293,16 @@ def _companion(
     token_file: str | None,
     token: str | None,
     demo_options: dict[str, Any] | None,
+    early: threading.Event | None = None,
 ) -> None:
-    """After the collector is ready: dashboard, demo, then the URLs (dashboard last)."""
+    """After the collector is ready: dashboard, demo, then the URLs (dashboard last).
+
+    A stop signal that came while the collector was starting (``early``) is sent again
+    now that the collector handles it, and nothing else is started."""
     if not _wait(ready, closing):
+        return
+    if early is not None and early.is_set():
+        os.kill(os.getpid(), signal.SIGTERM)
         return
     if dashboard is not None:
         try:
@@ -341,6 +349,29 @@ def _companion(
     if dashboard is not None:
         click.echo(f"Dashboard:     {dashboard_url}")
     sys.stdout.flush()
+
+
+def _hold_stop_signals_until_serving() -> threading.Event:
+    """Catch SIGINT/SIGTERM until the collector installs its own handlers.
+
+    A KeyboardInterrupt raised while the collector opens its store can be lost in the
+    database driver, leaving a collector that serves on after Ctrl-C. Until the
+    collector's event loop takes the signals over, the first one only sets the returned
+    event (the companion thread repeats it once the collector is ready); a second one
+    raises KeyboardInterrupt as usual, for a start that hangs.
+    """
+    early = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if early.is_set():
+            raise KeyboardInterrupt
+        early.set()
+        click.echo("loopwatch up: stopping once the collector has started", err=True)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):  # not the main thread (tests)
+            signal.signal(sig, on_signal)
+    return early
 
 
 @click.command("up")
@@ -442,6 +473,7 @@ def up(
             "run_prefix": run_prefix,
         }
     collector_url = f"http://{config.server.http}"
+    early = _hold_stop_signals_until_serving()
     companion = threading.Thread(
         target=_companion,
         name="loopwatch-up",
@@ -457,6 +489,7 @@ def up(
             "token_file": config.server.token_file or None,
             "token": token,
             "demo_options": demo_options,
+            "early": early,
         },
     )
     code = 0

@@ -538,7 +538,9 @@ def _counting_exporter(inner: SpanExporter, counts: _Counts) -> SpanExporter:
 
 def _provider(
     otlp_url: str, counts: _Counts, token: str | None, timeout_seconds: float
-) -> TracerProvider:
+) -> tuple[TracerProvider, SpanExporter]:
+    """The demo's tracer provider and its OTLP exporter (shut the exporter down first to
+    abandon queued spans: its retries stop and later exports fail at once)."""
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -568,7 +570,7 @@ def _provider(
             max_export_batch_size=512,
         )
     )
-    return provider
+    return provider, exporter
 
 
 def otlp_endpoint(url: str | None) -> str:
@@ -707,7 +709,8 @@ def run_demo(
         token: bearer token of a collector started with ``--token-file``.
         run_prefix: run-id prefix (default ``demo-`` + 6 random hex digits).
         limit: replay at most this many runs.
-        stop: set it to stop after the current run (``loopwatch up`` on Ctrl-C).
+        stop: set it to stop after the current run (``loopwatch up`` on Ctrl-C); spans
+            not exported yet are then dropped, as on KeyboardInterrupt.
         on_problem: called with one line per import problem or replay error.
         timeout_seconds: OTLP export timeout.
 
@@ -751,8 +754,9 @@ def run_demo(
         trajectories = trajectories[: max(limit, 0)]
     check_collector(url, token=token, timeout_seconds=min(timeout_seconds, 5.0))
     counts = _Counts()
-    provider = _provider(url, counts, token, timeout_seconds)
+    provider, exporter = _provider(url, counts, token, timeout_seconds)
     prefix = run_prefix or f"demo-{secrets.token_hex(3)}"
+    abandon = False
     try:
         for index, trajectory in enumerate(trajectories):
             if stop is not None and stop.is_set():
@@ -780,8 +784,16 @@ def run_demo(
                 backlog = counts.ended - counts.exported - counts.failed
             if backlog > _FLUSH_BACKLOG_SPANS:
                 provider.force_flush(int(timeout_seconds * 1000))
+    except BaseException:
+        # Ctrl-C (or a bug): do not spend the export timeout per queued batch (minutes
+        # against a collector answering 429/5xx) before giving the terminal back.
+        abandon = True
+        raise
     finally:
-        provider.force_flush(int(timeout_seconds * 3000))
+        if abandon or report.interrupted:
+            exporter.shutdown()
+        else:
+            provider.force_flush(int(timeout_seconds * 3000))
         provider.shutdown()
     with counts.lock:
         report.spans_ended = counts.ended

@@ -28,9 +28,11 @@ numbers in results and evidence are 1-based agent-step numbers):
   same action with the same observation is a repeat whatever the user said in between.
 * clock: a fake monotonic clock set from the recorded timestamps (the step's
   ``timestamp``, a call's ``started_at`` / ``ended_at``), relative to the first
-  timestamp of the run and never going back. ``max_elapsed_seconds`` therefore means
-  recorded wall-clock time, user think time included. A run without timestamps stays
-  at 0 s and never stops as ``deadline_exceeded``.
+  timestamp of the run and never going back; a value that is not finite Unix seconds
+  before the year 10000 (``Infinity``, milliseconds, corrupt) is ignored.
+  ``max_elapsed_seconds`` therefore means recorded wall-clock time, user think time
+  included. A run without timestamps stays at 0 s and never stops as
+  ``deadline_exceeded``.
 * end: the recording stops after its last agent step; the guard is not asked to end that
   step, because no further model call exists to refuse. A run whose last decision is
   ``final`` ends ``completed`` (or ``refused``): the agent's own end, reported as
@@ -591,8 +593,23 @@ def _find_loop(acts: Sequence[_Act]) -> RecordedLoop | None:
 # ----------------------------------------------------------------- the clock
 
 
+_MAX_UNIX_SECONDS: Final = 253402300800.0
+"""Year 10000 in Unix seconds: a larger recorded time is in another unit or corrupt."""
+
+
+def _usable_time(timestamp: float | None) -> bool:
+    """A recorded time the replay clock may use: finite Unix seconds in [0, year 10000).
+
+    One wild value (``Infinity``, a millisecond timestamp among seconds, a corrupt
+    ``1e15``) would otherwise jump the clock and stop the run ``deadline_exceeded``;
+    such values are ignored, as a missing timestamp is.
+    """
+    return timestamp is not None and math.isfinite(timestamp) and 0 <= timestamp < _MAX_UNIX_SECONDS
+
+
 class _RecordedClock:
-    """A monotonic clock driven by recorded timestamps (seconds since the run's first)."""
+    """A monotonic clock driven by recorded timestamps (seconds since the run's first
+    usable one; see :func:`_usable_time`)."""
 
     __slots__ = ("_now", "_origin")
 
@@ -604,7 +621,7 @@ class _RecordedClock:
         return self._now
 
     def at(self, timestamp: float | None) -> None:
-        if timestamp is None or self._origin is None:
+        if timestamp is None or self._origin is None or not _usable_time(timestamp):
             return
         t = timestamp - self._origin
         self._now = max(self._now, t)
@@ -612,10 +629,10 @@ class _RecordedClock:
 
 def _first_timestamp(trajectory: Trajectory) -> float | None:
     for step in trajectory.steps:
-        if step.timestamp is not None:
+        if _usable_time(step.timestamp):
             return step.timestamp
         for tc in step.tool_calls:
-            if tc.started_at is not None:
+            if _usable_time(tc.started_at):
                 return tc.started_at
     return None
 
@@ -631,11 +648,20 @@ def _turn_key(step: Step) -> tuple[Any, ...]:
 # ----------------------------------------------------------------- replaying
 
 
+def _usage(value: float | None) -> float:
+    """A recorded token count or cost the guard may add up: a missing, negative or
+    non-finite value counts 0 (one NaN would make the run's total NaN, and no budget
+    comparison with NaN ever stops; Infinity would stop at once)."""
+    if value is None or not math.isfinite(value) or value < 0:
+        return 0
+    return value
+
+
 def _decision(step: Step, last: bool) -> Decision:
     usage: dict[str, Any] = {
-        "input_tokens": step.input_tokens or 0,
-        "output_tokens": step.output_tokens or 0,
-        "cost_usd": step.cost_usd or 0.0,
+        "input_tokens": int(_usage(step.input_tokens)),
+        "output_tokens": int(_usage(step.output_tokens)),
+        "cost_usd": float(_usage(step.cost_usd)),
     }
     if step.tool_calls:
         calls = tuple(GuardCall(tc.name, {}, tc.call_id) for tc in step.tool_calls)

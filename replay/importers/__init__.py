@@ -21,10 +21,12 @@ Formats (module: what it reads):
 
 from __future__ import annotations
 
+import codecs
 import importlib
 import json
+import stat
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,6 +38,7 @@ __all__ = [
     "ImportResult",
     "Importer",
     "UnknownFormat",
+    "decode_text",
     "detect",
     "importers",
     "iter_files",
@@ -48,7 +51,8 @@ __all__ = [
 _MODULES = ("native", "tau2", "toolbench", "openhands", "otlp_json", "chat", "react")
 
 MAX_FILE_BYTES = 512 << 20
-"""Files larger than this are refused with a problem (512 MiB), not read into memory."""
+"""Files larger than this are refused with a problem (512 MiB); at most this much plus
+one byte is ever read."""
 
 
 class UnknownFormat(ValueError):
@@ -64,31 +68,42 @@ class Document:
 
     Attributes:
         path: the file.
-        text: the whole file as text (UTF-8, undecodable bytes replaced).
+        text: the whole file as text (see :func:`decode_text`: UTF-8, or UTF-16/32 by
+            BOM or NUL pattern; undecodable bytes replaced; CRLF and lone CR normalised to
+            LF; trailing NUL padding dropped).
         json: the parsed JSON document (lazy); ``None`` when the text is not one JSON
             value.
         json_lines: parsed JSON Lines (lazy): a list of ``(line_number, value_or_error)``
             where an error is the :class:`json.JSONDecodeError` message; ``None`` when
-            the first non-blank line is not a JSON object.
+            the first non-blank line is not a JSON object. Lines are split on LF only:
+            U+2028, U+0085 and the like are legal unescaped inside JSON strings.
+        json_error: why :attr:`json` is ``None`` (the decoder's message with line and
+            column), or ``None``.
     """
 
     path: Path
     text: str
     _json: Any = field(default=_UNSET, repr=False)
 
+    json_error: str | None = field(default=None, repr=False)
+
     @property
     def json(self) -> Any:
         if self._json is _UNSET:
             try:
                 self._json = json.loads(self.text)
-            except (ValueError, RecursionError):
+            except RecursionError:
                 self._json = None
+                self.json_error = "JSON nested too deeply"
+            except ValueError as exc:
+                self._json = None
+                self.json_error = str(exc)
         return self._json
 
     @cached_property
     def json_lines(self) -> list[tuple[int, Any]] | None:
         lines: list[tuple[int, Any]] = []
-        for number, line in enumerate(self.text.splitlines(), start=1):
+        for number, line in enumerate(self.text.split("\n"), start=1):
             if not line.strip():
                 continue
             try:
@@ -155,8 +170,63 @@ def detect(doc: Document) -> Importer:
     raise UnknownFormat(f"not a recognised trajectory format (tried: {names})")
 
 
+_BOMS: tuple[tuple[bytes, str], ...] = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+
+
+def decode_text(raw: bytes) -> str:
+    """A file's bytes as text, the way editors and shells write trajectory files.
+
+    The encoding is the BOM's (UTF-8, UTF-16 or UTF-32, LE or BE; the BOM is dropped),
+    else UTF-16 when the first bytes have the NUL pattern of ASCII text in UTF-16
+    (``x\\0y\\0`` or ``\\0x\\0y``: what Windows PowerShell's ``>`` writes), else
+    UTF-8; undecodable bytes become U+FFFD. Trailing NUL padding (a file preallocated or
+    cut short by a crash) is dropped, and CRLF and lone CR line ends become LF.
+    """
+    encoding = "utf-8"
+    for bom, name in _BOMS:
+        if raw.startswith(bom):
+            encoding, raw = name, raw[len(bom) :]
+            break
+    else:
+        head = raw[:64]
+        if len(head) >= 4:
+            even, odd = head[0::2], head[1::2]
+            if odd.count(0) == len(odd) and even.count(0) == 0:
+                encoding = "utf-16-le"
+            elif even.count(0) == len(even) and odd.count(0) == 0:
+                encoding = "utf-16-be"
+    if encoding.startswith("utf-16"):
+        raw = raw[: len(raw) - len(raw) % 2]
+    text = raw.decode(encoding, errors="replace").rstrip("\x00")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
+
+
 def iter_files(paths: Iterable[str | Path]) -> Iterator[Path]:
-    """Files under ``paths`` (folders walked recursively, sorted; ``README*`` skipped)."""
+    """Files under ``paths`` (folders walked recursively, sorted; ``README*`` and
+    dot-files skipped; symlinked folders not followed). A file named twice (``replay
+    corpus corpus/tau2-bench``, the same path given twice, a symlink to a file already
+    listed) is yielded once, at its first mention: its runs would otherwise count twice.
+    """
+    seen: set[Path] = set()
+
+    def first_time(path: Path) -> bool:
+        try:
+            key = path.resolve()
+        except (OSError, RuntimeError):  # a symlink loop
+            key = path.absolute()
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
@@ -164,8 +234,9 @@ def iter_files(paths: Iterable[str | Path]) -> Iterator[Path]:
                 if child.is_file() and not child.name.upper().startswith("README"):
                     if any(part.startswith(".") for part in child.relative_to(path).parts):
                         continue
-                    yield child
-        else:
+                    if first_time(child):
+                        yield child
+        elif first_time(path):
             yield path
 
 
@@ -178,21 +249,34 @@ def read_file(path: str | Path, *, format: str | None = None) -> ImportResult:
 
     Never raises for bad input: unreadable, oversized, unknown-format and malformed
     files come back as problems naming the file (and the record, where there is one).
+    A pipe (``<(zcat runs.jsonl.gz)``) is read up to :data:`MAX_FILE_BYTES`; a device or
+    socket is refused. A file that is not valid JSON but starts like JSON (a run cut off
+    mid-write) is reported with the decoder's message and position, not as an unknown
+    format. An importer that fails on unexpected input keeps the runs it read before,
+    and the failure becomes a problem naming the importer. Runs sharing a ``run_id``
+    within the file are renamed ``ID#2``, ``ID#3``... (a problem says so) so that every
+    result names one run.
     """
     path = Path(path)
     result = ImportResult()
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            result.problems.append(
-                ImportProblem(str(path), "file", f"{size} bytes exceeds {MAX_FILE_BYTES}")
-            )
+        mode = path.stat().st_mode
+        if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
+            with path.open("rb") as handle:
+                raw = handle.read(MAX_FILE_BYTES + 1)
+        else:
+            result.problems.append(ImportProblem(str(path), "file", "not a regular file"))
             return result
-        text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError as exc:
         result.problems.append(ImportProblem(str(path), "file", exc.strerror or str(exc)))
         return result
-    doc = Document(path=path, text=text)
+    if len(raw) > MAX_FILE_BYTES:
+        result.problems.append(
+            ImportProblem(str(path), "file", f"larger than {MAX_FILE_BYTES} bytes")
+        )
+        return result
+    doc = Document(path=path, text=decode_text(raw))
+    importer: Importer | None = None
     try:
         if format is None:
             importer = detect(doc)
@@ -206,9 +290,52 @@ def read_file(path: str | Path, *, format: str | None = None) -> ImportResult:
                 result.problems.append(item)
             else:
                 result.trajectories.append(item)
-    except (UnknownFormat, ValueError, RecursionError) as exc:
-        result.problems.append(ImportProblem(str(path), "file", str(exc)))
+    except UnknownFormat as exc:
+        result.problems.append(ImportProblem(str(path), "file", _unknown_message(doc, exc)))
+    except (ValueError, RecursionError) as exc:
+        result.problems.append(ImportProblem(str(path), "file", str(exc) or type(exc).__name__))
+    except Exception as exc:  # an importer bug on odd input must not stop other files
+        name = importer.name if importer is not None else "?"
+        result.problems.append(
+            ImportProblem(
+                str(path),
+                f"after run {len(result.trajectories)}",
+                f"{name} importer failed: {type(exc).__name__}: {exc}",
+            )
+        )
+    _unique_run_ids(result)
     return result
+
+
+def _unknown_message(doc: Document, exc: UnknownFormat) -> str:
+    """The unknown-format message, or the JSON error for text that starts like JSON."""
+    head = doc.text.lstrip()[:1]
+    if not head:
+        return "empty file"
+    whole_json = head == "[" or doc.json_lines is None
+    if head in ("{", "[") and doc.json is None and doc.json_error is not None and whole_json:
+        return f"invalid JSON: {doc.json_error}"
+    return str(exc)
+
+
+def _unique_run_ids(result: ImportResult) -> None:
+    """Rename runs whose ``run_id`` repeats one read before (``ID#2``...), in place."""
+    seen: set[str] = set()
+    next_n: dict[str, int] = {}  # per repeated id, the next suffix to try (linear time)
+    for i, t in enumerate(result.trajectories):
+        if t.run_id not in seen:
+            seen.add(t.run_id)
+            continue
+        n = next_n.get(t.run_id, 2)
+        while f"{t.run_id}#{n}" in seen:
+            n += 1
+        next_n[t.run_id] = n + 1
+        new_id = f"{t.run_id}#{n}"
+        seen.add(new_id)
+        result.problems.append(
+            ImportProblem(t.source, f"run {t.run_id!r}", f"duplicate run id, renamed {new_id!r}")
+        )
+        result.trajectories[i] = replace(t, run_id=new_id)
 
 
 def load_paths(paths: Sequence[str | Path], *, format: str | None = None) -> ImportResult:

@@ -8,7 +8,10 @@ Document: ``{"format": "loopwatch.trajectory/1", "runs": [run, ...]}``. A run is
 ``{run_id, agent, model, recorded_outcome, recorded_stop, recorded_stop_kind, metadata,
 steps}``; a step ``{actor, decision, text, timestamp (Unix s), input_tokens,
 output_tokens, cost_usd, tool_calls}``; a tool call ``{name, arguments, observation,
-error, call_id, started_at, ended_at}`` (absent keys are ``None``/``false``).
+error, call_id, started_at, ended_at}`` (absent keys are ``None``/``false``). Numbers
+must be finite; times are Unix seconds from 0 to the year 9999 (a millisecond value is
+refused, not read as a date 1000 times later); tokens and cost are not negative. A run
+breaking these is reported as a problem naming its key; the other runs are read.
 ``metadata.replay`` may hold ``policy`` (a profile table of the policy file format),
 ``mode`` (``enforce``/``observe``), ``expected_stop`` and ``crash`` (``{type,
 message}``: the loop raised this after the last step); the demo honours them, and
@@ -94,8 +97,28 @@ def _num(value: Any, where: str) -> float | None:
     return float(value)
 
 
-def _int(value: Any, where: str) -> int | None:
+_MAX_UNIX_SECONDS: Final = 253402300800.0
+"""9999-12-31T00:00:00Z plus one day: a larger "Unix seconds" value is a timestamp in
+milliseconds, microseconds or nanoseconds, or corrupt."""
+
+
+def _time(value: Any, where: str) -> float | None:
     number = _num(value, where)
+    if number is not None and not 0 <= number < _MAX_UNIX_SECONDS:
+        hint = " (milliseconds or nanoseconds?)" if number >= _MAX_UNIX_SECONDS else ""
+        raise ValueError(f"{where}: {value!r} is not Unix seconds{hint}")
+    return number
+
+
+def _count(value: Any, where: str) -> float | None:
+    number = _num(value, where)
+    if number is not None and number < 0:
+        raise ValueError(f"{where}: must not be negative, got {value!r}")
+    return number
+
+
+def _int(value: Any, where: str) -> int | None:
+    number = _count(value, where)
     return None if number is None else int(number)
 
 
@@ -117,7 +140,10 @@ def _read_run(raw: Any, source: str, where: str) -> Trajectory:
         if decision not in _DECISIONS:
             raise ValueError(f"{at}.decision: one of {', '.join(_DECISIONS)}, got {decision!r}")
         calls = []
-        for j, c in enumerate(s.get("tool_calls") or ()):
+        raw_calls = s.get("tool_calls") or []
+        if not isinstance(raw_calls, list):
+            raise ValueError(f"{at}.tool_calls: must be a list")
+        for j, c in enumerate(raw_calls):
             cat = f"{at}.tool_calls[{j}]"
             if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"]:
                 raise ValueError(f"{cat}: needs a non-empty name")
@@ -129,8 +155,8 @@ def _read_run(raw: Any, source: str, where: str) -> Trajectory:
                     observation=None if observation is None else str(observation),
                     error=bool(c.get("error", False)),
                     call_id=None if c.get("call_id") is None else str(c["call_id"]),
-                    started_at=_num(c.get("started_at"), f"{cat}.started_at"),
-                    ended_at=_num(c.get("ended_at"), f"{cat}.ended_at"),
+                    started_at=_time(c.get("started_at"), f"{cat}.started_at"),
+                    ended_at=_time(c.get("ended_at"), f"{cat}.ended_at"),
                 )
             )
         text = s.get("text")
@@ -141,10 +167,10 @@ def _read_run(raw: Any, source: str, where: str) -> Trajectory:
                 decision=decision,
                 text=None if text is None else str(text),
                 tool_calls=tuple(calls),
-                timestamp=_num(s.get("timestamp"), f"{at}.timestamp"),
+                timestamp=_time(s.get("timestamp"), f"{at}.timestamp"),
                 input_tokens=_int(s.get("input_tokens"), f"{at}.input_tokens"),
                 output_tokens=_int(s.get("output_tokens"), f"{at}.output_tokens"),
-                cost_usd=_num(s.get("cost_usd"), f"{at}.cost_usd"),
+                cost_usd=_count(s.get("cost_usd"), f"{at}.cost_usd"),
             )
         )
     run_id = raw.get("run_id")
@@ -180,7 +206,9 @@ class _NativeImporter:
     name = NAME
 
     def matches(self, doc: Document) -> bool:
-        if FORMAT not in doc.text[:512]:
+        # The format key may follow a long "runs" list (keys in any order), so any JSON
+        # object naming the format anywhere is parsed (the parse is cached on ``doc``).
+        if FORMAT not in doc.text or doc.text.lstrip()[:1] != "{":
             return False
         value = doc.json
         return isinstance(value, dict) and value.get("format") == FORMAT
