@@ -496,7 +496,8 @@ def load_policies(path: str | os.PathLike[str]) -> dict[str, Policy]:
     """
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (Windows editors write one) is not TOML syntax.
+        text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError(
             [PolicyProblem("<file>", f"cannot read: {exc.__class__.__name__}", source)]

@@ -216,3 +216,9 @@ def test_deep_nesting_is_a_policy_error(nested: str) -> None:
     with pytest.raises(PolicyError) as info:
         load_policies(path)
     assert info.value.problems[0].source == str(path)
+
+
+def test_a_byte_order_mark_is_not_a_syntax_error() -> None:
+    """Windows Notepad saves UTF-8 with a BOM; the file is still valid TOML."""
+    path = _write(b'\xef\xbb\xbf[profiles.a]\nversion = "1"\n')
+    assert list(load_policies(path)) == ["a"]
