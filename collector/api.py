@@ -28,7 +28,6 @@ cap. With a token configured every endpoint but ``/healthz`` needs
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, fields
@@ -42,6 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import queries
+from .http import token_matches
 from .store import ReadTimeout, RunDetail, RunsPage, StoreReader
 
 __all__ = ["ApiError", "create_api_app", "error_response"]
@@ -162,6 +162,8 @@ def create_api_app(
         max_rows: the largest page size accepted.
     """
 
+    token_bytes = token.encode("utf-8") if token is not None else b""
+
     def guarded(
         handler: Callable[[Request], Awaitable[Response]],
     ) -> Callable[[Request], Awaitable[Response]]:
@@ -169,8 +171,8 @@ def create_api_app(
             if token is not None:
                 header = request.headers.get("authorization", "")
                 scheme, _, presented = header.partition(" ")
-                if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    presented.strip().encode(), token.encode()
+                if scheme.lower() != "bearer" or not token_matches(
+                    presented.strip().encode("utf-8", "surrogateescape"), token_bytes
                 ):
                     return error_response(
                         401,

@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from .errors import ConfigError
 
-__all__ = ["CollectorConfig", "load_config", "parse_hostport"]
+__all__ = ["LOG_LEVELS", "CollectorConfig", "load_config", "parse_hostport"]
 
 _SECRET_MASK: Final = "**********"
 
@@ -144,6 +144,21 @@ class MetricsConfig:
     top_n_tools: int = 200
 
 
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Collector logging (stderr).
+
+    Attributes:
+        level: ``debug``, ``info``, ``warning`` (default) or ``error``. No level logs span
+            content, canary values or the bearer token (``tests/reliability`` checks debug).
+    """
+
+    level: str = "warning"
+
+
 @dataclass(frozen=True)
 class CollectorConfig:
     """The whole collector configuration (see the module docstring for precedence)."""
@@ -154,6 +169,7 @@ class CollectorConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     redaction: RedactionConfig = field(default_factory=RedactionConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> CollectorConfig:
         """Check every field; returns ``self``.
@@ -188,6 +204,8 @@ class CollectorConfig:
         _positive("sampling.stop_timeout_seconds", self.sampling.stop_timeout_seconds)
         _positive("metrics.top_n_agents", self.metrics.top_n_agents)
         _positive("metrics.top_n_tools", self.metrics.top_n_tools)
+        if self.log.level.lower() not in LOG_LEVELS:
+            raise ConfigError("log.level", "must be one of " + ", ".join(LOG_LEVELS))
         for name, path in (
             ("server.token_file", self.server.token_file),
             ("redaction.canaries_file", self.redaction.canaries_file),

@@ -17,7 +17,10 @@ Entry points:
   snake_case field names are unknown fields and ignored, as the spec requires); 64-bit
   integers are accepted as numbers or decimal strings; ``null`` means "default".
   Enums are accepted as integers (the spec) and as ``SPAN_KIND_*``/``STATUS_CODE_*``
-  names, which real exporters send anyway.
+  names, which real exporters send anyway. A lone surrogate written as a JSON escape
+  (``"\\ud800"``: valid JSON, not valid Unicode text) becomes U+FFFD, as a UTF-8 decoder
+  treats invalid bytes; stored as is, it failed the whole batch in DuckDB with a
+  retryable 503 (a poison batch).
 
 What is refused, and how:
 
@@ -28,8 +31,11 @@ What is refused, and how:
 - One span (``batch.reject(1, message)``, reported in ``partial_success``): a trace id
   that is not 16 bytes (32 hex chars) or is all zero, a span id that is not 8 bytes
   (16 hex chars) or is all zero, a parent span id that is neither empty nor 8 bytes,
-  a link with such ids, and, in JSON, a field of the wrong type. An all-zero parent span
-  id means "no parent", as in the OpenTelemetry Collector's ``pdata``.
+  a link with such ids, a start, end or event time past the largest signed 64-bit
+  nanosecond count (year 2262: the store keeps times as ``BIGINT``; such a span used to
+  fail its whole batch with a retryable 503, a poison batch), and, in JSON, a field of
+  the wrong type. An all-zero parent span id means "no parent", as in the OpenTelemetry
+  Collector's ``pdata``.
   Malformed resource or scope attributes reject every span under them.
 
 Rejection messages are fixed strings: they never echo span content.
@@ -74,6 +80,7 @@ __all__ = [
     "MSG_MALFORMED_SPAN",
     "MSG_PARENT_SPAN_ID",
     "MSG_SPAN_ID",
+    "MSG_TIME",
     "MSG_TRACE_ID",
     "SUPPORTED_CONTENT_ENCODINGS",
     "TRANSPORT_GRPC",
@@ -101,6 +108,7 @@ MSG_TRACE_ID = "invalid trace id (need 16 bytes / 32 hex chars, not all zero)"
 MSG_SPAN_ID = "invalid span id (need 8 bytes / 16 hex chars, not all zero)"
 MSG_PARENT_SPAN_ID = "invalid parent span id (need empty or 8 bytes / 16 hex chars)"
 MSG_LINK_ID = "invalid link trace or span id"
+MSG_TIME = "invalid time (need 0..2^63-1 ns since the Unix epoch)"
 MSG_MALFORMED_SPAN = "malformed span field"
 MSG_MALFORMED_ATTRIBUTES = "malformed attributes"
 MSG_MALFORMED_RESOURCE = "malformed resource or scope"
@@ -121,6 +129,7 @@ _INT_STR = re.compile(r"-?[0-9]{1,20}").fullmatch
 _FLOAT_STR = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?").fullmatch
 _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]").search
 
 _SPAN_KIND_NAMES = {
     "SPAN_KIND_UNSPECIFIED": 0,
@@ -266,6 +275,13 @@ def decode_request(
                 if parent and len(parent) != 8:
                     batch.reject(1, MSG_PARENT_SPAN_ID)
                     continue
+                if (
+                    span.start_time_unix_nano > _INT64_MAX
+                    or span.end_time_unix_nano > _INT64_MAX
+                    or any(e.time_unix_nano > _INT64_MAX for e in span.events)
+                ):
+                    batch.reject(1, MSG_TIME)
+                    continue
                 links: list[LinkRecord] = []
                 if span.links:
                     try:
@@ -318,11 +334,28 @@ def _pb_link(link: Any) -> LinkRecord:
 
 
 def _pb_attributes(key_values: Iterable[KeyValue]) -> Attributes:
-    return {kv.key: _pb_value(kv.value) for kv in key_values}
+    # Hot path (about 12 attributes per span): scalar values inline, one ``WhichOneof``
+    # per value, no call per attribute; nested values go through ``_pb_value``.
+    out: Attributes = {}
+    for kv in key_values:
+        value = kv.value
+        which = value.WhichOneof("value")
+        if which == "string_value":
+            out[kv.key] = value.string_value
+        elif which == "int_value":
+            out[kv.key] = value.int_value
+        elif which == "bool_value":
+            out[kv.key] = value.bool_value
+        elif which == "double_value":
+            out[kv.key] = value.double_value
+        else:
+            out[kv.key] = _pb_value(value, which)
+    return out
 
 
-def _pb_value(value: AnyValue) -> AttrValue:
-    which = value.WhichOneof("value")
+def _pb_value(value: AnyValue, which: str | None = None) -> AttrValue:
+    if which is None:
+        which = value.WhichOneof("value")
     if which == "string_value":
         return value.string_value
     if which == "int_value":
@@ -375,6 +408,11 @@ def decode_json(body: bytes, *, transport: str = TRANSPORT_HTTP_JSON) -> SpanBat
         raise DecodeError("json", "not valid JSON text") from exc
     if type(document) is not dict:
         raise DecodeError("json", "top-level value is not an object")
+    if _SURROGATE_ESCAPE(body) is not None or json.detect_encoding(body) not in (
+        "utf-8",
+        "utf-8-sig",
+    ):
+        document = _without_lone_surrogates(document)
     batch = SpanBatch(spans=[], transport=transport)
     for resource_spans in _json_objects(document.get("resourceSpans"), "resourceSpans"):
         scope_list = [
@@ -398,6 +436,23 @@ def decode_json(body: bytes, *, transport: str = TRANSPORT_HTTP_JSON) -> SpanBat
                 except _Rejected as exc:
                     batch.reject(1, exc.message)
     return batch
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (keys too) replaced by U+FFFD."""
+    kind = type(value)
+    if kind is str:
+        if value.isascii():
+            return value
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if kind is list:
+        return [_without_lone_surrogates(item) for item in value]
+    if kind is dict:
+        return {
+            _without_lone_surrogates(key): _without_lone_surrogates(item)
+            for key, item in value.items()
+        }
+    return value
 
 
 def _json_objects(value: Any, field: str) -> list[dict[str, Any]]:
@@ -470,8 +525,8 @@ def _json_span(span: dict[str, Any], resource: ResourceRecord, scope: ScopeRecor
         parent,
         _json_str(span.get("name")),
         _json_enum(span.get("kind"), _SPAN_KIND_NAMES),
-        _json_uint(span.get("startTimeUnixNano"), _UINT64_MAX),
-        _json_uint(span.get("endTimeUnixNano"), _UINT64_MAX),
+        _json_time(span.get("startTimeUnixNano")),
+        _json_time(span.get("endTimeUnixNano")),
         _json_attributes(span.get("attributes")),
         status_code,
         status_message,
@@ -489,7 +544,7 @@ def _json_event(event: Any) -> SpanEventRecord:
         raise _Rejected(MSG_MALFORMED_SPAN)
     return SpanEventRecord(
         _json_str(event.get("name")),
-        _json_uint(event.get("timeUnixNano"), _UINT64_MAX),
+        _json_time(event.get("timeUnixNano")),
         _json_attributes(event.get("attributes")),
     )
 
@@ -538,6 +593,15 @@ def _json_uint(value: Any, maximum: int) -> int:
     number = _json_integer(value)
     if number < 0 or number > maximum:
         raise _Rejected(MSG_MALFORMED_SPAN)
+    return number
+
+
+def _json_time(value: Any) -> int:
+    if value is None:
+        return 0
+    number = _json_integer(value)
+    if number < 0 or number > _INT64_MAX:
+        raise _Rejected(MSG_TIME)
     return number
 
 

@@ -35,6 +35,7 @@ Nothing in this module logs or echoes span content or the bearer token.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -92,6 +93,7 @@ __all__ = [
     "REASON_UNAUTHORIZED",
     "REASON_UNSUPPORTED_MEDIA_TYPE",
     "REJECT_REASONS",
+    "REQUEST_REJECT_REASONS",
     "TRACES_PATH",
     "InMemoryReceiverCounters",
     "OtlpServer",
@@ -99,6 +101,7 @@ __all__ = [
     "Submit",
     "create_otlp_app",
     "serve",
+    "token_matches",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -132,6 +135,14 @@ REJECT_REASONS = (
     REASON_UNAUTHORIZED,
 )
 """Every ``reason`` value the receiver reports (a bounded metric label set)."""
+REQUEST_REJECT_REASONS = (
+    REASON_DECODE_ERROR,
+    REASON_PAYLOAD_TOO_LARGE,
+    REASON_UNSUPPORTED_MEDIA_TYPE,
+    REASON_UNAUTHORIZED,
+)
+"""The reasons a whole request is refused for before its spans are known
+(:meth:`ReceiverCounters.request_refused`)."""
 
 _GRPC_INVALID_ARGUMENT = 3
 _GRPC_RESOURCE_EXHAUSTED = 8
@@ -370,6 +381,12 @@ class _Receiver:
             refused_later = batch.rejected_spans - decoded_rejections
             if refused_later > 0:
                 self.counters.spans_rejected(REASON_PIPELINE, refused_later)
+        _logger.debug(
+            "OTLP request acknowledged: %d spans stored, %d rejected (%s)",
+            len(batch.spans),
+            batch.rejected_spans,
+            batch.transport,
+        )
         return _export_response(batch, as_json)
 
     def _decode(self, body: bytes, encoding: str, as_json: bool) -> SpanBatch:
@@ -384,13 +401,22 @@ class _Receiver:
         return decode_json(body) if as_json else decode_protobuf(body)
 
 
+def token_matches(presented: bytes, token: bytes) -> bool:
+    """Compare a presented bearer token with the configured one in constant time.
+
+    Both sides are hashed (SHA-256) first, so :func:`hmac.compare_digest` always compares
+    32 bytes and the time taken does not reveal the token's length either.
+    """
+    return hmac.compare_digest(hashlib.sha256(presented).digest(), hashlib.sha256(token).digest())
+
+
 def _check_bearer(header: str | None, token: bytes) -> None:
     if header is None:
         raise Unauthorized("missing")
     scheme, _, credentials = header.strip().partition(" ")
     if scheme.lower() != "bearer" or not credentials.strip():
         raise Unauthorized("missing")
-    if not hmac.compare_digest(credentials.strip().encode("latin-1"), token):
+    if not token_matches(credentials.strip().encode("latin-1"), token):
         raise Unauthorized("invalid")
 
 

@@ -551,7 +551,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     )
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 4
+        assert store.schema_version == SCHEMA_VERSION == 5
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
         detail = store.reader().get_run("old")
         assert detail is not None
@@ -559,7 +559,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con = duckdb.connect(str(path), read_only=True)
     versions = con.execute("SELECT version FROM schema_version ORDER BY 1").fetchall()
     con.close()
-    assert versions == [(1,), (2,), (3,), (4,)]
+    assert versions == [(1,), (2,), (3,), (4,), (5,)]
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
