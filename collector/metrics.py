@@ -20,6 +20,8 @@ label                           values
 ``rule``                        the redaction rule names (a fixed set in the rules module)
 ``transport``                   ``http_protobuf``, ``http_json``, ``grpc``
 ``reason`` (rejected)           the receiver's and pipeline's fixed rejection reasons
+                                (``REJECT_REASONS``; whole requests:
+                                ``REQUEST_REJECT_REASONS``), all exported from start at 0
 ==============================  ==========================================================
 """
 
@@ -40,6 +42,8 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+
+from .http import REJECT_REASONS, REQUEST_REJECT_REASONS
 
 __all__ = [
     "COMMIT_BUCKETS_SECONDS",
@@ -74,6 +78,7 @@ METRIC_NAMES: Final = (
     "loopwatch_redactions_total",
     "loopwatch_collector_spans_received_total",
     "loopwatch_collector_spans_rejected_total",
+    "loopwatch_collector_requests_rejected_total",
     "loopwatch_collector_queue_depth",
     "loopwatch_collector_commit_duration_seconds",
 )
@@ -204,6 +209,7 @@ class LoopwatchMetrics(Collector):
         self._redactions: dict[str, int] = defaultdict(int)
         self._received: dict[str, int] = defaultdict(int)
         self._rejected: dict[str, int] = defaultdict(int)
+        self._refused: dict[str, int] = defaultdict(int)
         self._commit = _Histogram(COMMIT_BUCKETS_SECONDS)
 
     # ----------------------------------------------------------- recording
@@ -260,7 +266,10 @@ class LoopwatchMetrics(Collector):
             self._rejected[reason] += n
 
     def request_refused(self, reason: str) -> None:
-        """Receiver callback: a whole request refused (its spans are counted when known)."""
+        """Receiver callback: a whole request refused before its spans could be counted
+        (undecodable body, too large, wrong media type, bad token)."""
+        with self._lock:
+            self._refused[reason] += 1
 
     def observe_commit(self, seconds: float) -> None:
         """Observe one group commit's duration in seconds."""
@@ -345,9 +354,19 @@ class LoopwatchMetrics(Collector):
                 "Spans refused, by reason.",
                 labels=("reason",),
             )
-            for reason, n in sorted(self._rejected.items()):
-                rejected.add_metric((reason,), n)
+            # Every known reason is exported from the start (at 0), so rate() and alerts
+            # see the series before the first rejection instead of "no data".
+            for reason in sorted({*REJECT_REASONS, *self._rejected}):
+                rejected.add_metric((reason,), self._rejected.get(reason, 0))
             yield rejected
+            refused = CounterMetricFamily(
+                "loopwatch_collector_requests_rejected",
+                "Whole OTLP requests refused before their spans could be counted, by reason.",
+                labels=("reason",),
+            )
+            for reason in sorted({*REQUEST_REJECT_REASONS, *self._refused}):
+                refused.add_metric((reason,), self._refused.get(reason, 0))
+            yield refused
             commit = HistogramMetricFamily(
                 "loopwatch_collector_commit_duration_seconds",
                 "Duration of one DuckDB group commit.",

@@ -540,6 +540,23 @@ def collector() -> db.Dashboard:
         )
         .with_panel(
             _timeseries(
+                "Requests refused by reason",
+                "Whole OTLP requests refused before their spans could be counted, per "
+                "second, by reason (decode_error, payload_too_large, unsupported_media_type, "
+                "unauthorized). A sender refused here loses everything it sends.",
+                [
+                    _query(
+                        "sum by (reason) "
+                        "(rate(loopwatch_collector_requests_rejected_total[$__rate_interval]))",
+                        "{{reason}}",
+                    )
+                ],
+                unit="suffix: req/s",
+                stacked=True,
+            )
+        )
+        .with_panel(
+            _timeseries(
                 "Queue depth",
                 "Spans waiting for the store writer, per collector.",
                 [_query("loopwatch_collector_queue_depth", "{{instance}}")],

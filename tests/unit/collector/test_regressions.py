@@ -62,3 +62,33 @@ def test_unknown_stop_reason_filter_is_a_clear_400(tmp_path: Path) -> None:
         assert r.status_code == 400 and r.json()["error"]["code"] == "bad_parameter"
     finally:
         c.close()
+
+
+def test_whole_refused_requests_are_counted_and_reasons_start_at_zero(tmp_path: Path) -> None:
+    """A sender whose every request is refused (garbage body, wrong media type) used to be
+    invisible on /metrics: request_refused counted nothing, and the rejection series did
+    not exist until a first span was rejected, so alerts saw "no data"."""
+    cfg = load_config(environ={}, overrides={"store": {"db": str(tmp_path / "x.duckdb")}})
+    c = Collector(cfg)
+    try:
+        api = TestClient(c.api_app())
+        before = api.get("/metrics").text
+        assert 'loopwatch_collector_spans_rejected_total{reason="invalid_span"} 0.0' in before
+        assert 'loopwatch_collector_requests_rejected_total{reason="decode_error"} 0.0' in before
+        otlp = TestClient(c.otlp_app())
+        bad = otlp.post(
+            "/v1/traces",
+            headers={"content-type": "application/x-protobuf"},
+            content=b"\xff\xff\xff not protobuf",
+        )
+        assert bad.status_code == 400
+        wrong = otlp.post("/v1/traces", headers={"content-type": "text/plain"}, content=b"x")
+        assert wrong.status_code == 415
+        after = api.get("/metrics").text
+        assert 'loopwatch_collector_requests_rejected_total{reason="decode_error"} 1.0' in after
+        assert (
+            'loopwatch_collector_requests_rejected_total{reason="unsupported_media_type"} 1.0'
+            in after
+        )
+    finally:
+        c.close()
