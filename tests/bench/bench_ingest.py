@@ -294,7 +294,8 @@ class _Load:
             return type(exc).__name__
         if response.status != 200:
             return f"HTTP {response.status}: {payload[:120]!r}"
-        if payload:
+        content_type = response.getheader("Content-Type") or ""
+        if payload and content_type.startswith("application/x-protobuf"):
             from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
                 ExportTraceServiceResponse,
             )
@@ -322,7 +323,7 @@ class _Load:
         with self._lock:
             if error is None:
                 self.acked.append((index, trace_low))
-                stats.spans += BATCH_SPANS
+                stats.spans += len(self.templates[index].span_ids)
             else:
                 stats.errors += 1
                 if len(stats.error_samples) < 5:
@@ -462,6 +463,8 @@ def _serve_sink(hostport: str) -> None:
         _sink_app(),
         host=host,
         port=int(port),
+        loop="asyncio",
+        http="h11",
         log_level="warning",
         access_log=False,
         lifespan="off",
