@@ -406,6 +406,7 @@ async def _serve(
     sockets: list[socket.socket],
     ready: threading.Event | None,
     announce: bool,
+    pending: list[int] | None = None,
 ) -> None:
     servers = [_server(collector.otlp_app()), _server(collector.api_app())]
     stop = asyncio.Event()
@@ -413,6 +414,8 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
+    if pending:  # a signal came before these handlers: serve, then stop at once
+        stop.set()
     for server in servers:
         # uvicorn's own handlers would re-raise the signal after serving, killing the
         # process before the store drains; this loop handles SIGTERM/SIGINT itself.
@@ -470,20 +473,32 @@ def serve_forever(
     logging.basicConfig(
         level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    sockets = [
-        _bind(config.server.otlp_http, "server.otlp_http"),
-        _bind(config.server.http, "server.http"),
-    ]
+    # A SIGINT/SIGTERM that lands while the store opens (DuckDB checks for signals inside
+    # its own calls and swallows the KeyboardInterrupt) or before the event loop installs
+    # its handlers must not be lost: remember it, and stop as soon as serving begins.
+    pending: list[int] = []
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):  # not the main thread: leave handlers alone
+            previous[sig] = signal.signal(sig, lambda signum, _frame: pending.append(signum))
     try:
-        collector = Collector(config)
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    _tune_gc()
-    try:
-        asyncio.run(_serve(collector, sockets, ready, announce))
+        sockets = [
+            _bind(config.server.otlp_http, "server.otlp_http"),
+            _bind(config.server.http, "server.http"),
+        ]
+        try:
+            collector = Collector(config)
+        except BaseException:
+            for sock in sockets:
+                sock.close()
+            raise
+        _tune_gc()
+        try:
+            asyncio.run(_serve(collector, sockets, ready, announce, pending))
+        finally:
+            collector.close()
+            for sock in sockets:
+                sock.close()
     finally:
-        collector.close()
-        for sock in sockets:
-            sock.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import pytest
 from loopwatch.collector.config import load_config
 from loopwatch.collector.service import Collector
 from loopwatch.instrumentation.redaction import Redactor
@@ -92,3 +95,36 @@ def test_whole_refused_requests_are_counted_and_reasons_start_at_zero(tmp_path: 
         )
     finally:
         c.close()
+
+
+_EARLY_SIGNAL_SCRIPT = """
+import os, signal, sys, threading, time
+from loopwatch.collector import service
+from loopwatch.collector.config import load_config
+cfg = load_config(environ={}, overrides={
+    "server": {"otlp_http": "127.0.0.1:0", "http": "127.0.0.1:0"},
+    "store": {"db": sys.argv[1]},
+})
+delay = float(sys.argv[2])
+threading.Thread(
+    target=lambda: (time.sleep(delay), os.kill(os.getpid(), signal.SIGINT)), daemon=True
+).start()
+service.serve_forever(cfg, announce=False)
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay_seconds", [0.0, 0.05, 0.1, 0.2, 0.4])
+def test_a_signal_while_the_store_opens_is_not_lost(tmp_path: Path, delay_seconds: float) -> None:
+    """SIGINT 0.05-0.2 s into serve_forever (while DuckDB opens the store, which swallows
+    the KeyboardInterrupt) used to be lost: the collector served on. Now it stops."""
+    db = tmp_path / "x.duckdb"
+    done = subprocess.run(
+        [sys.executable, "-c", _EARLY_SIGNAL_SCRIPT, str(db), str(delay_seconds)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "stopped"
