@@ -144,6 +144,33 @@ class MetricsConfig:
     top_n_tools: int = 200
 
 
+MAX_DECODE_WORKERS: Final = 64
+
+
+def default_decode_workers() -> int:
+    """``1`` when this process may run on two or more CPUs, else ``0``.
+
+    One worker roughly balances the serving process on two cores (decode + redact cost
+    about as much CPU per span as map + store; figures in docs/collector.md); on one CPU a
+    worker would only add the hand-off cost.
+    """
+    return 1 if len(os.sched_getaffinity(0)) >= 2 else 0
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Where the CPU-bound ingest stages run.
+
+    Attributes:
+        decode_workers: processes that decompress, decode and redact request bodies
+            (``0``: in the serving process). Redacted batches come back to the serving
+            process, which maps, stores and acknowledges them. Default:
+            :func:`default_decode_workers`.
+    """
+
+    decode_workers: int = field(default_factory=default_decode_workers)
+
+
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 
 
@@ -169,6 +196,7 @@ class CollectorConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     redaction: RedactionConfig = field(default_factory=RedactionConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> CollectorConfig:
@@ -204,6 +232,10 @@ class CollectorConfig:
         _positive("sampling.stop_timeout_seconds", self.sampling.stop_timeout_seconds)
         _positive("metrics.top_n_agents", self.metrics.top_n_agents)
         _positive("metrics.top_n_tools", self.metrics.top_n_tools)
+        if not 0 <= self.pipeline.decode_workers <= MAX_DECODE_WORKERS:
+            raise ConfigError(
+                "pipeline.decode_workers", f"must be a whole number in 0..{MAX_DECODE_WORKERS}"
+            )
         if self.log.level.lower() not in LOG_LEVELS:
             raise ConfigError("log.level", "must be one of " + ", ".join(LOG_LEVELS))
         for name, path in (

@@ -86,6 +86,7 @@ __all__ = [
     "TRANSPORT_GRPC",
     "TRANSPORT_HTTP_JSON",
     "TRANSPORT_HTTP_PROTOBUF",
+    "decode_body",
     "decode_json",
     "decode_protobuf",
     "decode_request",
@@ -203,6 +204,37 @@ def decompress(body: bytes, encoding: str, *, max_bytes: int) -> bytes:
     if data:
         raise DecodeError(name, "trailing data after the compressed stream")
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def decode_body(
+    body: bytes, encoding: str, *, as_json: bool, max_decompressed_bytes: int
+) -> SpanBatch:
+    """Undo ``Content-Encoding`` and decode an OTLP/HTTP request body into a batch.
+
+    What the receiver does with every body, in process or in a decode worker.
+
+    Args:
+        body: the body as received.
+        encoding: ``Content-Encoding`` lowercased; ``""`` or ``"identity"`` for none.
+        as_json: OTLP/JSON (``True``) or protobuf (``False``).
+        max_decompressed_bytes: cap on the body after decompression (an uncompressed
+            body over it is refused too), in bytes.
+
+    Returns:
+        The decoded batch (see :func:`decode_protobuf` and :func:`decode_json`).
+
+    Raises:
+        DecodeError: the body is not valid OTLP in that encoding.
+        PayloadTooLarge: the (decompressed) body exceeds ``max_decompressed_bytes``.
+        UnsupportedMediaType: an unknown ``encoding``.
+    """
+    if encoding:
+        body = decompress(body, encoding, max_bytes=max_decompressed_bytes)
+    elif len(body) > max_decompressed_bytes:
+        raise PayloadTooLarge(
+            limit_bytes=max_decompressed_bytes, stage="decompressed", observed_bytes=len(body)
+        )
+    return decode_json(body) if as_json else decode_protobuf(body)
 
 
 class _Rejected(Exception):

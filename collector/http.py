@@ -21,6 +21,7 @@ body or inflated body over its cap        413     ``Status`` ("OTLP/HTTP Request
 other Content-Type or Content-Encoding     415     ``Status`` (as JSON when the type is unknown)
 queue full ("OTLP/HTTP Throttling")       429|503 ``Status`` and ``Retry-After`` in seconds
 ``submit`` failed unexpectedly            503     ``Status`` and ``Retry-After`` (retryable)
+injected ``decode`` failed unexpectedly   503     ``Status`` and ``Retry-After`` (retryable)
 ========================================  ======  ==============================================
 
 Failure bodies are ``google.rpc.Status`` messages (``code`` is the equivalent gRPC code,
@@ -60,12 +61,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from .decode import (
-    SUPPORTED_CONTENT_ENCODINGS,
-    decode_json,
-    decode_protobuf,
-    decompress,
-)
+from .decode import SUPPORTED_CONTENT_ENCODINGS, decode_body
 from .errors import (
     CollectorError,
     ConfigError,
@@ -95,6 +91,7 @@ __all__ = [
     "REJECT_REASONS",
     "REQUEST_REJECT_REASONS",
     "TRACES_PATH",
+    "Decode",
     "InMemoryReceiverCounters",
     "OtlpServer",
     "ReceiverCounters",
@@ -159,6 +156,17 @@ batch's events are committed (ack after commit). Raises :class:`QueueFull` (dire
 from the awaitable) when the batch cannot be queued; nothing of the batch may be stored
 in that case. Spans that later stages refuse are recorded on the same batch with
 ``batch.reject(n, message)`` before the awaitable resolves; the response reports them.
+"""
+
+
+Decode = Callable[[bytes, str, bool], Awaitable[SpanBatch]]
+"""Decodes a body off the event loop: ``decode(body, content_encoding, as_json) -> batch``.
+
+Contract: the same result as :func:`~loopwatch.collector.decode.decode_body` (the same
+:class:`DecodeError` / :class:`PayloadTooLarge` for bad input, answered 400 / 413). A
+``retryable`` :class:`CollectorError` or any other exception means the body could not be
+decoded for a reason of the collector's own (e.g. a decode worker process died); the
+request is answered 503 with ``Retry-After``.
 """
 
 
@@ -231,6 +239,7 @@ def create_otlp_app(
     path: str = TRACES_PATH,
     backpressure_status_code: int = 503,
     retry_after_seconds: int = 1,
+    decode: Decode | None = None,
 ) -> Starlette:
     """Build the OTLP/HTTP trace receiver as a Starlette ASGI app.
 
@@ -247,7 +256,11 @@ def create_otlp_app(
         backpressure_status_code: ``429`` or ``503``, answered when ``submit`` raises
             :class:`QueueFull` (both are retryable per "OTLP/HTTP Throttling").
         retry_after_seconds: default ``Retry-After`` when the :class:`QueueFull` does not
-            carry one, and after an unexpected ``submit`` failure; whole seconds ``>= 1``.
+            carry one, and after an unexpected ``submit`` or ``decode`` failure; whole
+            seconds ``>= 1``.
+        decode: decodes bodies elsewhere (see :data:`Decode`), e.g. in worker processes;
+            default: in this process, on the event loop for small identity-coded bodies
+            and on a thread otherwise.
 
     Returns:
         The ASGI app; ``POST {path}`` only.
@@ -277,6 +290,7 @@ def create_otlp_app(
         counters=counters if counters is not None else _NullCounters(),
         backpressure_status_code=backpressure_status_code,
         retry_after_seconds=retry_after_seconds,
+        decode=decode,
     )
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -319,6 +333,7 @@ class _Receiver:
     counters: ReceiverCounters
     backpressure_status_code: int
     retry_after_seconds: int
+    decode: Decode | None
 
     async def export(self, request: Request) -> Response:
         headers = request.headers
@@ -340,7 +355,18 @@ class _Receiver:
                     supported=SUPPORTED_CONTENT_ENCODINGS,
                 )
             body = await _read_body(request, self.max_body_bytes)
-            if encoding or len(body) > _OFFLOAD_DECODE_BYTES:
+            if self.decode is not None:
+                try:
+                    batch = await self.decode(body, encoding, as_json)
+                except CollectorError as exc:
+                    if not exc.retryable:
+                        raise
+                    _logger.error("OTLP body not decoded: %s", exc)
+                    return self._retry_later("batch not decoded; retry later", as_json)
+                except Exception as exc:
+                    _logger.error("OTLP body not decoded: decode raised %s", type(exc).__name__)
+                    return self._retry_later("batch not decoded; retry later", as_json)
+            elif encoding or len(body) > _OFFLOAD_DECODE_BYTES:
                 batch = await anyio.to_thread.run_sync(self._decode, body, encoding, as_json)
             else:
                 batch = self._decode(body, encoding, as_json)
@@ -371,13 +397,7 @@ class _Receiver:
             except Exception as exc:
                 self.counters.spans_rejected(REASON_SUBMIT_FAILED, len(batch.spans))
                 _logger.error("OTLP batch not committed: submit raised %s", type(exc).__name__)
-                return _status_response(
-                    503,
-                    _GRPC_UNAVAILABLE,
-                    "batch not committed; retry later",
-                    as_json,
-                    {"Retry-After": str(self.retry_after_seconds)},
-                )
+                return self._retry_later("batch not committed; retry later", as_json)
             refused_later = batch.rejected_spans - decoded_rejections
             if refused_later > 0:
                 self.counters.spans_rejected(REASON_PIPELINE, refused_later)
@@ -390,15 +410,18 @@ class _Receiver:
         return _export_response(batch, as_json)
 
     def _decode(self, body: bytes, encoding: str, as_json: bool) -> SpanBatch:
-        if encoding:
-            body = decompress(body, encoding, max_bytes=self.max_decompressed_bytes)
-        elif len(body) > self.max_decompressed_bytes:
-            raise PayloadTooLarge(
-                limit_bytes=self.max_decompressed_bytes,
-                stage="decompressed",
-                observed_bytes=len(body),
-            )
-        return decode_json(body) if as_json else decode_protobuf(body)
+        return decode_body(
+            body, encoding, as_json=as_json, max_decompressed_bytes=self.max_decompressed_bytes
+        )
+
+    def _retry_later(self, message: str, as_json: bool) -> Response:
+        return _status_response(
+            503,
+            _GRPC_UNAVAILABLE,
+            message,
+            as_json,
+            {"Retry-After": str(self.retry_after_seconds)},
+        )
 
 
 def token_matches(presented: bytes, token: bytes) -> bool:
@@ -557,10 +580,14 @@ class OtlpServer:
             raise ConfigError("graceful_shutdown_seconds", "must be a finite number >= 0")
         self._host = host
         self._requested_port = port
+        # Parser and loop named, not "auto", as in the collector's own servers (service.py):
+        # hostile input must be parsed the same whatever else is installed.
         self._config = uvicorn.Config(
             app,
             host=host,
             port=port,
+            loop="asyncio",
+            http="h11",
             lifespan="off",
             log_config=None,
             log_level=None,

@@ -71,6 +71,7 @@ from .records import SpanBatch, SpanRecord
 
 __all__ = [
     "CANARY_LOCATIONS",
+    "REDACTION_FAILED",
     "AhoCorasickMatcher",
     "RedactStage",
     "RedactionCounts",
@@ -81,7 +82,8 @@ _logger = logging.getLogger(__name__)
 CANARY_LOCATIONS: Final = ("attribute", "event", "name", "status", "resource")
 """Values of the ``location`` label of ``loopwatch_canary_detections_total``."""
 
-_REJECT_MESSAGE: Final = "redaction failed"
+REDACTION_FAILED: Final = "redaction failed"
+"""The ``partial_success`` message for spans refused because their redaction raised."""
 
 
 class AhoCorasickMatcher:
@@ -212,7 +214,7 @@ class RedactStage:
         if failed:
             dropped = set(failed)
             batch.spans = [s for i, s in enumerate(batch.spans) if i not in dropped]
-            batch.reject(len(failed), _REJECT_MESSAGE)
+            batch.reject(len(failed), REDACTION_FAILED)
         with self._lock:
             self._spans += len(batch.spans)
             self._canary_runs += len(flagged)

@@ -7,7 +7,16 @@ serves two HTTP apps on one event loop: the OTLP/HTTP receiver and the ``/metric
 Acknowledgement contract: an OTLP request is answered 200 only after its events are
 committed to DuckDB (the store resolves the batch's future after the group commit).
 Stages after decode run on one pipeline thread in arrival order (the map and detect
-stages keep per-trace state); the store's writer thread commits in groups. Metrics are
+stages keep per-trace state); the store's writer thread commits in groups.
+
+Decode workers (``[pipeline] decode_workers`` > 0): :class:`DecodePool` decompresses,
+decodes and redacts each body in a worker process (its own :class:`RedactStage`, built
+from the same rules, canaries and HMAC key), so the two stages that cost the most CPU per
+span leave the serving process's GIL. The redacted batch comes back pickled with the
+worker's redaction counts; only map, detect, store and metrics run here. Nothing
+unredacted ever reaches the serving process's later stages, and a worker that dies
+fails only the requests it held (503, retryable; none was acknowledged) and the pool is
+replaced. Metrics are
 counted after the commit, over newly stored spans only, so a client retry never counts
 twice and ``/metrics`` matches the store.
 
@@ -22,13 +31,18 @@ import contextlib
 import gc
 import json
 import logging
+import os
+import select
 import signal
 import socket
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from multiprocessing import get_context
 from typing import Any, Final
 
 import duckdb
@@ -38,18 +52,28 @@ from prometheus_client import CollectorRegistry
 
 from .api import create_api_app
 from .config import CollectorConfig, parse_hostport
+from .decode import decode_body
 from .detect import LOOP_DETECTORS, DetectStage
 from .errors import CollectorError, QueueFull
 from .events import STOP_ORIGIN_INFERRED, STOP_ORIGIN_STOP_SPAN, MappedBatch, MapStage, StopRow
 from .http import create_otlp_app
 from .metrics import LoopwatchMetrics, MetricsSnapshot
 from .records import SpanBatch
-from .redact import RedactStage
+from .redact import REDACTION_FAILED, RedactStage
 from .sampling import SamplingConfig
 from .store import CommitResult, CommitStats, Store, StoreReader
 from .store import StoreConfig as StoreSettings
 
-__all__ = ["Collector", "StoreUnavailable", "counted_stop", "loop_detector", "serve_forever"]
+__all__ = [
+    "Collector",
+    "DecodePool",
+    "DecodeWorkerLost",
+    "RedactedBatch",
+    "StoreUnavailable",
+    "counted_stop",
+    "loop_detector",
+    "serve_forever",
+]
 
 _log = logging.getLogger("loopwatch.collector")
 _AGENT_CACHE: Final = 100_000
@@ -96,6 +120,201 @@ def loop_detector(stop: StopRow) -> str | None:
     if stop.observe_reason in LOOP_DETECTORS:
         return stop.observe_reason
     return None
+
+
+@dataclass(slots=True)
+class RedactedBatch(SpanBatch):
+    """A :class:`SpanBatch` a decode worker has already redacted.
+
+    ``rejected_spans`` and ``rejection_messages`` hold what decoding refused only, as the
+    receiver counts those as invalid spans; spans whose redaction failed were removed from
+    ``spans`` and are refused on the batch by :meth:`Collector.process`, as in process.
+
+    Attributes:
+        canary_hits: canary occurrences redacted in this batch, by location.
+        redactions: placeholders written in this batch, by rule.
+        redaction_failures: spans removed because their redaction raised.
+    """
+
+    canary_hits: dict[str, int] = field(default_factory=dict)
+    redactions: dict[str, int] = field(default_factory=dict)
+    redaction_failures: int = 0
+
+
+class DecodeWorkerLost(CollectorError):
+    """A decode worker process died (killed, out of memory) while the request was queued
+    or in flight; nothing of the request was stored. Retryable: the receiver answers 503
+    with ``Retry-After`` and the pool is replaced."""
+
+    retryable = True
+
+    def __init__(self) -> None:
+        super().__init__("decode worker lost; retry later")
+
+
+# One per worker process, built by _init_worker from the collector's redaction settings.
+_WORKER_REDACT: RedactStage | None = None
+_WORKER_MAX_DECOMPRESSED_BYTES = 0
+
+
+def _exit_with(parent: int) -> None:
+    """Exit this worker as soon as the serving process ``parent`` is gone.
+
+    A worker's parent is the forkserver, and it holds both ends of its own task pipe, so
+    it would never notice a SIGKILLed collector: it would live on, blocked, forever.
+    """
+    try:
+        fd = os.pidfd_open(parent)
+    except ProcessLookupError:
+        os._exit(0)
+    select.select([fd], [], [])  # a pidfd becomes readable when its process exits
+    os._exit(0)
+
+
+def _init_worker(
+    canaries: tuple[str, ...], hmac_key: bytes | None, max_bytes: int, parent: int
+) -> None:
+    global _WORKER_REDACT, _WORKER_MAX_DECOMPRESSED_BYTES
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+    # Ctrl-C reaches the whole process group: the serving process drains and stops the
+    # workers itself, so they must not die mid-batch with a traceback of their own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER_REDACT = RedactStage(canaries=canaries, hmac_key=hmac_key)
+    _WORKER_MAX_DECOMPRESSED_BYTES = max_bytes
+    _tune_gc()
+
+
+def _decode_in_worker(body: bytes, encoding: str, as_json: bool) -> tuple[Any, ...]:
+    """Worker side: decode and redact; ``("ok", batch, decode rejections, decode messages,
+    canaries, redactions)`` or
+    ``("error", exception class, message, attributes)`` for a refused body (collector
+    errors take keyword arguments, so they do not survive pickling as exceptions)."""
+    stage = _WORKER_REDACT
+    if stage is None:  # the initializer always runs first; fail loudly if it did not
+        raise RuntimeError("decode worker not initialised")
+    try:
+        batch = decode_body(
+            body, encoding, as_json=as_json, max_decompressed_bytes=_WORKER_MAX_DECOMPRESSED_BYTES
+        )
+    except CollectorError as exc:
+        return ("error", type(exc), str(exc), dict(vars(exc)))
+    rejected, messages = batch.rejected_spans, list(batch.rejection_messages)
+    before = stage.counts()
+    stage.process(batch)
+    after = stage.counts()
+    return (
+        "ok",
+        batch,
+        rejected,
+        messages,
+        _delta(dict(after.canary_by_location), dict(before.canary_by_location)),
+        _delta(dict(after.redactions_by_rule), dict(before.redactions_by_rule)),
+    )
+
+
+def _rebuild_error(cls: type[CollectorError], message: str, attrs: dict[str, Any]) -> Exception:
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    vars(exc).update(attrs)
+    return exc
+
+
+class DecodePool:
+    """Worker processes that decode and redact OTLP bodies (``[pipeline] decode_workers``).
+
+    Workers start from a ``forkserver`` context (the serving process has DuckDB and
+    writer threads, which ``fork`` would copy mid-flight) and each builds its own
+    :class:`RedactStage` from ``canaries`` and ``hmac_key``, so a batch is redacted exactly
+    as in process. :meth:`decode` is the receiver's :data:`~loopwatch.collector.http.Decode`.
+
+    Args:
+        workers: number of processes, ``>= 1``.
+        canaries: exact canary values (every encoded form is matched, as in process).
+        hmac_key: HMAC placeholder key, or ``None``.
+        max_decompressed_bytes: cap on a body after ``Content-Encoding`` is undone, bytes.
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        *,
+        canaries: Iterable[str],
+        hmac_key: bytes | None,
+        max_decompressed_bytes: int,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        self.workers = workers
+        self._initargs = (tuple(canaries), hmac_key, max_decompressed_bytes, os.getpid())
+        self._lock = threading.Lock()
+        self._executor = self._new_executor()
+        self.replaced = 0
+
+    def _new_executor(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=get_context("forkserver"),
+            initializer=_init_worker,
+            initargs=self._initargs,
+        )
+
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._executor is not broken:  # another request replaced it already
+                return
+            self._executor = self._new_executor()
+            self.replaced += 1
+        _log.error("a decode worker died; requests it held get 503; worker pool replaced")
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    def start(self) -> None:
+        """Start the workers now rather than on the first request (returns at once; each
+        worker imports the collector and builds its redactor in the background)."""
+        for _ in range(self.workers):
+            self._executor.submit(os.getpid)
+
+    def pids(self) -> list[int]:
+        """Process ids of the live workers (they start on the first request)."""
+        # ProcessPoolExecutor has no public accessor; it drops the mapping at shutdown.
+        processes = self._executor._processes or {}
+        return [p.pid for p in list(processes.values()) if p.pid is not None]
+
+    async def decode(self, body: bytes, encoding: str, as_json: bool) -> RedactedBatch:
+        """Decode and redact ``body`` in a worker.
+
+        Returns:
+            The redacted batch with its canary and redaction counts.
+
+        Raises:
+            DecodeError, PayloadTooLarge, UnsupportedMediaType: as
+                :func:`~loopwatch.collector.decode.decode_body` (the client's fault).
+            DecodeWorkerLost: the worker died; the pool is replaced, the client retries.
+        """
+        executor = self._executor
+        try:
+            result = await asyncio.wrap_future(
+                executor.submit(_decode_in_worker, body, encoding, as_json)
+            )
+        except BrokenProcessPool:
+            self._replace(executor)
+            raise DecodeWorkerLost() from None
+        if result[0] == "error":
+            raise _rebuild_error(result[1], result[2], result[3])
+        _, batch, rejected, messages, canaries, redactions = result
+        return RedactedBatch(
+            spans=batch.spans,
+            transport=batch.transport,
+            rejected_spans=rejected,
+            rejection_messages=messages,
+            canary_run_ids=batch.canary_run_ids,
+            canary_hits=canaries,
+            redactions=redactions,
+            redaction_failures=batch.rejected_spans - rejected,
+        )
+
+    def close(self) -> None:
+        """Stop the workers (queued bodies are cancelled). Idempotent."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
 
 
 class StoreUnavailable(CollectorError):
@@ -165,7 +384,16 @@ class Collector:
         else:
             canaries = canaries_from_env()
         self.token = config.token()
-        self.redact = RedactStage(canaries=canaries, hmac_key=config.hmac_key())
+        hmac_key = config.hmac_key()
+        self.redact = RedactStage(canaries=canaries, hmac_key=hmac_key)
+        self.decode_pool: DecodePool | None = None
+        if config.pipeline.decode_workers:
+            self.decode_pool = DecodePool(
+                config.pipeline.decode_workers,
+                canaries=canaries,
+                hmac_key=hmac_key,
+                max_decompressed_bytes=config.limits.max_decompressed_bytes,
+            )
         self.map = MapStage()
         self.detect = DetectStage()
         settings = StoreSettings(
@@ -254,16 +482,21 @@ class Collector:
         Raises:
             QueueFull: the store's queue is full (nothing was queued).
         """
-        before = self.redact.counts()
-        self.redact.process(batch)
-        after = self.redact.counts()
+        if isinstance(batch, RedactedBatch):  # a decode worker redacted it
+            canaries, redactions = batch.canary_hits, batch.redactions
+            if batch.redaction_failures:
+                batch.reject(batch.redaction_failures, REDACTION_FAILED)
+        else:
+            before = self.redact.counts()
+            self.redact.process(batch)
+            after = self.redact.counts()
+            canaries = _delta(dict(after.canary_by_location), dict(before.canary_by_location))
+            redactions = _delta(dict(after.redactions_by_rule), dict(before.redactions_by_rule))
         mapped = self.map.process(batch)
         mapped = self.detect.process(mapped)
-        canaries = _delta(dict(after.canary_by_location), dict(before.canary_by_location))
         mapped.canary_hits = canaries
         self._remember_agents(mapped)
         future = self.store.submit(mapped)
-        redactions = _delta(dict(after.redactions_by_rule), dict(before.redactions_by_rule))
         return _Processed(mapped, canaries, redactions), future
 
     async def submit(self, batch: SpanBatch) -> None:
@@ -348,6 +581,7 @@ class Collector:
             counters=self.metrics,
             backpressure_status_code=self.config.server.backpressure_status_code,
             retry_after_seconds=self.config.server.retry_after_seconds,
+            decode=None if self.decode_pool is None else self.decode_pool.decode,
         )
 
     def api_app(self) -> Any:
@@ -362,6 +596,8 @@ class Collector:
 
     def close(self) -> None:
         """Drain the pipeline, commit what is queued, close the store. Idempotent."""
+        if self.decode_pool is not None:
+            self.decode_pool.close()
         self._pipeline.shutdown(wait=True)
         self.store.close()
 
@@ -493,6 +729,8 @@ def serve_forever(
                 sock.close()
             raise
         _tune_gc()
+        if collector.decode_pool is not None:
+            collector.decode_pool.start()
         try:
             asyncio.run(_serve(collector, sockets, ready, announce, pending))
         finally:
@@ -500,5 +738,5 @@ def serve_forever(
             for sock in sockets:
                 sock.close()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

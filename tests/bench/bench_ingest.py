@@ -21,7 +21,8 @@ acknowledged spans/s) and a paced phase (open loop at half the collector's satur
 rate, or ``--rate``; time to acknowledge measured from each request's *scheduled* send
 time, so a stalled server cannot hide its queue). The load runs in a separate process so
 its CPU is not charged to the server process, but on a small machine the two still share
-cores: the table shows both processes' CPU use (cores busy during the phase). The sink's
+cores: the table shows both processes' CPU use (cores busy during the phase; the
+server's includes its child processes, e.g. ``[pipeline] decode_workers``). The sink's
 saturation figure is bounded by that one load process, so it is a lower bound of the
 ceiling. The collector runs with its defaults plus ten registered canaries
 (``--canaries``), and a quarter of the runs carry captured tool arguments and results
@@ -258,12 +259,33 @@ class _PhaseStats:
     error_samples: list[str] = field(default_factory=list)
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def _stat(pid: int) -> list[str] | None:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system) of ``pid`` and its live descendants (decode workers
+    and their forkserver), or ``None`` once ``pid`` is gone."""
+    own = _stat(pid)
+    if own is None:
+        return None
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {pid: own}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != pid:
+            fields = _stat(int(entry.name))
+            if fields is not None:
+                stats[int(entry.name)] = fields
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        total += int(stats[current][11]) + int(stats[current][12])
+        todo.extend(children.get(current, ()))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 class _Load:

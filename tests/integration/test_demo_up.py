@@ -83,6 +83,13 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -144,7 +151,13 @@ class UpProcess:
         return MetricSamples.parse(self._client.get("/metrics").text)
 
     def dashboard_pids(self) -> set[int]:
-        return {p for p in _children(self.proc.pid) if _alive(p)}
+        # The collector's decode workers (a forkserver and its resource tracker) are
+        # children too; they are not the dashboard.
+        return {
+            p
+            for p in _children(self.proc.pid)
+            if _alive(p) and b"multiprocessing" not in _cmdline(p)
+        }
 
     def interrupt(self, timeout_seconds: float) -> tuple[int, float]:
         """SIGINT to the whole process group (a terminal's Ctrl-C); returns (code, seconds)."""

@@ -1,0 +1,217 @@
+"""``[pipeline] decode_workers``: decode and redact in worker processes, same answers.
+
+Each test runs a real :class:`Collector` (DuckDB file in ``tmp_path``, forkserver worker
+processes) behind its real OTLP app, and compares with ``decode_workers = 0`` where the
+answer must be the same byte for byte.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import gzip
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from loopwatch.collector.config import default_decode_workers, load_config
+from loopwatch.collector.errors import ConfigError
+from loopwatch.collector.service import Collector
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from tests.integration.services import start_collector
+
+from .spans import completed_run, looping_run, record
+
+CANARY = "lw-canary-5d1e08b7c3a2"
+PROTOBUF = {"content-type": "application/x-protobuf"}
+JSON = {"content-type": "application/json"}
+
+
+def _collector(tmp_path: Path, workers: int) -> Collector:
+    canaries = tmp_path / f"canaries-{workers}.txt"
+    canaries.write_text(f"# planted\n{CANARY}\n")
+    config = load_config(
+        environ={},
+        overrides={
+            "store": {"db": str(tmp_path / f"lw-{workers}.duckdb")},
+            "redaction": {"canaries_file": str(canaries)},
+            "pipeline": {"decode_workers": workers},
+            "limits": {"max_decompressed_bytes": 1 << 20},
+        },
+    )
+    return Collector(config)
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[Collector, Collector]]:
+    """An in-process collector and one with a decode worker."""
+    inproc, pooled = _collector(tmp_path, 0), _collector(tmp_path, 1)
+    yield inproc, pooled
+    inproc.close()
+    pooled.close()
+
+
+def _canary_body() -> bytes:
+    """A completed run with the canary in a span name, an attribute (inside JSON, base64)
+    and the resource."""
+    request = encode_spans(record(completed_run()))
+    resource_spans = request.resource_spans[0]
+    extra = resource_spans.resource.attributes.add()
+    extra.key, extra.value.string_value = "host.note", f"deployed with {CANARY}"
+    span = next(s for s in resource_spans.scope_spans[0].spans if s.name.startswith("execute"))
+    span.name = f"execute_tool {CANARY}"
+    attr = span.attributes.add()
+    attr.key = "gen_ai.tool.call.result"
+    attr.value.string_value = json.dumps({"b64": base64.b64encode(CANARY.encode()).decode()})
+    return request.SerializeToString()
+
+
+def _metrics(c: Collector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(c.exposition().decode()):
+        for s in family.samples:
+            if s.name.startswith(("loopwatch_canary", "loopwatch_redactions", "loopwatch_tool")):
+                out[s.name, tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def _stored(c: Collector, sql: str) -> list[tuple[object, ...]]:
+    rows, _ = c.store.reader()._query(sql, [])
+    return [tuple(r.values()) for r in rows]
+
+
+def test_config_bounds() -> None:
+    assert load_config(environ={}).pipeline.decode_workers == default_decode_workers()
+    env = {"LOOPWATCH_PIPELINE_DECODE_WORKERS": "2"}
+    assert load_config(environ=env).pipeline.decode_workers == 2
+    for bad in ("-1", "65", "two"):
+        with pytest.raises(ConfigError, match=r"pipeline\.decode_workers"):
+            load_config(environ={"LOOPWATCH_PIPELINE_DECODE_WORKERS": bad})
+
+
+def test_worker_redacts_and_counts_like_in_process(pair: tuple[Collector, Collector]) -> None:
+    body = _canary_body()
+    for c in pair:
+        with TestClient(c.otlp_app()) as client:
+            response = client.post("/v1/traces", content=body, headers=PROTOBUF)
+            assert response.status_code == 200, response.text
+            gz = gzip.compress(encode_spans(record(looping_run())).SerializeToString())
+            response = client.post(
+                "/v1/traces", content=gz, headers={**PROTOBUF, "content-encoding": "gzip"}
+            )
+            assert response.status_code == 200, response.text
+    inproc, pooled = pair
+    assert pooled.decode_pool is not None and inproc.decode_pool is None
+    assert _metrics(pooled) == _metrics(inproc)
+    canaries = {
+        dict(labels)["location"]: v
+        for (name, labels), v in _metrics(pooled).items()
+        if name.startswith("loopwatch_canary") and v
+    }
+    assert canaries == {"name": 1, "attribute": 1, "resource": 1}
+    for sql in ("SELECT count(*) FROM canary_flags", "SELECT count(*) FROM runs"):
+        assert _stored(pooled, sql) == _stored(inproc, sql)
+    assert _stored(pooled, "SELECT count(*) FROM canary_flags") == [(1,)]
+    assert CANARY not in pooled.exposition().decode()
+    pooled.close()
+    db = Path(pooled.config.store.db)
+    for path in (db, db.with_name(db.name + ".wal")):
+        if path.exists():
+            assert CANARY.encode() not in path.read_bytes()
+
+
+def test_bad_input_gets_the_same_answer(pair: tuple[Collector, Collector]) -> None:
+    good = encode_spans(record(looping_run())).SerializeToString()
+    bad_ids = encode_spans(record(completed_run()))
+    bad_ids.resource_spans[0].scope_spans[0].spans[0].span_id = b"\x00" * 8
+    cases = [
+        (good[: len(good) // 2], PROTOBUF),  # truncated protobuf: 400
+        (b"{not json", JSON),  # 400
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}', JSON),
+        (gzip.compress(b"\0" * (2 << 20)), {**PROTOBUF, "content-encoding": "gzip"}),  # 413
+        (b"\x1f\x8b\x08garbage", {**PROTOBUF, "content-encoding": "gzip"}),  # 400
+        (b"\0" * ((1 << 20) + 1), PROTOBUF),  # over the decompressed cap: 413
+        (bad_ids.SerializeToString(), PROTOBUF),  # partial success: 200
+    ]
+    answers: list[list[tuple[int, bytes, str | None]]] = []
+    for c in pair:
+        with TestClient(c.otlp_app()) as client:
+            answers.append(
+                [
+                    (r.status_code, r.content, r.headers.get("content-type"))
+                    for r in (
+                        client.post("/v1/traces", content=body, headers=headers)
+                        for body, headers in cases
+                    )
+                ]
+            )
+    inproc, pooled = answers
+    assert [a[0] for a in pooled] == [400, 400, 200, 413, 400, 413, 200]
+    assert pooled == inproc
+
+
+def test_killed_worker_gets_503_then_the_pool_is_replaced(tmp_path: Path) -> None:
+    c = _collector(tmp_path, 1)
+    try:
+        with TestClient(c.otlp_app()) as client:
+            first = encode_spans(record(looping_run("first"))).SerializeToString()
+            assert client.post("/v1/traces", content=first, headers=PROTOBUF).status_code == 200
+            assert c.decode_pool is not None
+            (pid,) = c.decode_pool.pids()
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            second = encode_spans(record(looping_run("second"))).SerializeToString()
+            response = client.post("/v1/traces", content=second, headers=PROTOBUF)
+            assert response.status_code == 503
+            assert response.headers["retry-after"] == "1"
+            assert c.decode_pool.replaced == 1
+            # The client's retry goes to the new worker.
+            response = client.post("/v1/traces", content=second, headers=PROTOBUF)
+            assert response.status_code == 200, response.text
+            assert time.monotonic() < deadline
+            assert c.decode_pool.pids() and pid not in c.decode_pool.pids()
+        agents = sorted(r[0] for r in _stored(c, "SELECT agent FROM runs"))
+        assert agents == ["first", "second"]
+    finally:
+        c.close()
+
+
+def _descendants(pid: int) -> set[int]:
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in parents.get(todo.pop(), ()):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def test_workers_exit_when_the_collector_is_sigkilled(tmp_path: Path) -> None:
+    config = tmp_path / "collector.toml"
+    config.write_text("[pipeline]\ndecode_workers = 1\n")
+    collector = start_collector(tmp_path, "--config", str(config))
+    body = encode_spans(record(looping_run())).SerializeToString()
+    response = httpx.post(collector.otlp_url, content=body, headers=PROTOBUF, timeout=30)
+    assert response.status_code == 200, response.text
+    children = _descendants(collector.proc.pid)
+    assert len(children) >= 2  # the forkserver and its worker (and a resource tracker)
+    os.kill(collector.proc.pid, signal.SIGKILL)
+    collector.proc.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in children):
+        time.sleep(0.1)
+    alive = [p for p in children if Path(f"/proc/{p}").exists()]
+    assert not alive, "decode worker processes outlived a SIGKILLed collector"
