@@ -217,7 +217,7 @@ FIXTURE_CASES = [
         ],
     ),
     (
-        "chat/gpt-4o-airline.json",
+        "chat/handmade-gpt-4o-airline.json",
         "chat",
         ["task=3/trial=0", "task=3/trial=1", "task=9/trial=3"],
         [
@@ -315,9 +315,9 @@ def test_tau2_fixture_mapping() -> None:
 
 
 def test_chat_fixture_mapping() -> None:
-    tau = _runs("chat/gpt-4o-airline.json")
+    tau = _runs("chat/handmade-gpt-4o-airline.json")
     stopped = tau["task=3/trial=0"]
-    assert (stopped.agent, stopped.model) == ("tau-bench-airline", "gpt-4o")
+    assert (stopped.agent, stopped.model) == ("tau-bench-airline", "handmade-gpt-4o")
     assert (stopped.recorded_stop, stopped.recorded_stop_kind) == ("user_stop", "inferred")
     details, cancel = _calls(stopped)
     assert details.arguments == {"reservation_id": "ABC123"} and not details.error
@@ -595,7 +595,7 @@ def _replace(value: Any, path: tuple[Any, ...], new: Any) -> Any:
 
 _SEEDS = [
     "tau2/telecom_small.json",
-    "chat/gpt-4o-airline.json",
+    "chat/handmade-gpt-4o-airline.json",
     "chat/messages.json",
     "otlp_json/genai_agent.json",
     "otlp_json/loopwatch_repeat.json",
