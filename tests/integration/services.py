@@ -64,6 +64,7 @@ __all__ = [
     "node_modules",
     "poll_until",
     "run_collector_cli",
+    "run_loopwatch",
     "send_node_spans",
     "start_collector",
     "start_prometheus",
@@ -132,8 +133,9 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 
 def _child_env() -> dict[str, str]:
-    # The developer's own LOOPWATCH_* settings must not leak into a test's collector.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWATCH_")}
+    # The developer's own LOOPWATCH_* and OTEL_* settings must not leak into a test's
+    # collector or client.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPWATCH_", "OTEL_"))}
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -418,8 +420,16 @@ def run_collector_cli(
     *args: str, cwd: Path, timeout_seconds: float = 30.0
 ) -> subprocess.CompletedProcess[str]:
     """Run ``loopwatch collector *args`` to completion (for config errors)."""
+    return run_loopwatch("collector", *args, cwd=cwd, timeout_seconds=timeout_seconds)
+
+
+def run_loopwatch(
+    command: str, *args: str, cwd: Path, timeout_seconds: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """Run ``loopwatch COMMAND *args`` to completion, output captured, with a clean
+    environment (no LOOPWATCH_* or OTEL_* settings of the developer's)."""
     return subprocess.run(
-        [*loopwatch_command(), "collector", *args],
+        [*loopwatch_command(), command, *args],
         capture_output=True,
         text=True,
         cwd=cwd,

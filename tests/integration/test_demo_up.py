@@ -34,9 +34,11 @@ from tests.conftest import CORPUS
 from tests.integration.services import (
     MetricSamples,
     ServiceError,
+    _child_env,
     free_port,
     loopwatch_command,
     poll_until,
+    run_loopwatch,
     start_collector,
 )
 
@@ -50,26 +52,11 @@ TELECOM_FT = (
 ALL_REASONS = {r.value for r in StopReason}
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPWATCH_", "OTEL_"))}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def run_demo_cli(
     *args: str, cwd: Path, timeout_seconds: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
     """``loopwatch demo *args`` to completion (output captured)."""
-    return subprocess.run(
-        [*loopwatch_command(), "demo", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=_env(),
-        stdin=subprocess.DEVNULL,
-        timeout=timeout_seconds,
-        check=False,
-    )
+    return run_loopwatch("demo", *args, cwd=cwd, timeout_seconds=timeout_seconds)
 
 
 def _children(pid: int) -> set[int]:
@@ -208,7 +195,7 @@ def start_up(tmp_path: Path, *extra: str, dashboard: bool = True) -> Iterator[Up
             stderr=stderr,
             stdin=subprocess.DEVNULL,
             cwd=tmp_path,
-            env=_env(),
+            env=_child_env(),
             start_new_session=True,
         )
     up = UpProcess(proc, db, f"127.0.0.1:{otlp}", f"127.0.0.1:{http}", dash, out, err)
@@ -404,7 +391,7 @@ def test_up_refuses_a_busy_dashboard_port_before_starting(tmp_path: Path) -> Non
             capture_output=True,
             text=True,
             cwd=tmp_path,
-            env=_env(),
+            env=_child_env(),
             stdin=subprocess.DEVNULL,
             timeout=60,
             check=False,

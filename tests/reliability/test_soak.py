@@ -44,12 +44,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import duckdb
 import httpx
-import pyarrow as pa
 import pytest
 
-from tests.bench.bench_ingest import BATCH_SPANS, CANARIES, Template, build_template
+from tests.bench.bench_ingest import (
+    BATCH_SPANS,
+    CANARIES,
+    Template,
+    build_template,
+    missing_span_keys,
+)
 from tests.conftest import slow_enabled
 
 from .support import launch_collector, rss_bytes
@@ -282,18 +286,5 @@ def _assert_all_stored(db: Path, templates: list[Template], acked: list[_Request
         ids = templates[request.template].span_ids
         span_keys += ids
         trace_keys += [request.trace_low] * len(ids)
-    expected = pa.table(
-        {
-            "span_key": pa.array(span_keys, pa.uint64()),
-            "trace_key": pa.array(trace_keys, pa.uint64()),
-        }
-    )
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        con.register("expected", expected)
-        row = con.execute(
-            "SELECT count(*) FROM expected ANTI JOIN spans_seen USING (span_key, trace_key)"
-        ).fetchone()
-    finally:
-        con.close()
-    assert row is not None and row[0] == 0, f"{row} acknowledged spans missing from the store"
+    missing = missing_span_keys(db, span_keys, trace_keys)
+    assert missing == 0, f"{missing} acknowledged spans missing from the store"
