@@ -66,7 +66,7 @@ order at open; times are integers in ns since the Unix epoch unless named ``_uni
 - ``staged_steps`` / ``steps``: decision and tool_result rows (same columns).
 - ``stops`` (primary, one per run, key ``run_key``) and ``stop_anomalies`` (``kind``:
   ``duplicate_stop``).
-- ``run_tools``: tool-call count deltas per (run, tool, outcome), append-only, always kept;
+- ``run_tools``: tool-call count deltas per (run, tool, outcome, agent), append-only, always kept;
   sum them.
 - ``canary_flags``: run ids or trace ids the redact stage flagged.
 - ``canary_hits``: canary hits by location per committed batch (append-only; never the
@@ -105,6 +105,7 @@ from .errors import CollectorError, QueueFull
 from .events import (
     KIND_DECISION,
     KIND_TOOL_RESULT,
+    SOURCE_LOOPWATCH,
     STOP_ORIGIN_INFERRED,
     STOP_ORIGIN_STOP_SPAN,
     STOP_ORIGINS,
@@ -382,6 +383,11 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "DROP TABLE sample_quota",
             "ALTER TABLE sample_quota_v5 RENAME TO sample_quota",
         ),
+    ),
+    Migration(
+        6,
+        "run_tools.agent: the agent a tool call was counted under when it was stored",
+        ("ALTER TABLE run_tools ADD COLUMN agent VARCHAR",),
     ),
 )
 
@@ -828,7 +834,7 @@ class _Group:
     canary_hits: dict[str, int] = field(default_factory=dict)
     merged: dict[str, dict[str, Any]] = field(default_factory=dict)
     existing: set[str] = field(default_factory=set)
-    tool_deltas: dict[tuple[int, str, str], int] = field(default_factory=dict)
+    tool_deltas: dict[tuple[int, str, str, str | None], int] = field(default_factory=dict)
     new_tools: dict[str, dict[str, int]] = field(default_factory=dict)
     settle: set[str] = field(default_factory=set)
     staged_in_db: set[str] = field(default_factory=set)
@@ -843,8 +849,10 @@ class _Group:
         row["last_seen_unix_nano"] = self.now_ns
         return row
 
-    def tool(self, run_key: int, tool: str, outcome: str, calls: int) -> None:
-        key = (run_key, tool, outcome)
+    def tool(
+        self, run_key: int, tool: str, outcome: str, calls: int, agent: str | None = None
+    ) -> None:
+        key = (run_key, tool, outcome, agent)
         self.tool_deltas[key] = self.tool_deltas.get(key, 0) + calls
 
 
@@ -1426,7 +1434,7 @@ class Store:
                 row["start_unix_nano"] = earliest
             if row["end_unix_nano"] is None or latest > row["end_unix_nano"]:
                 row["end_unix_nano"] = latest
-            calls: dict[tuple[str, str], int] = {}
+            calls: dict[tuple[str, str, str | None], int] = {}
             for step in run_steps:
                 if step.step is not None and step.step > highest:
                     highest = step.step
@@ -1435,7 +1443,12 @@ class Store:
                 if step.output_tokens is not None:
                     tokens += step.output_tokens
                 if step.kind == KIND_TOOL_RESULT:
-                    call = (step.tool or "", step.outcome or "")
+                    # The agent the live counter labels the call with (the span's own
+                    # gen_ai.agent.name), kept so a restart restores the same series even
+                    # when the run span had not arrived. Third-party steps can move to
+                    # another run later (``_reassign``), so theirs follow the run row.
+                    agent = step.agent if step.source == SOURCE_LOOPWATCH else None
+                    call = (step.tool or "", step.outcome or "", agent)
                     calls[call] = calls.get(call, 0) + 1
                 elif step.kind == KIND_DECISION:
                     decisions += 1
@@ -1443,9 +1456,9 @@ class Store:
             row["decisions"] += decisions
             row["tokens"] += tokens
             tools = group.new_tools.setdefault(run_id, {})
-            for (tool, outcome), n in calls.items():
+            for (tool, outcome, agent), n in calls.items():
                 tools[tool] = tools.get(tool, 0) + n
-                group.tool(row["run_key"], tool, outcome, n)
+                group.tool(row["run_key"], tool, outcome, n, agent)
                 row["tool_calls"] += n
                 if outcome == sc.OUTCOME_ERROR:
                     row["tool_errors"] += n
@@ -1622,9 +1635,15 @@ class Store:
                     ],
                 ),
             )
-        deltas = [(*k, v) for k, v in group.tool_deltas.items() if v]
+        deltas = [
+            (key, tool, outcome, n, agent)
+            for (key, tool, outcome, agent), n in group.tool_deltas.items()
+            if n
+        ]
         if deltas:
-            self._append("run_tools", _table(("run_key", "tool", "outcome", "calls"), deltas))
+            self._append(
+                "run_tools", _table(("run_key", "tool", "outcome", "calls", "agent"), deltas)
+            )
         if group.canary_hits:
             self._append(
                 "canary_hits",
@@ -2026,8 +2045,11 @@ class StoreReader:
             [],
         )
         calls, t2 = self._query(
-            "SELECT COALESCE(r.agent, '') AS agent, t.tool, t.outcome, sum(t.calls) AS n "
-            "FROM run_tools t JOIN runs r USING (run_key) GROUP BY ALL HAVING sum(t.calls) <> 0",
+            # The tool span's own agent first, as the live counter labels it; the run's
+            # agent for rows without one (third-party spans, rows stored before v6).
+            "SELECT COALESCE(t.agent, r.agent, '') AS agent, t.tool, t.outcome, "
+            "sum(t.calls) AS n FROM run_tools t JOIN runs r USING (run_key) "
+            "GROUP BY ALL HAVING sum(t.calls) <> 0",
             [],
         )
         loops, t3 = self._query(

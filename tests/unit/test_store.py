@@ -549,9 +549,12 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
         "last_seen_unix_nano) VALUES (?, 'old', ?, 'loopwatch', 'legacy', 1, 1)",
         [_run_key("old"), trace_of("old")],
     )
+    con.execute("INSERT INTO run_tools VALUES (?, 'search', 'ok', 2)", [_run_key("old")])
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 5
+        assert store.schema_version == SCHEMA_VERSION == 6
+        # A v1 count row has no agent of its own: it is restored under the run's.
+        assert store.reader().restore_counts().tool_calls == {("legacy", "search", "ok"): 2}
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
         detail = store.reader().get_run("old")
         assert detail is not None
@@ -559,7 +562,27 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con = duckdb.connect(str(path), read_only=True)
     versions = con.execute("SELECT version FROM schema_version ORDER BY 1").fetchall()
     con.close()
-    assert versions == [(1,), (2,), (3,), (4,), (5,)]
+    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,)]
+
+
+def test_tool_counts_keep_their_agent_when_the_run_span_comes_later(tmp_path: Path) -> None:
+    """Restored tool-call totals use the label the live counter used: the tool span's own
+    agent, even when the run span (the run row's agent) arrives after a restart."""
+    first, second = step_row("r1", 1), step_row("r1", 2, outcome=sc.OUTCOME_ERROR)
+    first.agent = second.agent = "orders"
+    path = tmp_path / "lw.duckdb"
+    with Store(path) as store:
+        commit(store, batch(first, second))
+        counts = store.reader().restore_counts().tool_calls
+        assert counts == {("orders", "search", "ok"): 1, ("orders", "search", "error"): 1}
+    with Store(path) as store:  # a restart; then the run span, under another name
+        commit(store, batch(run_row("r1", agent="renamed"), step_row("r1", 3)))
+        counts = store.reader().restore_counts().tool_calls
+    assert counts == {
+        ("orders", "search", "ok"): 1,
+        ("orders", "search", "error"): 1,
+        ("renamed", "search", "ok"): 1,  # a step without an agent of its own: the run's
+    }
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
