@@ -67,7 +67,7 @@ from typing import Final
 
 from loopwatch.instrumentation import _semconv as sc
 
-from .records import STATUS_ERROR, Attributes, AttrValue, SpanBatch, SpanRecord
+from .records import STATUS_ERROR, Attributes, AttrValue, SpanBatch, SpanRecord, pickled_as_tuple
 
 __all__ = [
     "KIND_DECISION",
@@ -84,10 +84,12 @@ __all__ = [
     "STOP_ORIGIN_STOP_SPAN",
     "MapStage",
     "MappedBatch",
+    "PartialMap",
     "RunReassignment",
     "RunRow",
     "StepRow",
     "StopRow",
+    "premap",
 ]
 
 SOURCE_LOOPWATCH: Final = "loopwatch"
@@ -121,6 +123,7 @@ _TOOL_NAME_PREFIX: Final = sc.SPAN_TOOL.split("{", 1)[0]
 _MAX_ANCESTRY_DEPTH: Final = 256
 
 
+@pickled_as_tuple
 @dataclass(slots=True)
 class RunRow:
     """What a run span tells about its run; the store merges it into the run row.
@@ -156,6 +159,7 @@ class RunRow:
     status_code: int | None = None
 
 
+@pickled_as_tuple
 @dataclass(slots=True)
 class StepRow:
     """One decision or tool call of a run.
@@ -209,6 +213,7 @@ class StepRow:
     agent: str | None = None
 
 
+@pickled_as_tuple
 @dataclass(slots=True)
 class StopRow:
     """How a run ended.
@@ -259,6 +264,7 @@ class StopRow:
         return self.origin == STOP_ORIGIN_INFERRED
 
 
+@pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class RunReassignment:
     """Move third-party steps filed under their trace id to the agent run found later.
@@ -276,6 +282,7 @@ class RunReassignment:
     to_run_id: str | None
 
 
+@pickled_as_tuple
 @dataclass(slots=True)
 class MappedBatch:
     """The rows mapped from one :class:`SpanBatch`; what the store commits as one unit.
@@ -361,6 +368,48 @@ class MappedBatch:
         raise ValueError("stop not in batch")
 
 
+@pickled_as_tuple
+@dataclass(slots=True)
+class PartialMap:
+    """What :func:`premap` produces: the stateless half of mapping one batch.
+
+    Attributes:
+        mapped: rows of the batch's loopwatch spans (``spans_in`` counts every span).
+        third_party: the other spans, by trace id, in request order (mapped by
+            :meth:`MapStage.finish`, which holds the cross-batch run structure).
+        loopwatch_traces: trace ids of the batch's loopwatch spans.
+    """
+
+    mapped: MappedBatch
+    third_party: dict[str, list[SpanRecord]]
+    loopwatch_traces: set[str]
+
+
+def premap(batch: SpanBatch) -> PartialMap:
+    """Map the spans that need no state from earlier batches (loopwatch spans, DESIGN 4).
+
+    A pure function of ``batch``, so decode workers run it beside decoding and hand the
+    serving process rows instead of spans; :meth:`MapStage.finish` does the rest.
+    Never raises for odd attribute values (they map to ``None``).
+    """
+    out = MappedBatch(
+        canary_run_ids=frozenset(batch.canary_run_ids),
+        spans_in=len(batch.spans),
+        transport=batch.transport,
+    )
+    third_party: dict[str, list[SpanRecord]] = {}
+    lw_traces: set[str] = set()
+    for span in batch.spans:
+        attrs = span.attributes
+        if sc.LW_EVENT in attrs or sc.LW_RUN_ID in attrs:
+            lw_traces.add(span.trace_id)
+            if not _map_loopwatch(span, out):
+                out.spans_unmapped += 1
+        else:
+            third_party.setdefault(span.trace_id, []).append(span)
+    return PartialMap(out, third_party, lw_traces)
+
+
 @dataclass(slots=True)
 class _TraceState:
     parents: dict[str, str] = field(default_factory=dict)
@@ -407,28 +456,27 @@ class MapStage:
         """Map a batch; never raises for odd attribute values (they map to ``None``).
 
         Blocks for the duration of the mapping (constant work per span) and holds the
-        stage's lock, so concurrent calls are serialised.
+        stage's lock, so concurrent calls are serialised. The same as
+        ``finish(premap(batch))``.
         """
-        out = MappedBatch(
-            canary_run_ids=frozenset(batch.canary_run_ids),
-            spans_in=len(batch.spans),
-            transport=batch.transport,
-        )
-        third_party: dict[str, list[SpanRecord]] = {}
-        lw_traces: set[str] = set()
-        for span in batch.spans:
-            attrs = span.attributes
-            if sc.LW_EVENT in attrs or sc.LW_RUN_ID in attrs:
-                lw_traces.add(span.trace_id)
-                if not _map_loopwatch(span, out):
-                    out.spans_unmapped += 1
-            else:
-                third_party.setdefault(span.trace_id, []).append(span)
+        return self.finish(premap(batch))
+
+    def finish(self, partial: PartialMap) -> MappedBatch:
+        """Complete a :func:`premap` result with this stage's cross-batch state.
+
+        Loopwatch traces are remembered (a third-party span of one is not mapped twice,
+        and rows filed provisionally under it are reassigned); third-party spans are
+        mapped, as they need the run structure seen in earlier batches.
+
+        Returns:
+            ``partial.mapped``, completed in place.
+        """
+        out = partial.mapped
         with self._lock:
-            for trace_id in lw_traces:
+            for trace_id in partial.loopwatch_traces:
                 self._mark_loopwatch(trace_id, out)
-            for trace_id, spans in third_party.items():
-                if trace_id in lw_traces or trace_id in self._loopwatch_traces:
+            for trace_id, spans in partial.third_party.items():
+                if trace_id in partial.loopwatch_traces or trace_id in self._loopwatch_traces:
                     out.spans_unmapped += len(spans)
                     continue
                 out.spans_unmapped += self._map_third_party(trace_id, spans, out)

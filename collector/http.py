@@ -379,14 +379,14 @@ class _Receiver:
             return Response(status_code=400)
 
         decoded_rejections = batch.rejected_spans
-        self.counters.spans_received(batch.transport, len(batch.spans) + decoded_rejections)
+        self.counters.spans_received(batch.transport, batch.accepted_spans() + decoded_rejections)
         if decoded_rejections:
             self.counters.spans_rejected(REASON_INVALID_SPAN, decoded_rejections)
-        if batch.spans:
+        if batch.accepted_spans():
             try:
                 await self.submit(batch)
             except QueueFull as exc:
-                self.counters.spans_rejected(REASON_QUEUE_FULL, len(batch.spans))
+                self.counters.spans_rejected(REASON_QUEUE_FULL, batch.accepted_spans())
                 return _status_response(
                     self.backpressure_status_code,
                     _GRPC_UNAVAILABLE,
@@ -395,7 +395,7 @@ class _Receiver:
                     {"Retry-After": str(exc.retry_after_seconds)},
                 )
             except Exception as exc:
-                self.counters.spans_rejected(REASON_SUBMIT_FAILED, len(batch.spans))
+                self.counters.spans_rejected(REASON_SUBMIT_FAILED, batch.accepted_spans())
                 _logger.error("OTLP batch not committed: submit raised %s", type(exc).__name__)
                 return self._retry_later("batch not committed; retry later", as_json)
             refused_later = batch.rejected_spans - decoded_rejections
@@ -403,7 +403,7 @@ class _Receiver:
                 self.counters.spans_rejected(REASON_PIPELINE, refused_later)
         _logger.debug(
             "OTLP request acknowledged: %d spans stored, %d rejected (%s)",
-            len(batch.spans),
+            batch.accepted_spans(),
             batch.rejected_spans,
             batch.transport,
         )
@@ -461,7 +461,7 @@ async def _read_body(request: Request, limit_bytes: int) -> bytes:
 def _export_response(batch: SpanBatch, as_json: bool) -> Response:
     rejected = batch.rejected_spans
     if rejected:
-        total = rejected + len(batch.spans)
+        total = rejected + batch.accepted_spans()
         message = f"{rejected} of {total} spans rejected: " + "; ".join(batch.rejection_messages)
         message = message[:_MAX_PARTIAL_MESSAGE_CHARS]
         if as_json:

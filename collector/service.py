@@ -11,14 +11,16 @@ stages keep per-trace state); the store's writer thread commits in groups.
 
 Decode workers (``[pipeline] decode_workers`` > 0): :class:`DecodePool` decompresses,
 decodes and redacts each body in a worker process (its own :class:`RedactStage`, built
-from the same rules, canaries and HMAC key), so the two stages that cost the most CPU per
-span leave the serving process's GIL. The redacted batch comes back pickled with the
-worker's redaction counts; only map, detect, store and metrics run here. Nothing
-unredacted ever reaches the serving process's later stages, and a worker that dies
-fails only the requests it held (503, retryable; none was acknowledged) and the pool is
-replaced. Metrics are
-counted after the commit, over newly stored spans only, so a client retry never counts
-twice and ``/metrics`` matches the store.
+from the same rules, canaries and HMAC key) and maps its loopwatch spans to rows
+(:func:`~loopwatch.collector.events.premap`, which needs no state from earlier
+batches), so the stages that cost the most CPU per span leave the serving process's
+GIL. The rows, the third-party spans (mapped here, as they need the run structure of
+earlier batches) and the worker's redaction counts come back pickled; only the rest of
+map, detect, store and metrics run here. Nothing unredacted ever reaches the serving
+process's later stages, and a worker that dies fails only the requests it held (503,
+retryable; none was acknowledged) and the pool is replaced. Metrics are counted after
+the commit, over newly stored spans only, so a client retry never counts twice and
+``/metrics`` matches the store.
 
 Shutdown (SIGTERM, SIGINT): stop accepting, let in-flight requests finish, commit what is
 queued, checkpoint DuckDB, exit 0.
@@ -55,7 +57,15 @@ from .config import CollectorConfig, parse_hostport
 from .decode import decode_body
 from .detect import LOOP_DETECTORS, DetectStage
 from .errors import CollectorError, QueueFull
-from .events import STOP_ORIGIN_INFERRED, STOP_ORIGIN_STOP_SPAN, MappedBatch, MapStage, StopRow
+from .events import (
+    STOP_ORIGIN_INFERRED,
+    STOP_ORIGIN_STOP_SPAN,
+    MappedBatch,
+    MapStage,
+    PartialMap,
+    StopRow,
+    premap,
+)
 from .http import create_otlp_app
 from .metrics import LoopwatchMetrics, MetricsSnapshot
 from .records import SpanBatch
@@ -124,21 +134,29 @@ def loop_detector(stop: StopRow) -> str | None:
 
 @dataclass(slots=True)
 class RedactedBatch(SpanBatch):
-    """A :class:`SpanBatch` a decode worker has already redacted.
+    """A :class:`SpanBatch` a decode worker has already redacted and premapped.
 
-    ``rejected_spans`` and ``rejection_messages`` hold what decoding refused only, as the
-    receiver counts those as invalid spans; spans whose redaction failed were removed from
-    ``spans`` and are refused on the batch by :meth:`Collector.process`, as in process.
+    ``spans`` is empty: the accepted spans are in ``partial`` (rows of the loopwatch
+    spans, the third-party spans still to map). ``rejected_spans`` and
+    ``rejection_messages`` hold what decoding refused only, as the receiver counts those
+    as invalid spans; spans whose redaction failed were removed before mapping and are
+    refused on the batch by :meth:`Collector.process`, as in process.
 
     Attributes:
+        partial: the worker's :func:`~loopwatch.collector.events.premap` of the batch.
         canary_hits: canary occurrences redacted in this batch, by location.
         redactions: placeholders written in this batch, by rule.
         redaction_failures: spans removed because their redaction raised.
     """
 
+    partial: PartialMap | None = None
     canary_hits: dict[str, int] = field(default_factory=dict)
     redactions: dict[str, int] = field(default_factory=dict)
     redaction_failures: int = 0
+
+    def accepted_spans(self) -> int:
+        """Spans accepted by decoding and redaction (all are in ``partial``)."""
+        return self.partial.mapped.spans_in if self.partial is not None else len(self.spans)
 
 
 class DecodeWorkerLost(CollectorError):
@@ -185,8 +203,8 @@ def _init_worker(
 
 
 def _decode_in_worker(body: bytes, encoding: str, as_json: bool) -> tuple[Any, ...]:
-    """Worker side: decode and redact; ``("ok", batch, decode rejections, decode messages,
-    canaries, redactions)`` or
+    """Worker side: decode, redact and premap; ``("ok", partial map, decode rejections,
+    decode messages, redaction failures, canaries, redactions)`` or
     ``("error", exception class, message, attributes)`` for a refused body (collector
     errors take keyword arguments, so they do not survive pickling as exceptions)."""
     stage = _WORKER_REDACT
@@ -204,9 +222,10 @@ def _decode_in_worker(body: bytes, encoding: str, as_json: bool) -> tuple[Any, .
     after = stage.counts()
     return (
         "ok",
-        batch,
+        premap(batch),
         rejected,
         messages,
+        batch.rejected_spans - rejected,
         _delta(dict(after.canary_by_location), dict(before.canary_by_location)),
         _delta(dict(after.redactions_by_rule), dict(before.redactions_by_rule)),
     )
@@ -300,16 +319,17 @@ class DecodePool:
             raise DecodeWorkerLost() from None
         if result[0] == "error":
             raise _rebuild_error(result[1], result[2], result[3])
-        _, batch, rejected, messages, canaries, redactions = result
+        _, partial, rejected, messages, failures, canaries, redactions = result
         return RedactedBatch(
-            spans=batch.spans,
-            transport=batch.transport,
+            spans=[],
+            transport=partial.mapped.transport,
             rejected_spans=rejected,
             rejection_messages=messages,
-            canary_run_ids=batch.canary_run_ids,
+            canary_run_ids=set(partial.mapped.canary_run_ids),
+            partial=partial,
             canary_hits=canaries,
             redactions=redactions,
-            redaction_failures=batch.rejected_spans - rejected,
+            redaction_failures=failures,
         )
 
     def close(self) -> None:
@@ -482,17 +502,19 @@ class Collector:
         Raises:
             QueueFull: the store's queue is full (nothing was queued).
         """
-        if isinstance(batch, RedactedBatch):  # a decode worker redacted it
+        if isinstance(batch, RedactedBatch) and batch.partial is not None:
+            # A decode worker redacted and premapped it.
             canaries, redactions = batch.canary_hits, batch.redactions
             if batch.redaction_failures:
                 batch.reject(batch.redaction_failures, REDACTION_FAILED)
+            mapped = self.map.finish(batch.partial)
         else:
             before = self.redact.counts()
             self.redact.process(batch)
             after = self.redact.counts()
             canaries = _delta(dict(after.canary_by_location), dict(before.canary_by_location))
             redactions = _delta(dict(after.redactions_by_rule), dict(before.redactions_by_rule))
-        mapped = self.map.process(batch)
+            mapped = self.map.process(batch)
         mapped = self.detect.process(mapped)
         mapped.canary_hits = canaries
         self._remember_agents(mapped)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,18 @@ from loopwatch.collector.events import (
     MappedBatch,
     MapStage,
     RunReassignment,
+    premap,
 )
-from loopwatch.collector.records import STATUS_ERROR, STATUS_OK, AttrValue, SpanBatch, SpanRecord
+from loopwatch.collector.records import (
+    STATUS_ERROR,
+    STATUS_OK,
+    AttrValue,
+    LinkRecord,
+    SpanBatch,
+    SpanEventRecord,
+    SpanRecord,
+    pickled_as_tuple,
+)
 from loopwatch.instrumentation import _semconv as sc
 
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
@@ -559,3 +570,57 @@ def test_corpus_files_map_to_one_run(
     stop = only(out.stops)
     assert (stop.reason, stop.stop_inferred, stop.step) == ("completed", True, 1)
     assert out.spans_unmapped == 0
+
+
+def test_premap_is_pure_and_finish_completes_it() -> None:
+    """A decode worker runs ``premap`` and pickles the result; the serving process runs
+    ``finish``. The rows must equal ``process`` in one place, batch after batch."""
+    agent, chat1, tool1, tool2, chat2 = genai_trace("0af7651916cd43dd8448eb211c80319c")
+    lw = [case[1] for case in LOOPWATCH_CASES]
+    batches = [[*lw[:3], chat1, tool1], [tool2, chat2, *lw[3:]], [agent]]
+    whole, split = MapStage(), MapStage()
+    for spans in batches:
+        expected = whole.process(SpanBatch(spans=list(spans)))
+        partial = premap(SpanBatch(spans=list(spans)))
+        assert all(s.source == SOURCE_LOOPWATCH for s in partial.mapped.steps)
+        third_party = [s for s in spans if not ({sc.LW_RUN_ID, sc.LW_EVENT} & s.attributes.keys())]
+        assert [s for group in partial.third_party.values() for s in group] == third_party
+        assert partial.mapped.spans_in == len(spans)
+        got = split.finish(pickle.loads(pickle.dumps(partial)))
+        assert got == expected
+    assert [len(m.steps) for m in (expected,)] == [0]
+    assert only(got.reassignments).to_run_id == agent.span_id
+    assert split.open_traces == whole.open_traces == 0
+
+
+def test_rows_and_records_pickle_as_tuples() -> None:
+    span = genai_trace()[2]
+    span.events = [SpanEventRecord("exception", 5, {"exception.message": "boom"})]
+    span.links = [LinkRecord(TRACE, "1" * 16, {"k": [1, "v"]}, "ts")]
+    out = mapped(*genai_trace(), LOOPWATCH_CASES[0][1])
+    out.reassignments.append(RunReassignment(TRACE, ("a" * 16,), TRACE, None))
+    for value in (
+        span,
+        span.resource,
+        span.scope,
+        *span.events,
+        *span.links,
+        out,
+        *out.runs,
+        *out.steps,
+        *out.stops,
+        *out.reassignments,
+    ):
+        reduced = value.__reduce__()
+        assert reduced[0] is type(value) and type(reduced[1]) is tuple
+        assert pickle.loads(pickle.dumps(value)) == value
+
+
+def test_pickled_as_tuple_refuses_classes_it_cannot_rebuild() -> None:
+    @dataclasses.dataclass
+    class Derived:
+        a: int
+        b: int = dataclasses.field(init=False, default=0)
+
+    with pytest.raises(TypeError, match="__init__"):
+        pickled_as_tuple(Derived)

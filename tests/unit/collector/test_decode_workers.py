@@ -22,7 +22,9 @@ import pytest
 from loopwatch.collector.config import default_decode_workers, load_config
 from loopwatch.collector.errors import ConfigError
 from loopwatch.collector.service import Collector
+from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
@@ -126,6 +128,79 @@ def test_worker_redacts_and_counts_like_in_process(pair: tuple[Collector, Collec
     for path in (db, db.with_name(db.name + ".wal")):
         if path.exists():
             assert CANARY.encode() not in path.read_bytes()
+
+
+def _third_party_bodies() -> list[bytes]:
+    """GenAI spans from the SDK in three requests: tool calls whose agent span comes only
+    in the second (the rows are reassigned across batches), then a third-party tool span
+    inside a loopwatch trace (not mapped twice)."""
+
+    def genai(provider: TracerProvider) -> None:
+        tracer = provider.get_tracer("third-party-agent")
+        with tracer.start_as_current_span(
+            "invoke_agent triage",
+            attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "triage"},
+        ):
+            for i in range(4):
+                with tracer.start_as_current_span(
+                    "chat gpt-4o", attributes={"gen_ai.operation.name": "chat"}
+                ):
+                    pass
+                with tracer.start_as_current_span(
+                    "execute_tool lookup_order",
+                    attributes={
+                        "gen_ai.operation.name": "execute_tool",
+                        "gen_ai.tool.name": "lookup_order",
+                        "gen_ai.tool.call.arguments": json.dumps({"order_id": "A-1"}),
+                        "gen_ai.tool.call.result": json.dumps({"status": "pending", "n": i % 2}),
+                    },
+                ):
+                    pass
+
+    spans = record(genai)
+    agent = [s for s in spans if s.name.startswith("invoke_agent")]
+    children = [s for s in spans if not s.name.startswith("invoke_agent")]
+    loopwatch = record(completed_run())
+
+    def tool_in_loopwatch_trace(provider: TracerProvider) -> None:
+        parent = next(s for s in loopwatch if s.parent is None)
+        context = trace.set_span_in_context(trace.NonRecordingSpan(parent.context))
+        provider.get_tracer("mixed").start_span(
+            "execute_tool extra",
+            context=context,
+            attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "extra"},
+        ).end()
+
+    mixed = (*loopwatch, *record(tool_in_loopwatch_trace))
+    return [encode_spans(group).SerializeToString() for group in (children, agent, mixed)]
+
+
+def test_third_party_spans_map_like_in_process(pair: tuple[Collector, Collector]) -> None:
+    """The worker premaps loopwatch spans only; third-party spans keep their cross-batch
+    mapping (reassignment, observe-mode detection, inferred stops) in the serving process."""
+    bodies = _third_party_bodies()
+    for c in pair:
+        with TestClient(c.otlp_app()) as client:
+            for body in bodies:
+                response = client.post("/v1/traces", content=body, headers=PROTOBUF)
+                assert response.status_code == 200, response.text
+    queries = (
+        "SELECT run_id, source, agent, steps, decisions, tool_calls, stop_reason, stop_origin, "
+        "sampled FROM runs ORDER BY run_id",
+        "SELECT run_id, span_id, kind, step, tool, outcome, action_fingerprint, "
+        "observation_digest, progress FROM steps ORDER BY run_id, span_id",
+        "SELECT run_id, reason, origin, stop_inferred, step, observe_reason FROM stops "
+        "ORDER BY run_id",
+    )
+    inproc, pooled = pair
+    for sql in queries:
+        assert _stored(pooled, sql) == _stored(inproc, sql), sql
+    runs = _stored(pooled, "SELECT source, agent, steps, tool_calls FROM runs ORDER BY source")
+    assert len(runs) == 2, runs  # the provisional run of the first request was emptied
+    assert runs[0] == ("genai", "triage", 4, 4), runs  # a tool call shares its model turn's step
+    assert runs[1][0] == "loopwatch"
+    assert _stored(pooled, "SELECT count(*) FROM steps WHERE tool = 'extra'") == [(0,)]
+    assert _metrics(pooled) == _metrics(inproc)
 
 
 def test_bad_input_gets_the_same_answer(pair: tuple[Collector, Collector]) -> None:
