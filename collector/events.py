@@ -801,7 +801,7 @@ def _lw_stop(span: SpanRecord, run_id: str, origin: str) -> StopRow:
         limit_value=_float(attrs, sc.LW_STOP_LIMIT),
         observed=_float(attrs, sc.LW_STOP_OBSERVED),
         basis=_str(attrs, sc.LW_STOP_BASIS),
-        evidence=_text(attrs, sc.LW_STOP_EVIDENCE),
+        evidence=_stop_evidence(attrs, reason),
         message=_str(attrs, sc.LW_STOP_MESSAGE),
         steps_since_progress=_int(attrs, sc.LW_STEPS_SINCE_PROGRESS),
         usage_model_turns=_int(attrs, sc.LW_USAGE_MODEL_TURNS),
@@ -814,6 +814,18 @@ def _lw_stop(span: SpanRecord, run_id: str, origin: str) -> StopRow:
         observe_step=_int(attrs, sc.LW_OBSERVE_STOP_STEP),
         agent=_str(attrs, sc.GEN_AI_AGENT_NAME),
     )
+
+
+def _stop_evidence(attrs: Attributes, reason: str | None) -> str | None:
+    """The stop's evidence; for a run that completed in ``observe`` mode after the guard
+    would have stopped it, that would-be stop's evidence (its tool, period, steps), as
+    server-side detection stores for third-party runs. Loop detections are then counted
+    by tool, and an incident reviewer sees why the run would have stopped."""
+    if reason == STOP_COMPLETED and sc.LW_OBSERVE_STOP_REASON in attrs:
+        observed = _text(attrs, sc.LW_OBSERVE_STOP_EVIDENCE)
+        if observed is not None:
+            return observed
+    return _text(attrs, sc.LW_STOP_EVIDENCE)
 
 
 def _strip_prefix(name: str, prefix: str) -> str:

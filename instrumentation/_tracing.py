@@ -338,6 +338,7 @@ class RunTelemetry:
                 first = outcome.observed_stops[0]
                 attrs[sc.LW_OBSERVE_STOP_REASON] = first.reason.value
                 attrs[sc.LW_OBSERVE_STOP_STEP] = first.step
+                attrs[sc.LW_OBSERVE_STOP_EVIDENCE] = _json(first.evidence.to_dict())
             span = self._get_tracer().start_span(
                 self._stop_name, context=self._run_ctx, kind=SpanKind.INTERNAL, attributes=attrs
             )

@@ -120,6 +120,7 @@ def test_restart_restores_totals(tmp_path: Path) -> None:
     first = Collector(cfg)
     submit(first, to_batch(record(looping_run("a"))))
     submit(first, to_batch(record(completed_run("b"))))
+    submit(first, to_batch(record(looping_run("c", calls=5, mode="observe"))))
     before = {
         k: v
         for k, v in samples(first).items()
@@ -132,10 +133,41 @@ def test_restart_restores_totals(tmp_path: Path) -> None:
         for k, v in samples(second).items()
         if k.startswith(("loopwatch_agent", "loopwatch_tool", "loopwatch_loop", "loopwatch_canary"))
     }
+    observed = value(
+        second,
+        "loopwatch_loop_detections_total",
+        agent="c",
+        tool="get_details_by_id",
+        detector="repeated_action",
+    )
     second.close()
     assert {k: sorted(map(str, v)) for k, v in before.items()} == {
         k: sorted(map(str, v)) for k, v in after.items()
     }
+    assert observed == 1  # restored with its tool, as counted live
+
+
+def test_observe_mode_detection_is_counted_by_tool(collector: Collector) -> None:
+    """A loopwatch agent in observe mode completes; the would-be stop's evidence (from
+    ``loopwatch.observe.stop_evidence``) becomes the stored evidence, so the detection
+    is counted under its tool, not ``none``."""
+    submit(collector, to_batch(record(looping_run("obs", calls=5, mode="observe"))))
+    assert (
+        value(
+            collector,
+            "loopwatch_loop_detections_total",
+            agent="obs",
+            tool="get_details_by_id",
+            detector="repeated_action",
+        )
+        == 1
+    )
+    assert value(collector, "loopwatch_loop_detections_total", tool="none") == 0
+    client = TestClient(collector.api_app())
+    run = client.get("/api/v1/runs", params={"agent": "obs"}).json()["items"][0]
+    stop = client.get(f"/api/v1/runs/{run['run_id']}").json()["stop"]
+    assert (stop["reason"], stop["observe_reason"]) == ("completed", "repeated_action")
+    assert json.loads(stop["evidence"])["tool"] == "get_details_by_id", stop
 
 
 def test_canary_is_redacted_counted_and_flagged(collector: Collector) -> None:

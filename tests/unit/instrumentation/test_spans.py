@@ -418,6 +418,9 @@ def test_observe_mode_spans(provider: TracerProvider, exporter: InMemorySpanExpo
     assert (
         stop[sc.LW_OBSERVE_STOP_REASON] == "repeated_action" and stop[sc.LW_OBSERVE_STOP_STEP] == 3
     )
+    evidence = json.loads(stop[sc.LW_OBSERVE_STOP_EVIDENCE])
+    assert evidence["detector"] == "repeated_action" and evidence["tool"] == "lookup_order"
+    assert json.loads(stop[sc.LW_STOP_EVIDENCE]) == {"scope": "run"}  # the real stop's
     outcomes = [
         s.attributes[sc.LW_TOOL_OUTCOME] for s in spans if s.name.startswith("execute_tool")
     ]
