@@ -558,18 +558,39 @@ class Run:
         return result
 
 
-class _ModelCall:
+class _SpanScope:
+    """The span of a ``with`` block made current for its body (so a tool or model client
+    instrumented with OpenTelemetry nests its own spans under it), and restored after."""
+
+    __slots__ = ("_span", "_token")
+
+    def __init__(self) -> None:
+        self._span: Span | None = None
+        self._token: object | None = None
+
+    def _enter_span(self, span: Span | None) -> None:
+        self._span = span
+        if span is not None:
+            self._token = otel_context.attach(trace.set_span_in_context(span))
+
+    def _leave_span(self) -> None:
+        token = self._token
+        if token is not None:
+            self._token = None
+            otel_context.detach(token)  # type: ignore[arg-type]
+
+
+class _ModelCall(_SpanScope):
     """Context manager returned by :meth:`Run.model_call`; ``with`` yields it as the
     handle (a class, not a generator: this runs once per model call)."""
 
-    __slots__ = ("_cost", "_run", "_span", "_token", "_tokens", "decision", "stop")
+    __slots__ = ("_cost", "_run", "_tokens", "decision", "stop")
 
     def __init__(self, run: Run, tokens: int | None = None, cost: float | None = None) -> None:
+        super().__init__()
         self._run = run
         self._tokens = tokens
         self._cost = cost
-        self._span: Span | None = None
-        self._token: object | None = None
         self.decision: Decision | None = None
         self.stop: Any = None
 
@@ -583,10 +604,7 @@ class _ModelCall:
         )
         if not verdict.allowed:
             run._raise_if_stopped(verdict.stop)
-        span = run._telemetry.start_decision(start_time=started)
-        self._span = span
-        if span is not None:
-            self._token = otel_context.attach(trace.set_span_in_context(span))
+        self._enter_span(run._telemetry.start_decision(start_time=started))
         return self
 
     def __exit__(
@@ -595,10 +613,7 @@ class _ModelCall:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        token = self._token
-        if token is not None:
-            self._token = None
-            otel_context.detach(token)  # type: ignore[arg-type]
+        self._leave_span()
         run = self._run
         if exc is not None:
             run._telemetry.end_decision(
@@ -626,32 +641,20 @@ class _ModelCall:
             self.stop = verdict.stop
 
 
-class _ToolCall:
+class _ToolCall(_SpanScope):
     """Context manager returned by :meth:`Run.tool_call`; ``with`` yields it as the handle
     (``ticket`` once entered, ``set_result``, and ``record`` after a normal exit)."""
 
-    __slots__ = (
-        "_args",
-        "_args_json",
-        "_call_id",
-        "_name",
-        "_run",
-        "_span",
-        "_token",
-        "record",
-        "result",
-        "ticket",
-    )
+    __slots__ = ("_args", "_args_json", "_call_id", "_name", "_run", "record", "result", "ticket")
 
     def __init__(
         self, run: Run, name: str, arguments: Mapping[str, Any], call_id: str | None
     ) -> None:
         self._run = run
+        super().__init__()
         self._name = name
         self._args = arguments
         self._call_id = call_id
-        self._span: Span | None = None
-        self._token: object | None = None
         self._args_json: str | None = None
         self.ticket: ToolTicket | None = None
         self.result: Any = None
@@ -661,10 +664,7 @@ class _ToolCall:
         run = self._run
         ticket, args_json, started = run._check_tool(self._name, self._args, self._call_id)
         self.ticket = ticket
-        span = run._telemetry.start_tool(ticket, args_json, start_time=started)
-        self._span = span
-        if span is not None:
-            self._token = otel_context.attach(trace.set_span_in_context(span))
+        self._enter_span(run._telemetry.start_tool(ticket, args_json, start_time=started))
         return self
 
     def __exit__(
@@ -673,10 +673,7 @@ class _ToolCall:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        token = self._token
-        if token is not None:
-            self._token = None
-            otel_context.detach(token)  # type: ignore[arg-type]
+        self._leave_span()
         run = self._run
         ticket = self.ticket
         assert ticket is not None  # __exit__ runs only after a successful __enter__
