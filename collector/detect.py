@@ -152,7 +152,7 @@ class DetectStage:
                         stop,
                         observe_reason=first.reason.value,
                         observe_step=first.step,
-                        evidence=json.dumps(
+                        observe_evidence=json.dumps(
                             first.evidence.to_dict(), separators=(",", ":"), sort_keys=True
                         ),
                         steps_since_progress=outcome.usage.steps_since_progress,

@@ -230,7 +230,9 @@ class StopRow:
         evidence: ``loopwatch.stop.evidence`` JSON text; ``message``: stop message.
         steps_since_progress and the ``usage_*`` fields: the guard's counters at the stop
             (``usage_elapsed_seconds`` in seconds, ``usage_cost_usd`` in US dollars).
-        observe_reason / observe_step: what ``observe`` mode would have stopped with.
+        observe_reason / observe_step / observe_evidence: what ``observe`` mode would
+            have stopped with, where, and its evidence (JSON); ``evidence`` stays the
+            real stop's.
     """
 
     trace_id: str
@@ -256,6 +258,7 @@ class StopRow:
     usage_elapsed_seconds: float | None = None
     observe_reason: str | None = None
     observe_step: int | None = None
+    observe_evidence: str | None = None
     agent: str | None = None
 
     @property
@@ -801,7 +804,7 @@ def _lw_stop(span: SpanRecord, run_id: str, origin: str) -> StopRow:
         limit_value=_float(attrs, sc.LW_STOP_LIMIT),
         observed=_float(attrs, sc.LW_STOP_OBSERVED),
         basis=_str(attrs, sc.LW_STOP_BASIS),
-        evidence=_stop_evidence(attrs, reason),
+        evidence=_text(attrs, sc.LW_STOP_EVIDENCE),
         message=_str(attrs, sc.LW_STOP_MESSAGE),
         steps_since_progress=_int(attrs, sc.LW_STEPS_SINCE_PROGRESS),
         usage_model_turns=_int(attrs, sc.LW_USAGE_MODEL_TURNS),
@@ -812,20 +815,9 @@ def _lw_stop(span: SpanRecord, run_id: str, origin: str) -> StopRow:
         usage_elapsed_seconds=_float(attrs, sc.LW_USAGE_ELAPSED_SECONDS),
         observe_reason=_str(attrs, sc.LW_OBSERVE_STOP_REASON),
         observe_step=_int(attrs, sc.LW_OBSERVE_STOP_STEP),
+        observe_evidence=_text(attrs, sc.LW_OBSERVE_STOP_EVIDENCE),
         agent=_str(attrs, sc.GEN_AI_AGENT_NAME),
     )
-
-
-def _stop_evidence(attrs: Attributes, reason: str | None) -> str | None:
-    """The stop's evidence; for a run that completed in ``observe`` mode after the guard
-    would have stopped it, that would-be stop's evidence (its tool, period, steps), as
-    server-side detection stores for third-party runs. Loop detections are then counted
-    by tool, and an incident reviewer sees why the run would have stopped."""
-    if reason == STOP_COMPLETED and sc.LW_OBSERVE_STOP_REASON in attrs:
-        observed = _text(attrs, sc.LW_OBSERVE_STOP_EVIDENCE)
-        if observed is not None:
-            return observed
-    return _text(attrs, sc.LW_STOP_EVIDENCE)
 
 
 def _strip_prefix(name: str, prefix: str) -> str:

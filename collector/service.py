@@ -58,6 +58,7 @@ from .decode import decode_body
 from .detect import LOOP_DETECTORS, DetectStage
 from .errors import CollectorError, QueueFull
 from .events import (
+    KIND_TOOL_RESULT,
     STOP_ORIGIN_INFERRED,
     STOP_ORIGIN_STOP_SPAN,
     MappedBatch,
@@ -103,10 +104,13 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 
 def _evidence_tool(stop: StopRow) -> str | None:
-    if not stop.evidence:
+    """The tool named by the evidence of the stop's loop detection (see
+    :func:`loop_detector`): the stop's own, else observe mode's."""
+    evidence = stop.evidence if stop.reason in LOOP_DETECTORS else stop.observe_evidence
+    if not evidence:
         return None
     try:
-        parsed = json.loads(stop.evidence)
+        parsed = json.loads(evidence)
     except ValueError:
         return None
     tool = parsed.get("tool") if isinstance(parsed, dict) else None
@@ -146,7 +150,8 @@ class RedactedBatch(SpanBatch):
         partial: the worker's :func:`~loopwatch.collector.events.premap` of the batch.
         canary_hits: canary occurrences redacted in this batch, by location.
         redactions: placeholders written in this batch, by rule.
-        redaction_failures: spans removed because their redaction raised.
+        redaction_failures: spans removed because their redaction raised, not yet
+            refused on the batch.
     """
 
     partial: PartialMap | None = None
@@ -155,8 +160,12 @@ class RedactedBatch(SpanBatch):
     redaction_failures: int = 0
 
     def accepted_spans(self) -> int:
-        """Spans accepted by decoding and redaction (all are in ``partial``)."""
-        return self.partial.mapped.spans_in if self.partial is not None else len(self.spans)
+        """Spans accepted so far, as for a batch redacted in process: the decoded spans
+        until :meth:`Collector.process` refuses those whose redaction failed (it moves
+        ``redaction_failures`` into ``rejected_spans``), then the mapped ones."""
+        if self.partial is None:
+            return len(self.spans)
+        return self.partial.mapped.spans_in + self.redaction_failures
 
 
 class DecodeWorkerLost(CollectorError):
@@ -228,6 +237,25 @@ def _decode_in_worker(body: bytes, encoding: str, as_json: bool) -> tuple[Any, .
         batch.rejected_spans - rejected,
         _delta(dict(after.canary_by_location), dict(before.canary_by_location)),
         _delta(dict(after.redactions_by_rule), dict(before.redactions_by_rule)),
+    )
+
+
+def _from_worker(result: tuple[Any, ...]) -> RedactedBatch:
+    """The serving process's side of :func:`_decode_in_worker`: its batch, or its error
+    raised again."""
+    if result[0] == "error":
+        raise _rebuild_error(result[1], result[2], result[3])
+    _, partial, rejected, messages, failures, canaries, redactions = result
+    return RedactedBatch(
+        spans=[],
+        transport=partial.mapped.transport,
+        rejected_spans=rejected,
+        rejection_messages=messages,
+        canary_run_ids=set(partial.mapped.canary_run_ids),
+        partial=partial,
+        canary_hits=canaries,
+        redactions=redactions,
+        redaction_failures=failures,
     )
 
 
@@ -317,20 +345,7 @@ class DecodePool:
         except BrokenProcessPool:
             self._replace(executor)
             raise DecodeWorkerLost() from None
-        if result[0] == "error":
-            raise _rebuild_error(result[1], result[2], result[3])
-        _, partial, rejected, messages, failures, canaries, redactions = result
-        return RedactedBatch(
-            spans=[],
-            transport=partial.mapped.transport,
-            rejected_spans=rejected,
-            rejection_messages=messages,
-            canary_run_ids=set(partial.mapped.canary_run_ids),
-            partial=partial,
-            canary_hits=canaries,
-            redactions=redactions,
-            redaction_failures=failures,
-        )
+        return _from_worker(result)
 
     def close(self) -> None:
         """Stop the workers (queued bodies are cancelled). Idempotent."""
@@ -362,7 +377,8 @@ def restore_stop_totals(
     rows, _ = reader._query(
         "SELECT COALESCE(r.agent, '') AS agent, s.reason, COALESCE(s.step, 0) AS step, "
         "COALESCE(s.steps_since_progress, 0) AS ssp, s.observe_reason, "
-        "json_extract_string(s.evidence, '$.tool') AS tool, count(*) AS n "
+        "json_extract_string(s.evidence, '$.tool') AS tool, "
+        "json_extract_string(s.observe_evidence, '$.tool') AS observe_tool, count(*) AS n "
         "FROM stops s JOIN runs r USING (run_key) GROUP BY ALL",
         [],
         max_rows=1_000_000,
@@ -372,9 +388,11 @@ def restore_stop_totals(
     for row in rows:
         key = (row["agent"], row["reason"], int(row["step"]), int(row["ssp"]))
         histograms[key] = histograms.get(key, 0) + int(row["n"])
-        detector = row["reason"] if row["reason"] in LOOP_DETECTORS else row["observe_reason"]
+        own = row["reason"] in LOOP_DETECTORS
+        detector = row["reason"] if own else row["observe_reason"]
         if detector in LOOP_DETECTORS:
-            dkey = (row["agent"], row["tool"] or "none", detector)
+            tool = row["tool"] if own else row["observe_tool"]
+            dkey = (row["agent"], tool or "none", detector)
             detections[dkey] = detections.get(dkey, 0) + int(row["n"])
     return histograms, detections
 
@@ -486,6 +504,20 @@ class Collector:
             while len(self._agents) > _AGENT_CACHE:
                 self._agents.popitem(last=False)
 
+    def _label_tool_calls(self, mapped: MappedBatch) -> None:
+        """Fix the agent label of each tool call before it is stored.
+
+        ``loopwatch_tool_calls_total`` counts a call under the tool span's own agent,
+        else the last agent seen for its run, else ``unknown``. The store keeps that label
+        with the call (``run_tools.agent``), so the totals restored after a restart are
+        the ones counted live, even for a run whose agent span came later or never.
+        """
+        with self._agents_lock:
+            agents = self._agents
+            for step in mapped.steps:
+                if step.kind == KIND_TOOL_RESULT and not step.agent:
+                    step.agent = agents.get(step.run_id, _UNKNOWN_AGENT)
+
     def agent_of(self, run_id: str, explicit: str | None = None) -> str:
         """The agent name of a run (the row's own, else the last seen run row)."""
         if explicit:
@@ -507,6 +539,7 @@ class Collector:
             canaries, redactions = batch.canary_hits, batch.redactions
             if batch.redaction_failures:
                 batch.reject(batch.redaction_failures, REDACTION_FAILED)
+                batch.redaction_failures = 0
             mapped = self.map.finish(batch.partial)
         else:
             before = self.redact.counts()
@@ -518,6 +551,7 @@ class Collector:
         mapped = self.detect.process(mapped)
         mapped.canary_hits = canaries
         self._remember_agents(mapped)
+        self._label_tool_calls(mapped)
         future = self.store.submit(mapped)
         return _Processed(mapped, canaries, redactions), future
 

@@ -105,7 +105,6 @@ from .errors import CollectorError, QueueFull
 from .events import (
     KIND_DECISION,
     KIND_TOOL_RESULT,
-    SOURCE_LOOPWATCH,
     STOP_ORIGIN_INFERRED,
     STOP_ORIGIN_STOP_SPAN,
     STOP_ORIGINS,
@@ -389,6 +388,14 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         "run_tools.agent: the agent a tool call was counted under when it was stored",
         ("ALTER TABLE run_tools ADD COLUMN agent VARCHAR",),
     ),
+    Migration(
+        7,
+        "observe_evidence: what observe mode would have stopped, beside the real stop's",
+        (
+            "ALTER TABLE stops ADD COLUMN observe_evidence VARCHAR",
+            "ALTER TABLE stop_anomalies ADD COLUMN observe_evidence VARCHAR",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
@@ -614,8 +621,11 @@ _STOP_FIELDS: Final = (
     "usage_elapsed_seconds",
     "observe_reason",
     "observe_step",
+    "observe_evidence",
 )
-_STOP_COLUMNS: Final = ("run_key", *_STOP_FIELDS, "received_unix_nano")
+# Table order: columns added by a migration come after ``received_unix_nano``.
+_STOP_COLUMNS: Final = ("run_key", *_STOP_FIELDS[:-1], "received_unix_nano", _STOP_FIELDS[-1])
+_ANOMALY_COLUMNS: Final = (*_STOP_COLUMNS[:-1], "kind", _STOP_COLUMNS[-1])
 _RUN_ATTR_FIELDS: Final = (
     "agent",
     "agent_id",
@@ -816,9 +826,18 @@ def _stop_tuple(run_key: int, stop_row: StopRow, now_ns: int) -> tuple[Any, ...]
         run_key,
         *values[:_STOP_INFERRED_AT],
         stop_row.stop_inferred,
-        *values[_STOP_INFERRED_AT:],
+        *values[_STOP_INFERRED_AT:-1],
         now_ns,
+        values[-1],
     )
+
+
+def _anomaly_tuple(run_key: int, stop_row: StopRow, now_ns: int, kind: str) -> tuple[Any, ...]:
+    values = _stop_tuple(run_key, stop_row, now_ns)
+    return (*values[:-1], kind, values[-1])
+
+
+_MOVED: Final = ""  # run_tools.agent of the -1/+1 rows of a reassigned call
 
 
 @dataclass(slots=True)
@@ -1380,14 +1399,16 @@ class Store:
             target = group.run(move.to_run_id, move.trace_id, source["source"])
             group.settle.add(move.to_run_id)
             group.staged_in_db.add(move.to_run_id)
+        # A moved call keeps the agent label it was counted under (its first row): the
+        # move's -1/+1 pair carries one label, "", so per-label totals are unchanged.
         for kind, step, outcome, tool, tokens in moved:
             _count_step(source, kind, step, outcome, tokens, sign=-1)
             if kind == KIND_TOOL_RESULT:
-                group.tool(from_key, tool, outcome or "", -1)
+                group.tool(from_key, tool, outcome or "", -1, _MOVED)
             if target is not None:
                 _count_step(target, kind, step, outcome, tokens, sign=1)
                 if kind == KIND_TOOL_RESULT:
-                    group.tool(target["run_key"], tool, outcome or "", 1)
+                    group.tool(target["run_key"], tool, outcome or "", 1, _MOVED)
                     tools = group.new_tools.setdefault(target["run_id"], {})
                     tools[tool] = tools.get(tool, 0) + 1
         if source["run_span_id"] is None and source["stop_origin"] is None:
@@ -1443,12 +1464,10 @@ class Store:
                 if step.output_tokens is not None:
                     tokens += step.output_tokens
                 if step.kind == KIND_TOOL_RESULT:
-                    # The agent the live counter labels the call with (the span's own
-                    # gen_ai.agent.name), kept so a restart restores the same series even
-                    # when the run span had not arrived. Third-party steps can move to
-                    # another run later (``_reassign``), so theirs follow the run row.
-                    agent = step.agent if step.source == SOURCE_LOOPWATCH else None
-                    call = (step.tool or "", step.outcome or "", agent)
+                    # The agent label the call was counted under (the collector sets it
+                    # before submitting), kept so a restart restores the same series
+                    # even when the run's agent span came later or never.
+                    call = (step.tool or "", step.outcome or "", step.agent or None)
                     calls[call] = calls.get(call, 0) + 1
                 elif step.kind == KIND_DECISION:
                     decisions += 1
@@ -1628,9 +1647,9 @@ class Store:
             self._append(
                 "stop_anomalies",
                 _table(
-                    (*_STOP_COLUMNS, "kind"),
+                    _ANOMALY_COLUMNS,
                     [
-                        (*_stop_tuple(_run_key(s.run_id), s, now_ns), _ANOMALY_DUPLICATE)
+                        _anomaly_tuple(_run_key(s.run_id), s, now_ns, _ANOMALY_DUPLICATE)
                         for s in anomalies
                     ],
                 ),

@@ -431,7 +431,8 @@ class StopCard:
         detector / tool / matched_period / repetitions / step_indices /
         fingerprint_previews / failure_class / scope / detail: the evidence.
         steps_since_progress: at the stop.
-        observe_reason: in ``observe`` mode, what would have stopped the run.
+        observe_reason: in ``observe`` mode, what would have stopped the run, at which
+            step, on which tool.
     """
 
     reason: str
@@ -505,8 +506,29 @@ def stop_card(
         scope=_str(ev.get("scope")),
         detail=dict(detail) if isinstance(detail, Mapping) else {},
         steps_since_progress=_int(stop.get("steps_since_progress")),
-        observe_reason=_str(stop.get("observe_reason")),
+        observe_reason=_observed(stop),
     )
+
+
+def _observed(stop: Mapping[str, Any]) -> str | None:
+    """``repeated_action at step 3 on lookup_order``: what observe mode would have
+    stopped, where, and the tool its evidence names (``observe_evidence``, JSON)."""
+    reason = _str(stop.get("observe_reason"))
+    if reason is None:
+        return None
+    parts = [reason]
+    step = _int(stop.get("observe_step"))
+    if step is not None:
+        parts.append(f"at step {step}")
+    raw = stop.get("observe_evidence")
+    try:
+        evidence = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        evidence = None
+    tool = _str(evidence.get("tool")) if isinstance(evidence, Mapping) else None
+    if tool is not None:
+        parts.append(f"on {tool}")
+    return " ".join(parts)
 
 
 def progress_series(steps: Sequence[StepView]) -> pd.DataFrame:

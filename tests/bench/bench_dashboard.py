@@ -140,7 +140,7 @@ def build_store(path: Path, *, runs: int, long_steps: int, now_ns: int) -> None:
             FROM g"""
         )
         con.execute(
-            """INSERT INTO run_tools SELECT run_key, tool, 'ok', steps FROM g
+            """INSERT INTO run_tools (run_key, tool, outcome, calls) SELECT run_key, tool, 'ok', steps FROM g
             UNION ALL SELECT run_key, tool, 'blocked', 1 FROM g
                 WHERE reason = 'repeated_action'
             UNION ALL SELECT run_key, 'tool_' || ((i + 7) % 24), 'error', 1 FROM g
@@ -188,7 +188,7 @@ def build_store(path: Path, *, runs: int, long_steps: int, now_ns: int) -> None:
             FROM long"""
         )
         con.execute(
-            """INSERT INTO run_tools SELECT run_key, tool, 'ok', steps - 1 FROM long
+            """INSERT INTO run_tools (run_key, tool, outcome, calls) SELECT run_key, tool, 'ok', steps - 1 FROM long
             UNION ALL SELECT run_key, tool, 'blocked', 1 FROM long"""
         )
         _insert_steps(con, "FROM long g, range(1, g.steps + 1) s(step)")

@@ -10,6 +10,7 @@ detector, and count the calls on ``/metrics``.
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import threading
 from collections.abc import Iterator
@@ -58,7 +59,8 @@ def _check_genai_run(
     assert len(fingerprints) == 1 and HEX64.match(fingerprints.pop() or ""), tools
     assert len(digests) == 1 and HEX64.match(digests.pop() or ""), tools
     assert detail["stop"]["observe_reason"] == "repeated_action", detail["stop"]
-    assert detail["evidence"]["tool"] == "lookup_order", detail["evidence"]
+    observed = json.loads(detail["stop"]["observe_evidence"])
+    assert observed["tool"] == "lookup_order", detail["stop"]
 
     metrics: MetricSamples = collector.metrics()
     assert (

@@ -16,14 +16,20 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from loopwatch.collector import service
 from loopwatch.collector.config import default_decode_workers, load_config
 from loopwatch.collector.errors import ConfigError
+from loopwatch.collector.http import create_otlp_app
+from loopwatch.collector.records import SpanBatch
+from loopwatch.collector.redact import RedactStage
 from loopwatch.collector.service import Collector
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
@@ -201,6 +207,76 @@ def test_third_party_spans_map_like_in_process(pair: tuple[Collector, Collector]
     assert runs[1][0] == "loopwatch"
     assert _stored(pooled, "SELECT count(*) FROM steps WHERE tool = 'extra'") == [(0,)]
     assert _metrics(pooled) == _metrics(inproc)
+
+
+def _boom_body(names: tuple[str, ...]) -> bytes:
+    """A completed run whose spans named in ``names`` are renamed ``BOOM ...``."""
+    request = encode_spans(record(completed_run()))
+    for span in request.resource_spans[0].scope_spans[0].spans:
+        if span.name.split(" ")[0] in names:
+            span.name = f"BOOM {span.name}"
+    return request.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "names", [("execute_tool",), ("execute_tool", "decide", "invoke_agent", "stop")]
+)
+def test_redaction_failures_answer_like_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]
+) -> None:
+    """Spans whose redaction raises are refused with a partial success and counted as
+    received and rejected, whether redacted in process or by a worker (emulated here in
+    process through the worker's own two halves, ``_decode_in_worker`` and
+    ``_from_worker``, since a fault cannot be planted in a forkserver child). A batch
+    whose every span failed once got 200 with no rejection from a worker."""
+    original = RedactStage._process_span
+
+    def failing(self: RedactStage, span: Any, *args: Any, **kwargs: Any) -> Any:
+        if span.name.startswith("BOOM"):
+            raise ValueError("planted redaction fault")
+        return original(self, span, *args, **kwargs)
+
+    monkeypatch.setattr(RedactStage, "_process_span", failing)
+    monkeypatch.setattr(service, "_WORKER_REDACT", RedactStage(canaries=(CANARY,)))
+    monkeypatch.setattr(service, "_WORKER_MAX_DECOMPRESSED_BYTES", 1 << 20)
+
+    async def worker_decode(body: bytes, encoding: str, as_json: bool) -> SpanBatch:
+        return service._from_worker(service._decode_in_worker(body, encoding, as_json))
+
+    body = _boom_body(names)
+    answers, counters = [], []
+    for emulate_worker in (False, True):
+        folder = tmp_path / str(emulate_worker)
+        folder.mkdir()
+        c = _collector(folder, 0)
+        try:
+            app = create_otlp_app(
+                c.submit,
+                max_body_bytes=1 << 20,
+                max_decompressed_bytes=1 << 20,
+                counters=c.metrics,
+                decode=worker_decode if emulate_worker else None,
+            )
+            with TestClient(app) as client:
+                response = client.post("/v1/traces", content=body, headers=PROTOBUF)
+            answers.append((response.status_code, response.content))
+            counters.append(
+                {
+                    (s.name, tuple(sorted(s.labels.items()))): s.value
+                    for family in text_string_to_metric_families(c.exposition().decode())
+                    for s in family.samples
+                    if s.name.startswith("loopwatch_collector_spans_")
+                }
+            )
+        finally:
+            c.close()
+    assert answers[0] == answers[1]
+    assert counters[0] == counters[1]
+    status, content = answers[1]
+    message = ExportTraceServiceResponse.FromString(content).partial_success
+    failed = sum(1 for s in record(completed_run()) if s.name.split(" ")[0] in names)
+    assert status == 200 and message.rejected_spans == failed > 0
+    assert "redaction failed" in message.error_message
 
 
 def test_bad_input_gets_the_same_answer(pair: tuple[Collector, Collector]) -> None:

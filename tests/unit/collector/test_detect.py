@@ -70,7 +70,7 @@ def test_identical_third_party_calls_are_detected(openinference: bool) -> None:
     stop = next(s for s in mapped.stops if s.stop_inferred)
     assert stop.reason == "completed", "the agent was not stopped; the record says what happened"
     assert stop.observe_reason == "repeated_action" and stop.observe_step == 3
-    assert json.loads(stop.evidence or "{}")["tool"] == "lookup_order"
+    assert json.loads(stop.observe_evidence or "{}")["tool"] == "lookup_order"
     assert [d.detector for d in stage.detections] == ["repeated_action"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ import pytest
 from loopwatch.collector.config import load_config
 from loopwatch.collector.records import SpanBatch, SpanRecord
 from loopwatch.collector.service import Collector
+from loopwatch.instrumentation import Decision, Policy, Run, ToolCall
+from loopwatch.instrumentation.testing import ConstantTool, FakeClock
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
@@ -167,7 +170,42 @@ def test_observe_mode_detection_is_counted_by_tool(collector: Collector) -> None
     run = client.get("/api/v1/runs", params={"agent": "obs"}).json()["items"][0]
     stop = client.get(f"/api/v1/runs/{run['run_id']}").json()["stop"]
     assert (stop["reason"], stop["observe_reason"]) == ("completed", "repeated_action")
-    assert json.loads(stop["evidence"])["tool"] == "get_details_by_id", stop
+    assert json.loads(stop["observe_evidence"])["tool"] == "get_details_by_id", stop
+    assert json.loads(stop["evidence"]) == {"scope": "run"}  # the real stop's, kept
+
+
+def test_observe_mode_detection_of_a_run_that_then_failed_keeps_its_tool(
+    collector: Collector,
+) -> None:
+    """Observe mode saw a loop, then the run ended with an error: the detection is
+    still counted under the tool (from ``observe_evidence``), the stop stays ``error``."""
+
+    def go(provider: Any) -> None:
+        tools = {"get_details_by_id": ConstantTool()}
+        policy = Policy.build(repeat_limit=3)
+        with (
+            contextlib.suppress(RuntimeError),
+            Run(
+                "obs",
+                policy,
+                tracer_provider=provider,
+                clock=FakeClock(),
+                tools=tools,
+                mode="observe",
+            ) as run,
+        ):
+            for _ in range(5):
+                decision = run.decide(
+                    lambda: Decision.tool(ToolCall("get_details_by_id", {"id": 42}))
+                )
+                for c in decision.tool_calls:
+                    run.call_tool(c.name, c.arguments)
+            raise RuntimeError("model API down")
+
+    submit(collector, to_batch(record(go)))
+    labels = {"agent": "obs", "tool": "get_details_by_id", "detector": "repeated_action"}
+    assert value(collector, "loopwatch_loop_detections_total", **labels) == 1
+    assert value(collector, "loopwatch_agent_stops_total", agent="obs", stop_reason="error") == 1
 
 
 def test_canary_is_redacted_counted_and_flagged(collector: Collector) -> None:
@@ -249,3 +287,79 @@ def test_stats_endpoint(collector: Collector) -> None:
     ).json()
     assert sum(r["stops"] for r in stats["stops_by_reason"]) == 1
     assert stats["loops_by_tool"][0]["tool"] == "get_details_by_id"
+
+
+def _genai(tool_agent: str | None, agent_span: bool) -> tuple[Any, ...]:
+    def go(provider: Any) -> None:
+        tracer = provider.get_tracer("third-party")
+
+        def tool() -> None:
+            attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup"}
+            if tool_agent:
+                attrs["gen_ai.agent.name"] = tool_agent
+            with tracer.start_as_current_span("execute_tool lookup", attributes=attrs):
+                pass
+
+        if agent_span:
+            agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "triage"}
+            with tracer.start_as_current_span("invoke_agent triage", attributes=agent):
+                tool()
+        else:
+            with tracer.start_as_current_span("root"):
+                tool()
+
+    return record(go)
+
+
+def _split(spans: tuple[Any, ...], last: str) -> list[SpanBatch]:
+    """Two requests: every span but those named ``last ...``, then those."""
+    tail = [s for s in spans if s.name.startswith(last)]
+    head = [s for s in spans if not s.name.startswith(last)]
+    return [to_batch(head), to_batch(tail)]
+
+
+def _lw_empty_agent(*, run_span_later: bool = False) -> list[SpanBatch]:
+    spans = record(looping_run("support"))
+    batches = _split(spans, "invoke_agent") if run_span_later else [to_batch(spans)]
+    for batch in batches:
+        for span in batch.spans:
+            if span.attributes.get("loopwatch.event") == "tool_result":
+                span.attributes["gen_ai.agent.name"] = ""
+    return batches
+
+
+RESTORE_CASES = {
+    "third-party tool agent, no agent span": lambda: [to_batch(_genai("helper", False))],
+    "third-party tool agent under another agent": lambda: [to_batch(_genai("sub", True))],
+    "third-party calls reassigned across requests": lambda: _split(
+        _genai(None, True), "invoke_agent"
+    ),
+    "loopwatch run span after its tool spans": lambda: _split(
+        record(looping_run("support")), "invoke_agent"
+    ),
+    "loopwatch tool spans with an empty agent name": _lw_empty_agent,
+    # Counted live as "unknown" (no agent of their own, the run's not seen yet): the
+    # label is stored with the calls, not re-derived from the run row that came later.
+    "loopwatch tool spans without agent, run span later": lambda: _lw_empty_agent(
+        run_span_later=True
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(RESTORE_CASES), ids=list(RESTORE_CASES))
+def test_restart_restores_tool_calls_under_the_labels_counted_live(
+    tmp_path: Path, case: str
+) -> None:
+    """``loopwatch_tool_calls_total`` after a restart equals what was counted live,
+    whichever agent label the live counter chose (the span's own, the run's, unknown)."""
+    cfg = load_config(environ={}, overrides={"store": {"db": str(tmp_path / "lw.duckdb")}})
+    live_collector = Collector(cfg)
+    for batch in RESTORE_CASES[case]():
+        submit(live_collector, batch)
+    live = samples(live_collector).get("loopwatch_tool_calls_total", [])
+    live_collector.close()
+    restored_collector = Collector(cfg)
+    restored = samples(restored_collector).get("loopwatch_tool_calls_total", [])
+    restored_collector.close()
+    assert any(v for _, v in live), live
+    assert sorted(map(str, restored)) == sorted(map(str, live))

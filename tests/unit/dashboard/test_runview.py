@@ -347,3 +347,24 @@ def test_tool_calls_chart() -> None:
         == "2 tools, 12 calls: a 10 (8 ok, 1 errors, 1 blocked), b 2 (2 ok, 0 errors, 0 blocked)."
     )
     assert charts.tool_calls_chart(tools).to_dict()["description"] == text
+
+
+def test_stop_card_of_a_completed_run_observe_mode_would_have_stopped() -> None:
+    """The would-be stop is shown with its step and tool; the real stop's evidence (a
+    completed run has none to speak of) still drives the card and the progress mark."""
+    stop = {
+        "reason": "completed",
+        "step": 6,
+        "evidence": '{"scope":"run"}',
+        "observe_reason": "repeated_action",
+        "observe_step": 3,
+        "observe_evidence": '{"detector":"repeated_action","tool":"lookup_order"}',
+    }
+    card = runview.stop_card(stop, {"scope": "run"})
+    assert card is not None
+    assert card.observe_reason == "repeated_action at step 3 on lookup_order"
+    assert card.tool is None and card.detector is None
+    rows = dict(card.facts())
+    assert rows["observe mode would have stopped as"] == "repeated_action at step 3 on lookup_order"
+    broken = runview.stop_card({**stop, "observe_evidence": "{not json", "observe_step": None}, {})
+    assert broken is not None and broken.observe_reason == "repeated_action"
