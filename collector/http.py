@@ -387,6 +387,7 @@ class _Receiver:
                 await self.submit(batch)
             except QueueFull as exc:
                 self.counters.spans_rejected(REASON_QUEUE_FULL, batch.accepted_spans())
+                self._count_refused_later(batch, decoded_rejections)
                 return _status_response(
                     self.backpressure_status_code,
                     _GRPC_UNAVAILABLE,
@@ -396,11 +397,10 @@ class _Receiver:
                 )
             except Exception as exc:
                 self.counters.spans_rejected(REASON_SUBMIT_FAILED, batch.accepted_spans())
+                self._count_refused_later(batch, decoded_rejections)
                 _logger.error("OTLP batch not committed: submit raised %s", type(exc).__name__)
                 return self._retry_later("batch not committed; retry later", as_json)
-            refused_later = batch.rejected_spans - decoded_rejections
-            if refused_later > 0:
-                self.counters.spans_rejected(REASON_PIPELINE, refused_later)
+            self._count_refused_later(batch, decoded_rejections)
         _logger.debug(
             "OTLP request acknowledged: %d spans stored, %d rejected (%s)",
             batch.accepted_spans(),
@@ -408,6 +408,13 @@ class _Receiver:
             batch.transport,
         )
         return _export_response(batch, as_json)
+
+    def _count_refused_later(self, batch: SpanBatch, decoded_rejections: int) -> None:
+        """Count the spans the pipeline refused after decoding (e.g. redaction failed),
+        whatever became of the rest, so received = stored + rejected holds."""
+        refused_later = batch.rejected_spans - decoded_rejections
+        if refused_later > 0:
+            self.counters.spans_rejected(REASON_PIPELINE, refused_later)
 
     def _decode(self, body: bytes, encoding: str, as_json: bool) -> SpanBatch:
         return decode_body(

@@ -45,7 +45,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from multiprocessing import get_context
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import duckdb
 import uvicorn
@@ -403,6 +403,19 @@ def restore_canary_totals(reader: StoreReader) -> dict[str, int]:
     return {row["location"]: int(row["n"]) for row in rows}
 
 
+_K = TypeVar("_K", bound=tuple[Any, ...])
+
+
+def _unknown_agent_merged(totals: dict[_K, int]) -> dict[_K, int]:
+    """``totals`` keyed by ``(agent, ...)`` with a missing agent (``''``) read as
+    ``unknown``, as the live counter labels it; keys that meet are summed."""
+    out: dict[Any, int] = {}
+    for key, n in totals.items():
+        label = (key[0] or _UNKNOWN_AGENT, *key[1:])
+        out[label] = out.get(label, 0) + n
+    return out
+
+
 class Collector:
     """The sidecar: stages, store, metrics and the two HTTP apps.
 
@@ -484,11 +497,9 @@ class Collector:
         self.metrics.tools.seed(ranked_tools)
         self.metrics.restore(
             MetricsSnapshot(
-                stops={(a or _UNKNOWN_AGENT, r, s, p): n for (a, r, s, p), n in histograms.items()},
-                tool_calls={
-                    (a or _UNKNOWN_AGENT, t, o): n for (a, t, o), n in counts.tool_calls.items()
-                },
-                detections={(a or _UNKNOWN_AGENT, t, d): n for (a, t, d), n in detections.items()},
+                stops=_unknown_agent_merged(histograms),
+                tool_calls=_unknown_agent_merged(counts.tool_calls),
+                detections=_unknown_agent_merged(detections),
                 canaries=restore_canary_totals(reader),
             )
         )
@@ -581,11 +592,14 @@ class Collector:
         # per label set, instead of a lock and a label lookup per tool span.
         everything_new = len(new) == result.spans
         calls: dict[tuple[str, str | None, str, str], int] = {}
+        counted: set[tuple[str, str]] = set()
         for step in mapped.steps:
             if step.kind != "tool_result":
                 continue
-            if not everything_new and (step.trace_id, step.span_id) not in new:
-                continue
+            key = (step.trace_id, step.span_id)
+            if (not everything_new and key not in new) or key in counted:
+                continue  # a retry's span, or one sent twice in this request: stored once
+            counted.add(key)
             call = (step.run_id, step.agent, step.tool or "unknown", step.outcome or "error")
             calls[call] = calls.get(call, 0) + 1
         by_labels: dict[tuple[str, str, str], int] = {}

@@ -394,6 +394,13 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         (
             "ALTER TABLE stops ADD COLUMN observe_evidence VARCHAR",
             "ALTER TABLE stop_anomalies ADD COLUMN observe_evidence VARCHAR",
+            # Schema 6 stored it in place of a completed run's evidence: move it back.
+            *(
+                f"UPDATE {table} SET observe_evidence = evidence, evidence = NULL "
+                "WHERE reason = 'completed' AND observe_reason IS NOT NULL "
+                "AND json_extract_string(evidence, '$.detector') = observe_reason"
+                for table in ("stops", "stop_anomalies")
+            ),
         ),
     ),
 )
@@ -2064,12 +2071,14 @@ class StoreReader:
             [],
         )
         calls, t2 = self._query(
-            # The tool span's own agent first, as the live counter labels it; the run's
-            # agent for rows without one (third-party spans, rows stored before v6).
+            # The label each call was counted under live (run_tools.agent), the run's
+            # agent for rows stored before v6. A reassigned call's -1/+1 rows are left
+            # out: the live counter never moves a count. The run may be gone (a
+            # provisional run emptied by reassignment), hence the outer join.
             "SELECT COALESCE(t.agent, r.agent, '') AS agent, t.tool, t.outcome, "
-            "sum(t.calls) AS n FROM run_tools t JOIN runs r USING (run_key) "
-            "GROUP BY ALL HAVING sum(t.calls) <> 0",
-            [],
+            "sum(t.calls) AS n FROM run_tools t LEFT JOIN runs r USING (run_key) "
+            "WHERE t.agent IS NULL OR t.agent <> ? GROUP BY ALL HAVING sum(t.calls) <> 0",
+            [_MOVED],
         )
         loops, t3 = self._query(
             "WITH loops AS (SELECT run_key, reason FROM stops WHERE list_contains(?, reason)), "

@@ -585,6 +585,44 @@ def test_tool_counts_keep_their_agent_when_the_run_span_comes_later(tmp_path: Pa
     }
 
 
+def test_schema_7_moves_observe_evidence_out_of_a_completed_stop(tmp_path: Path) -> None:
+    """Schema 6 stored observe mode's would-be evidence as a completed run's evidence;
+    migration 7 moves it to ``observe_evidence`` and leaves other stops alone."""
+    path = tmp_path / "v6.duckdb"
+    con = duckdb.connect(str(path))
+    assert apply_migrations(con, target=6) == 6
+    would_be = '{"detector":"repeated_action","scope":"run","tool":"lookup_order"}'
+    rows = [
+        ("obs", "completed", "repeated_action", would_be),  # written by schema-6 code
+        ("loop", "repeated_action", None, would_be),  # a real loop stop keeps its own
+        ("budget", "budget_exhausted", "repeated_action", '{"scope":"run"}'),
+    ]
+    for run_id, reason, observed, evidence in rows:
+        con.execute(
+            "INSERT INTO stops (run_key, run_id, trace_id, span_id, source, origin, "
+            "stop_inferred, reason, time_unix_nano, evidence, observe_reason, "
+            "received_unix_nano) VALUES (?, ?, ?, ?, 'loopwatch', 'stop_span', false, ?, 1, "
+            "?, ?, 1)",
+            [_run_key(run_id), run_id, trace_of(run_id), sid(), reason, evidence, observed],
+        )
+    con.close()
+    with Store(path) as store:
+        assert store.schema_version == 7
+    con = duckdb.connect(str(path), read_only=True)
+    got = {
+        run_id: (evidence, observed)
+        for run_id, evidence, observed in con.execute(
+            "SELECT run_id, evidence, observe_evidence FROM stops"
+        ).fetchall()
+    }
+    con.close()
+    assert got == {
+        "obs": (None, would_be),
+        "loop": (would_be, None),
+        "budget": ('{"scope":"run"}', None),
+    }
+
+
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "future.duckdb"
     con = duckdb.connect(str(path))

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from loopwatch.collector import service
 from loopwatch.collector.config import default_decode_workers, load_config
-from loopwatch.collector.errors import ConfigError
+from loopwatch.collector.errors import ConfigError, QueueFull
 from loopwatch.collector.http import create_otlp_app
 from loopwatch.collector.records import SpanBatch
 from loopwatch.collector.redact import RedactStage
@@ -219,10 +219,19 @@ def _boom_body(names: tuple[str, ...]) -> bytes:
 
 
 @pytest.mark.parametrize(
-    "names", [("execute_tool",), ("execute_tool", "decide", "invoke_agent", "stop")]
+    ("names", "store_fault"),
+    [
+        (("execute_tool",), None),
+        (("execute_tool", "decide", "invoke_agent", "stop"), None),
+        (("execute_tool",), "queue_full"),
+        (("execute_tool",), "error"),
+    ],
 )
 def test_redaction_failures_answer_like_in_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    names: tuple[str, ...],
+    store_fault: str | None,
 ) -> None:
     """Spans whose redaction raises are refused with a partial success and counted as
     received and rejected, whether redacted in process or by a worker (emulated here in
@@ -249,6 +258,8 @@ def test_redaction_failures_answer_like_in_process(
         folder = tmp_path / str(emulate_worker)
         folder.mkdir()
         c = _collector(folder, 0)
+        if store_fault is not None:  # the store refuses after redaction ran
+            monkeypatch.setattr(c.store, "submit", _failing_submit(store_fault))
         try:
             app = create_otlp_app(
                 c.submit,
@@ -272,11 +283,26 @@ def test_redaction_failures_answer_like_in_process(
             c.close()
     assert answers[0] == answers[1]
     assert counters[0] == counters[1]
+    received = sum(v for (n, _), v in counters[1].items() if n.endswith("received_total"))
+    rejected = sum(v for (n, _), v in counters[1].items() if n.endswith("rejected_total"))
+    if store_fault is not None:  # nothing stored: every received span is a rejected one
+        assert received == rejected == len(record(completed_run()))
+        assert answers[1][0] in (429, 503)
+        return
     status, content = answers[1]
     message = ExportTraceServiceResponse.FromString(content).partial_success
     failed = sum(1 for s in record(completed_run()) if s.name.split(" ")[0] in names)
     assert status == 200 and message.rejected_spans == failed > 0
     assert "redaction failed" in message.error_message
+
+
+def _failing_submit(fault: str) -> Any:
+    def submit(mapped: Any) -> Any:
+        if fault == "queue_full":
+            raise QueueFull(capacity=1, retry_after_seconds=1)
+        raise RuntimeError("disk gone")
+
+    return submit
 
 
 def test_bad_input_gets_the_same_answer(pair: tuple[Collector, Collector]) -> None:

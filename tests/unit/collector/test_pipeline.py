@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from loopwatch.collector.config import load_config
 from loopwatch.collector.records import SpanBatch, SpanRecord
 from loopwatch.collector.service import Collector
 from loopwatch.instrumentation import Decision, Policy, Run, ToolCall
-from loopwatch.instrumentation.testing import ConstantTool, FakeClock
+from loopwatch.instrumentation.testing import ConstantTool, FakeClock, ScriptedModel
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
@@ -328,12 +329,51 @@ def _lw_empty_agent(*, run_span_later: bool = False) -> list[SpanBatch]:
     return batches
 
 
+def _third_party_in_loopwatch_trace_first() -> list[SpanBatch]:
+    """A third-party tool span inside a loopwatch run, sent before the loopwatch spans:
+    first filed under a provisional run, then dropped from it (reassigned to None)."""
+
+    def go(provider: Any) -> None:
+        tracer = provider.get_tracer("third-party")
+        model = ScriptedModel(
+            [Decision.tool(ToolCall("get_details_by_id", {"id": 1})), Decision.final("ok")]
+        )
+        tools = {"get_details_by_id": ConstantTool()}
+        policy = Policy.build(repeat_limit=3)
+        with Run(
+            "support", policy, tracer_provider=provider, clock=FakeClock(), tools=tools
+        ) as run:
+            attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup"}
+            with tracer.start_as_current_span("execute_tool lookup", attributes=attrs):
+                pass
+            while (decision := run.decide(model)).type != "final":
+                for call in decision.tool_calls:
+                    run.call_tool(call.name, call.arguments)
+
+    spans = record(go)
+    first = [s for s in spans if s.name == "execute_tool lookup"]
+    return [to_batch(first), to_batch([s for s in spans if s not in first])]
+
+
+def _span_twice_in_one_request() -> list[SpanBatch]:
+    batch = to_batch(record(looping_run("support")))
+    tool = next(s for s in batch.spans if s.attributes.get("loopwatch.event") == "tool_result")
+    batch.spans.append(copy.deepcopy(tool))
+    return [batch]
+
+
 RESTORE_CASES = {
     "third-party tool agent, no agent span": lambda: [to_batch(_genai("helper", False))],
     "third-party tool agent under another agent": lambda: [to_batch(_genai("sub", True))],
     "third-party calls reassigned across requests": lambda: _split(
         _genai(None, True), "invoke_agent"
     ),
+    "third-party calls with their own agent reassigned": lambda: _split(
+        _genai("helper", True), "invoke_agent"
+    ),
+    "third-party span in a loopwatch trace, sent first": _third_party_in_loopwatch_trace_first,
+    "a span sent twice in one request": _span_twice_in_one_request,
+    "a request sent twice": lambda: [to_batch(spans) for spans in [record(looping_run())] * 2],
     "loopwatch run span after its tool spans": lambda: _split(
         record(looping_run("support")), "invoke_agent"
     ),
