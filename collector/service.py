@@ -375,11 +375,12 @@ def restore_stop_totals(
         :func:`loop_detector`.
     """
     rows, _ = reader._query(
-        "SELECT COALESCE(r.agent, '') AS agent, s.reason, COALESCE(s.step, 0) AS step, "
+        "SELECT COALESCE(s.agent, r.agent, '') AS agent, s.reason, "
+        "COALESCE(s.step, 0) AS step, "
         "COALESCE(s.steps_since_progress, 0) AS ssp, s.observe_reason, "
         "json_extract_string(s.evidence, '$.tool') AS tool, "
         "json_extract_string(s.observe_evidence, '$.tool') AS observe_tool, count(*) AS n "
-        "FROM stops s JOIN runs r USING (run_key) GROUP BY ALL",
+        "FROM stops s LEFT JOIN runs r USING (run_key) GROUP BY ALL",
         [],
         max_rows=1_000_000,
     )
@@ -515,19 +516,23 @@ class Collector:
             while len(self._agents) > _AGENT_CACHE:
                 self._agents.popitem(last=False)
 
-    def _label_tool_calls(self, mapped: MappedBatch) -> None:
-        """Fix the agent label of each tool call before it is stored.
+    def _label_counts(self, mapped: MappedBatch) -> None:
+        """Fix the agent label of each tool call and stop before they are stored.
 
-        ``loopwatch_tool_calls_total`` counts a call under the tool span's own agent,
-        else the last agent seen for its run, else ``unknown``. The store keeps that label
-        with the call (``run_tools.agent``), so the totals restored after a restart are
-        the ones counted live, even for a run whose agent span came later or never.
+        The counters (tool calls, stops, loop detections) label a row with its span's
+        own agent, else the last agent seen for its run, else ``unknown``. The store
+        keeps that label with the row (``run_tools.agent``, ``stops.agent``), so the
+        totals restored after a restart are the ones counted live, even for a run whose
+        agent span came later or never.
         """
         with self._agents_lock:
             agents = self._agents
             for step in mapped.steps:
                 if step.kind == KIND_TOOL_RESULT and not step.agent:
                     step.agent = agents.get(step.run_id, _UNKNOWN_AGENT)
+            for stop in mapped.stops:
+                if not stop.agent:
+                    stop.agent = agents.get(stop.run_id, _UNKNOWN_AGENT)
 
     def agent_of(self, run_id: str, explicit: str | None = None) -> str:
         """The agent name of a run (the row's own, else the last seen run row)."""
@@ -562,7 +567,7 @@ class Collector:
         mapped = self.detect.process(mapped)
         mapped.canary_hits = canaries
         self._remember_agents(mapped)
-        self._label_tool_calls(mapped)
+        self._label_counts(mapped)
         future = self.store.submit(mapped)
         return _Processed(mapped, canaries, redactions), future
 

@@ -403,6 +403,14 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             ),
         ),
     ),
+    Migration(
+        8,
+        "stops.agent: the agent a stop was counted under when it was stored",
+        (
+            "ALTER TABLE stops ADD COLUMN agent VARCHAR",
+            "ALTER TABLE stop_anomalies ADD COLUMN agent VARCHAR",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
@@ -629,10 +637,22 @@ _STOP_FIELDS: Final = (
     "observe_reason",
     "observe_step",
     "observe_evidence",
+    "agent",
 )
-# Table order: columns added by a migration come after ``received_unix_nano``.
-_STOP_COLUMNS: Final = ("run_key", *_STOP_FIELDS[:-1], "received_unix_nano", _STOP_FIELDS[-1])
-_ANOMALY_COLUMNS: Final = (*_STOP_COLUMNS[:-1], "kind", _STOP_COLUMNS[-1])
+# Table order: columns added by a migration come after ``received_unix_nano`` (and after
+# ``kind`` in stop_anomalies), in migration order.
+_STOP_LATE: Final = 2  # observe_evidence (schema 7), agent (schema 8)
+_STOP_COLUMNS: Final = (
+    "run_key",
+    *_STOP_FIELDS[:-_STOP_LATE],
+    "received_unix_nano",
+    *_STOP_FIELDS[-_STOP_LATE:],
+)
+_ANOMALY_COLUMNS: Final = (
+    *_STOP_COLUMNS[:-_STOP_LATE],
+    "kind",
+    *_STOP_COLUMNS[-_STOP_LATE:],
+)
 _RUN_ATTR_FIELDS: Final = (
     "agent",
     "agent_id",
@@ -833,15 +853,15 @@ def _stop_tuple(run_key: int, stop_row: StopRow, now_ns: int) -> tuple[Any, ...]
         run_key,
         *values[:_STOP_INFERRED_AT],
         stop_row.stop_inferred,
-        *values[_STOP_INFERRED_AT:-1],
+        *values[_STOP_INFERRED_AT:-_STOP_LATE],
         now_ns,
-        values[-1],
+        *values[-_STOP_LATE:],
     )
 
 
 def _anomaly_tuple(run_key: int, stop_row: StopRow, now_ns: int, kind: str) -> tuple[Any, ...]:
     values = _stop_tuple(run_key, stop_row, now_ns)
-    return (*values[:-1], kind, values[-1])
+    return (*values[:-_STOP_LATE], kind, *values[-_STOP_LATE:])
 
 
 _MOVED: Final = ""  # run_tools.agent of the -1/+1 rows of a reassigned call
@@ -2066,8 +2086,8 @@ class StoreReader:
     def restore_counts(self) -> RestoredCounts:
         """Totals for restoring Prometheus counters after a restart."""
         stops, t1 = self._query(
-            "SELECT COALESCE(r.agent, '') AS agent, s.reason, count(*) AS n FROM stops s "
-            "JOIN runs r USING (run_key) GROUP BY ALL",
+            "SELECT COALESCE(s.agent, r.agent, '') AS agent, s.reason, count(*) AS n "
+            "FROM stops s LEFT JOIN runs r USING (run_key) GROUP BY ALL",
             [],
         )
         calls, t2 = self._query(

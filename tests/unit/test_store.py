@@ -552,7 +552,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con.execute("INSERT INTO run_tools VALUES (?, 'search', 'ok', 2)", [_run_key("old")])
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 7
+        assert store.schema_version == SCHEMA_VERSION == 8
         # A v1 count row has no agent of its own: it is restored under the run's.
         assert store.reader().restore_counts().tool_calls == {("legacy", "search", "ok"): 2}
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
@@ -562,7 +562,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con = duckdb.connect(str(path), read_only=True)
     versions = con.execute("SELECT version FROM schema_version ORDER BY 1").fetchall()
     con.close()
-    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
+    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,)]
 
 
 def test_tool_counts_keep_their_agent_when_the_run_span_comes_later(tmp_path: Path) -> None:
@@ -607,7 +607,7 @@ def test_schema_7_moves_observe_evidence_out_of_a_completed_stop(tmp_path: Path)
         )
     con.close()
     with Store(path) as store:
-        assert store.schema_version == 7
+        assert store.schema_version == SCHEMA_VERSION
     con = duckdb.connect(str(path), read_only=True)
     got = {
         run_id: (evidence, observed)
@@ -852,3 +852,41 @@ def test_staged_steps_are_deleted_when_the_run_is_not_sampled(make_store: Any) -
     assert detail is not None and detail.steps == []
     assert (detail.run["sampled"], detail.run["tool_calls"]) == (False, 3)
     assert detail.run["sample_tool"] == "search"
+
+
+def test_stop_and_stop_anomaly_rows_keep_every_field(tmp_path: Path) -> None:
+    """Every StopRow field lands in its own column, in ``stops`` and, for a duplicate
+    stop, in ``stop_anomalies`` (columns added by migrations sit after
+    ``received_unix_nano`` and ``kind``)."""
+    full = dataclasses.replace(
+        stop_row("r1", "repeated_action"),
+        dimension="tool_attempts",
+        limit_value=3.0,
+        observed=4.0,
+        basis="observed",
+        message="same call",
+        steps_since_progress=2,
+        usage_model_turns=5,
+        usage_tool_attempts=4,
+        usage_tool_successes=3,
+        usage_tokens=900,
+        usage_cost_usd=0.25,
+        usage_elapsed_seconds=1.5,
+        observe_reason="no_progress",
+        observe_step=2,
+        observe_evidence='{"detector":"no_progress"}',
+        agent="orders",
+    )
+    twin = dataclasses.replace(full, span_id=sid(), message="again", agent="orders-2")
+    with Store(tmp_path / "lw.duckdb") as store:
+        commit(store, batch(run_row("r1"), full, twin))
+        detail = store.reader().get_run("r1")
+    assert detail is not None and detail.stop is not None
+    fields = [f.name for f in dataclasses.fields(StopRow)]
+    for stored, row in ((detail.stop, full), (detail.stop_anomalies[0], twin)):
+        for name in fields:
+            if name in stored:
+                assert stored[name] == getattr(row, name), name
+        assert stored["stop_inferred"] is False
+    assert detail.stop_anomalies[0]["kind"] == "duplicate_stop"
+    assert {"agent", "observe_evidence", "usage_cost_usd"} <= set(detail.stop)

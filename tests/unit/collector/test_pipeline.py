@@ -320,11 +320,12 @@ def _split(spans: tuple[Any, ...], last: str) -> list[SpanBatch]:
 
 
 def _lw_empty_agent(*, run_span_later: bool = False) -> list[SpanBatch]:
+    """A looping loopwatch run whose tool and stop spans carry an empty agent name."""
     spans = record(looping_run("support"))
     batches = _split(spans, "invoke_agent") if run_span_later else [to_batch(spans)]
     for batch in batches:
         for span in batch.spans:
-            if span.attributes.get("loopwatch.event") == "tool_result":
+            if span.attributes.get("loopwatch.event") in ("tool_result", "stop"):
                 span.attributes["gen_ai.agent.name"] = ""
     return batches
 
@@ -386,20 +387,32 @@ RESTORE_CASES = {
 }
 
 
+RESTORED = (
+    "loopwatch_tool_calls_total",
+    "loopwatch_agent_stops_total",
+    "loopwatch_loop_detections_total",
+    "loopwatch_agent_steps_since_progress_count",
+)
+
+
 @pytest.mark.parametrize("case", list(RESTORE_CASES), ids=list(RESTORE_CASES))
-def test_restart_restores_tool_calls_under_the_labels_counted_live(
-    tmp_path: Path, case: str
-) -> None:
-    """``loopwatch_tool_calls_total`` after a restart equals what was counted live,
-    whichever agent label the live counter chose (the span's own, the run's, unknown)."""
+def test_restart_restores_counts_under_the_labels_counted_live(tmp_path: Path, case: str) -> None:
+    """Tool calls, stops and loop detections after a restart equal what was counted
+    live, whichever agent label the live counter chose (the span's own, the run's last
+    seen, unknown)."""
     cfg = load_config(environ={}, overrides={"store": {"db": str(tmp_path / "lw.duckdb")}})
+
+    def counted(c: Collector) -> dict[str, list[str]]:
+        found = samples(c)
+        return {name: sorted(str(s) for s in found.get(name, []) if s[1]) for name in RESTORED}
+
     live_collector = Collector(cfg)
     for batch in RESTORE_CASES[case]():
         submit(live_collector, batch)
-    live = samples(live_collector).get("loopwatch_tool_calls_total", [])
+    live = counted(live_collector)
     live_collector.close()
     restored_collector = Collector(cfg)
-    restored = samples(restored_collector).get("loopwatch_tool_calls_total", [])
+    restored = counted(restored_collector)
     restored_collector.close()
-    assert any(v for _, v in live), live
-    assert sorted(map(str, restored)) == sorted(map(str, live))
+    assert live["loopwatch_tool_calls_total"], live
+    assert restored == live
