@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import base64
 import json
+import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,8 +23,21 @@ from loopwatch.replay.importers.tau2 import IMPORTER as TAU2
 from loopwatch.replay.trajectory import AGENT, USER, ImportProblem, ToolCall, Trajectory
 
 from ...conftest import TESTDATA
+from . import handmade
 
 FIXTURES = TESTDATA / "trajectories"
+# The hand-written tau-bench-style chat file is built by the tests (see handmade.py).
+HANDMADE = "chat/" + handmade.NAME
+_HANDMADE_DIR = Path(tempfile.mkdtemp(prefix="lw-handmade-"))
+atexit.register(shutil.rmtree, _HANDMADE_DIR, True)
+handmade.write_handmade_chat(_HANDMADE_DIR)
+
+
+def _fixture(name: str) -> Path:
+    """A fixture file by its name under tests/testdata/trajectories (or the built one)."""
+    return _HANDMADE_DIR / handmade.NAME if name == HANDMADE else FIXTURES / name
+
+
 MINE: tuple[Importer, ...] = (TAU2, CHAT, OTLP)
 OWNER = {"tau2-bench": "tau2", "tau-bench": "chat", "otlp-genai-interlingua": "otlp_json"}
 FT_TELECOM = (
@@ -217,7 +233,7 @@ FIXTURE_CASES = [
         ],
     ),
     (
-        "chat/handmade-gpt-4o-airline.json",
+        HANDMADE,
         "chat",
         ["task=3/trial=0", "task=3/trial=1", "task=9/trial=3"],
         [
@@ -261,7 +277,7 @@ FIXTURE_CASES = [
 def test_fixture_runs_and_problems(
     name: str, fmt: str, run_ids: list[str], problems: list[tuple[str, str]]
 ) -> None:
-    path = FIXTURES / name
+    path = _fixture(name)
     assert detect(_doc(path)).name == fmt
     result = read_file(path)
     assert [r.run_id for r in result.trajectories] == run_ids
@@ -274,7 +290,7 @@ def test_fixture_runs_and_problems(
 
 
 def _runs(name: str) -> dict[str, Trajectory]:
-    return {r.run_id: r for r in read_file(FIXTURES / name).trajectories}
+    return {r.run_id: r for r in read_file(_fixture(name)).trajectories}
 
 
 def test_tau2_fixture_mapping() -> None:
@@ -315,7 +331,7 @@ def test_tau2_fixture_mapping() -> None:
 
 
 def test_chat_fixture_mapping() -> None:
-    tau = _runs("chat/handmade-gpt-4o-airline.json")
+    tau = _runs(HANDMADE)
     stopped = tau["task=3/trial=0"]
     assert (stopped.agent, stopped.model) == ("tau-bench-airline", "handmade-gpt-4o")
     assert (stopped.recorded_stop, stopped.recorded_stop_kind) == ("user_stop", "inferred")
@@ -595,12 +611,12 @@ def _replace(value: Any, path: tuple[Any, ...], new: Any) -> Any:
 
 _SEEDS = [
     "tau2/telecom_small.json",
-    "chat/handmade-gpt-4o-airline.json",
+    HANDMADE,
     "chat/messages.json",
     "otlp_json/genai_agent.json",
     "otlp_json/loopwatch_repeat.json",
 ]
-_SEED_DATA = {name: json.loads((FIXTURES / name).read_text()) for name in _SEEDS}
+_SEED_DATA = {name: json.loads(_fixture(name).read_text()) for name in _SEEDS}
 _FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
