@@ -619,22 +619,17 @@ def _json_str(value: Any) -> str:
     return value
 
 
-def _json_uint(value: Any, maximum: int) -> int:
+def _json_uint(value: Any, maximum: int, message: str = MSG_MALFORMED_SPAN) -> int:
     if value is None:
         return 0
     number = _json_integer(value)
     if number < 0 or number > maximum:
-        raise _Rejected(MSG_MALFORMED_SPAN)
+        raise _Rejected(message)
     return number
 
 
 def _json_time(value: Any) -> int:
-    if value is None:
-        return 0
-    number = _json_integer(value)
-    if number < 0 or number > _INT64_MAX:
-        raise _Rejected(MSG_TIME)
-    return number
+    return _json_uint(value, _INT64_MAX, MSG_TIME)
 
 
 def _json_integer(value: Any) -> int:

@@ -1076,12 +1076,7 @@ class Guard:
                 if not verdict.allowed:
                     return verdict
                 would = verdict.would_stop
-            p = self.policy
-            if (
-                self.parent is not None
-                or self._input_tokens + self._output_tokens > p.max_tokens
-                or self._cost > p.max_cost_usd
-            ):
+            if self._past_observed_ceiling():
                 verdict = self._observed_ceilings()
                 if not verdict.allowed:
                     return verdict
@@ -1130,6 +1125,16 @@ class Guard:
                     detail=detail,
                 ),
             )
+        )
+
+    def _past_observed_ceiling(self) -> bool:
+        """Whether tokens or cost crossed their ceiling, or a parent's may have: the
+        cheap test in front of :meth:`_observed_ceilings` on the per-step path."""
+        p = self.policy
+        return (
+            self.parent is not None
+            or self._input_tokens + self._output_tokens > p.max_tokens
+            or self._cost > p.max_cost_usd
         )
 
     def _observed_ceilings(self) -> Verdict:
@@ -1682,11 +1687,7 @@ class Guard:
             if stop is not None:
                 return self._decide(stop)
         would: Stop | None = None
-        if (
-            self.parent is not None
-            or self._input_tokens + self._output_tokens > p.max_tokens
-            or self._cost > p.max_cost_usd
-        ):
+        if self._past_observed_ceiling():
             verdict = self._observed_ceilings()
             if not verdict.allowed:
                 return verdict

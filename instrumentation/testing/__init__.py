@@ -21,12 +21,15 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _semconv as sc
 from ..errors import ScriptExhaustedError
 from ..failures import FailureClass, ToolFailure
 from ..guard import Decision, ToolCall
+
+if TYPE_CHECKING:
+    from ..run import Run
 
 __all__ = [
     "ConstantTool",
@@ -42,6 +45,7 @@ __all__ = [
     "ScriptedModel",
     "assert_trace_invariants",
     "collect_runs",
+    "drive",
     "evidence_of",
     "group_by",
     "tool_loop",
@@ -132,6 +136,23 @@ def tool_loop(
     """A script calling tool ``name`` with the same arguments ``times`` times, then final."""
     call = Decision.tool(ToolCall(name, dict(arguments or {})))
     return ScriptedModel([call] * times + ([Decision.final(final)] if final is not None else []))
+
+
+def drive(run: Run, model: Callable[[], Decision]) -> None:
+    """Play ``model`` through ``run`` until its final decision: each step ``run.decide``,
+    each tool call ``run.call_tool`` (with its call id), then ``run.finish(answer)``.
+
+    Raises:
+        StopRun: the guard stopped the run (the ``with Run(...)`` block turns it into the
+            run's outcome); whatever a tool raises, unchanged.
+    """
+    while True:
+        decision = run.decide(model)
+        if decision.type == "final":
+            run.finish(decision.answer)
+            return
+        for call in decision.tool_calls:
+            run.call_tool(call.name, call.arguments, call_id=call.call_id)
 
 
 @dataclass

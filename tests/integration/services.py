@@ -727,16 +727,6 @@ def send_node_spans(url: str, *args: str, timeout_seconds: float = 30.0) -> dict
 STOP_SCENARIOS = ("repeated_action", "budget_exhausted", "completed")
 
 
-def _drive(run: Any, model: Any) -> None:
-    while True:
-        decision = run.decide(model)
-        if decision.type == "final":
-            run.finish(decision.answer)
-            return
-        for call in decision.tool_calls:
-            run.call_tool(call.name, call.arguments, call_id=call.call_id)
-
-
 @contextlib.contextmanager
 def _exporting(otlp_url: str, token: str | None) -> Iterator[tuple[Any, Any]]:
     from loopwatch.instrumentation.otlp import configure_otlp
@@ -787,6 +777,7 @@ def emit_loopwatch_runs(
         ConstantTool,
         CursorTool,
         ScriptedModel,
+        drive,
         tool_loop,
     )
 
@@ -818,7 +809,7 @@ def emit_loopwatch_runs(
             else:
                 raise ValueError(f"unknown scenario {scenario!r}")
             with Run(agent, policy, tools=tools, run_id=run_id, tracer_provider=provider) as run:
-                _drive(run, model)
+                drive(run, model)
             if run.outcome.stop.reason.value != scenario:
                 raise AssertionError(f"{run_id}: scenario stopped as {run.outcome.stop.reason}")
             expected[run_id] = scenario

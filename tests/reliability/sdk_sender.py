@@ -96,7 +96,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from loopwatch.instrumentation import Policy, Run
-    from loopwatch.instrumentation.testing import ConstantTool, tool_loop
+    from loopwatch.instrumentation.testing import ConstantTool, drive, tool_loop
 
     with open(args.log, "w", encoding="utf-8") as handle:
         log = _Log(handle)
@@ -127,13 +127,7 @@ def main() -> None:
             with Run(
                 args.agent, policy, tools=tools, run_id=run_id, tracer_provider=provider
             ) as run:
-                while True:
-                    decision = run.decide(model)
-                    if decision.type == "final":
-                        run.finish(decision.answer)
-                        break
-                    for call in decision.tool_calls:
-                        run.call_tool(call.name, call.arguments, call_id=call.call_id)
+                drive(run, model)
             index += 1
         provider.shutdown()
         counts = log.counts

@@ -79,7 +79,7 @@ class Planted(Counter[str]):
 
 def _python_client(otlp_url: str) -> Planted:
     from loopwatch.instrumentation import Decision, Policy, Run, ToolCall
-    from loopwatch.instrumentation.testing import ConstantTool, ScriptedModel
+    from loopwatch.instrumentation.testing import ConstantTool, ScriptedModel, drive
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -136,13 +136,7 @@ def _python_client(otlp_url: str) -> Planted:
         run_id="canary-run",
         tracer_provider=provider,
     ) as run:
-        while True:
-            decision = run.decide(model)
-            if decision.type == "final":
-                run.finish(decision.answer)
-                break
-            for call in decision.tool_calls:
-                run.call_tool(call.name, call.arguments, call_id=call.call_id)
+        drive(run, model)
     spans = memory.get_finished_spans()
     for span in spans:
         attributes = span.attributes or {}

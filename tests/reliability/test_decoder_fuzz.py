@@ -153,6 +153,19 @@ times = st.one_of(
     st.none(),
 )
 json_scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), hostile_text)
+
+
+def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """OTLP/JSON ``arrayValue`` and ``kvlistValue`` holding ``inner`` values."""
+    return st.one_of(
+        st.builds(lambda vs: {"arrayValue": {"values": vs}}, st.lists(inner, max_size=3)),
+        st.builds(
+            lambda kvs: {"kvlistValue": {"values": kvs}},
+            st.lists(st.fixed_dictionaries({"key": hostile_text, "value": inner}), max_size=3),
+        ),
+    )
+
+
 any_value = st.recursive(
     st.one_of(
         st.builds(lambda v: {"stringValue": v}, hostile_text | json_scalar),
@@ -164,13 +177,7 @@ any_value = st.recursive(
         st.builds(lambda v: {"bytesValue": v}, st.text(max_size=20)),
         json_scalar,
     ),
-    lambda inner: st.one_of(
-        st.builds(lambda vs: {"arrayValue": {"values": vs}}, st.lists(inner, max_size=3)),
-        st.builds(
-            lambda kvs: {"kvlistValue": {"values": kvs}},
-            st.lists(st.fixed_dictionaries({"key": hostile_text, "value": inner}), max_size=3),
-        ),
-    ),
+    _containers,
     max_leaves=8,
 )
 attributes = st.one_of(
@@ -249,13 +256,7 @@ typed_value = st.recursive(
             st.binary(max_size=20),
         ),
     ),
-    lambda inner: st.one_of(
-        st.builds(lambda vs: {"arrayValue": {"values": vs}}, st.lists(inner, max_size=3)),
-        st.builds(
-            lambda kvs: {"kvlistValue": {"values": kvs}},
-            st.lists(st.fixed_dictionaries({"key": hostile_text, "value": inner}), max_size=3),
-        ),
-    ),
+    _containers,
     max_leaves=8,
 )
 typed_attributes = st.lists(
