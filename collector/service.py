@@ -534,13 +534,6 @@ class Collector:
                 if not stop.agent:
                     stop.agent = agents.get(stop.run_id, _UNKNOWN_AGENT)
 
-    def agent_of(self, run_id: str, explicit: str | None = None) -> str:
-        """The agent name of a run (the row's own, else the last seen run row)."""
-        if explicit:
-            return explicit
-        with self._agents_lock:
-            return self._agents.get(run_id, _UNKNOWN_AGENT)
-
     def process(self, batch: SpanBatch) -> tuple[_Processed, Any]:
         """Run redact -> map -> detect and queue the result for commit (pipeline thread).
 
@@ -593,10 +586,10 @@ class Collector:
         if new:
             self.metrics.record_canaries(processed.canaries)
             self.metrics.record_redactions(processed.redactions)
-        # Runs on the event loop: count per (run, tool, outcome), then one metric update
-        # per label set, instead of a lock and a label lookup per tool span.
+        # Runs on the event loop: count per label set, then one metric update each. The
+        # agent labels were fixed by _label_counts before the rows were stored.
         everything_new = len(new) == result.spans
-        calls: dict[tuple[str, str | None, str, str], int] = {}
+        by_labels: dict[tuple[str, str, str], int] = {}
         counted: set[tuple[str, str]] = set()
         for step in mapped.steps:
             if step.kind != "tool_result":
@@ -605,19 +598,19 @@ class Collector:
             if (not everything_new and key not in new) or key in counted:
                 continue  # a retry's span, or one sent twice in this request: stored once
             counted.add(key)
-            call = (step.run_id, step.agent, step.tool or "unknown", step.outcome or "error")
-            calls[call] = calls.get(call, 0) + 1
-        by_labels: dict[tuple[str, str, str], int] = {}
-        for (run_id, explicit, tool, outcome), n in calls.items():
-            labels = (self.agent_of(run_id, explicit), tool, outcome)
-            by_labels[labels] = by_labels.get(labels, 0) + n
+            labels = (
+                step.agent or _UNKNOWN_AGENT,
+                step.tool or "unknown",
+                step.outcome or "error",
+            )
+            by_labels[labels] = by_labels.get(labels, 0) + 1
         for (agent, tool, outcome), n in by_labels.items():
             self.metrics.record_tool_call(agent, tool, outcome, n)
         for stop in mapped.stops:
             key = (stop.trace_id, stop.span_id)
             if key not in new or key in result.anomalous_stop_keys or not counted_stop(stop):
                 continue
-            agent = self.agent_of(stop.run_id, stop.agent)
+            agent = stop.agent or _UNKNOWN_AGENT
             self.metrics.record_stop(
                 agent,
                 stop.reason,
