@@ -21,17 +21,7 @@ async function main() {
   const { OTLPTraceExporter } = require('@opentelemetry/exporter-trace-otlp-http');
 
   const inner = new OTLPTraceExporter({ url, timeoutMillis: 10_000 });
-  const results = [];
-  const exporter = {
-    export(batch, done) {
-      inner.export(batch, (result) => {
-        results.push(result);
-        done(result);
-      });
-    },
-    shutdown: () => inner.shutdown(),
-    forceFlush: () => (inner.forceFlush ? inner.forceFlush() : Promise.resolve()),
-  };
+  const { exporter, results } = require('../integration/node/recording_exporter.js').recording(inner);
   const provider = new BasicTracerProvider({
     resource: resourceFromAttributes(plan.resource),
     spanProcessors: [

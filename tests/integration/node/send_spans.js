@@ -102,17 +102,7 @@ async function sendWithSdk(opts, spans) {
     timeoutMillis: 10_000,
   });
   // The batch processor swallows export failures; record every result to exit non-zero.
-  const results = [];
-  const exporter = {
-    export(batch, done) {
-      inner.export(batch, (result) => {
-        results.push(result);
-        done(result);
-      });
-    },
-    shutdown: () => inner.shutdown(),
-    forceFlush: () => (inner.forceFlush ? inner.forceFlush() : Promise.resolve()),
-  };
+  const { exporter, results } = require('./recording_exporter.js').recording(inner);
   const provider = new BasicTracerProvider({
     resource: resourceFromAttributes({ 'service.name': 'node-support-agent' }),
     spanProcessors: [new BatchSpanProcessor(exporter, { scheduledDelayMillis: 100 })],
