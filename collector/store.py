@@ -1290,9 +1290,13 @@ class Store:
 
         Through a relation (``from_arrow(...).insert_into``): about 1 ms less CPU per
         statement than registering a view, executing SQL over it and unregistering it
-        (measured here, DuckDB 1.5; a group writes five to seven such tables).
+        (measured here, DuckDB 1.5; a group writes five to seven such tables). The
+        relation is built from the table's Arrow C stream (``__arrow_c_stream__``, the
+        Arrow PyCapsule interface) rather than the ``pyarrow.Table`` itself, which DuckDB
+        scans through a ``pyarrow.dataset`` scanner: 0.48 ms against 0.84 ms of CPU for a
+        50-row, 3-column append (measured here, DuckDB 1.5.6, pyarrow 26).
         """
-        self._con.from_arrow(data).insert_into(table)
+        self._con.from_arrow(data.__arrow_c_stream__()).insert_into(table)
 
     def _committed(self) -> None:
         """Publish the in-memory state of the transaction just committed."""
