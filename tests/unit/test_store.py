@@ -890,3 +890,32 @@ def test_stop_and_stop_anomaly_rows_keep_every_field(tmp_path: Path) -> None:
         assert stored["stop_inferred"] is False
     assert detail.stop_anomalies[0]["kind"] == "duplicate_stop"
     assert {"agent", "observe_evidence", "usage_cost_usd"} <= set(detail.stop)
+
+
+def test_run_lookups_are_skipped_only_for_runs_never_stored(tmp_path: Path) -> None:
+    """The writer reads existing run rows only for keys its run-key filter may hold:
+    a new run costs no lookup, and a run stored earlier (before a restart too) is still
+    found and merged into its one row."""
+    path = tmp_path / "lw.duckdb"
+    with Store(path) as store:
+        commit(store, batch(run_row("early"), step_row("early", 1)))
+    with Store(path) as store:  # the filter is refilled from the file
+        lookups: list[str] = []
+        fetch = store._fetch_runs
+
+        def counted(where: str, params: Any = ()) -> list[dict[str, Any]]:
+            lookups.append(where)
+            return fetch(where, params)
+
+        store._fetch_runs = counted  # type: ignore[method-assign]
+        commit(store, full_run("fresh", "completed"))
+        assert lookups == []
+        commit(store, batch(step_row("early", 2), step_row("fresh", 9)))
+        assert len(lookups) == 1
+        assert str(_run_key("early")) in lookups[0] and str(_run_key("fresh")) in lookups[0]
+    with duckdb.connect(str(path), read_only=True) as con:
+        rows = con.execute("SELECT run_id, count(*) FROM runs GROUP BY run_id").fetchall()
+    assert sorted(rows) == [("early", 1), ("fresh", 1)]
+    with Store(path) as store:
+        early = store.reader().get_run("early")
+        assert early is not None and early.run["tool_calls"] == 2
