@@ -22,6 +22,8 @@ quiet() {
 }
 stamp=.venv/.loopwatch-installed
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+  # pip runs quietly: say why nothing is printed for a minute or two.
+  echo "loopwatch: installing loopwatch and its dependencies into .venv (one to two minutes)"
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | quiet
   .venv/bin/python -m pip install -q -e '.[all,dev]' 2>&1 | quiet
   touch "$stamp"
