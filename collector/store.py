@@ -1657,7 +1657,12 @@ class Store:
             self._append("runs", _table(_RUN_COLUMNS, runs))
             # Before the commit: a key of a group that then rolls back is only a false
             # positive, while a key missing from the filter would duplicate its run.
-            self._stored_runs.add(row[0] for row in runs)
+            # Rows read back from the table are in the filter already.
+            self._stored_runs.add(
+                row["run_key"]
+                for run_id, row in group.merged.items()
+                if run_id not in group.existing and run_id not in group.emptied
+            )
         staged: list[StepRow] = []
         kept: list[StepRow] = []
         for step in group.steps:
