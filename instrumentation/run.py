@@ -650,8 +650,8 @@ class _ToolCall(_SpanScope):
     def __init__(
         self, run: Run, name: str, arguments: Mapping[str, Any], call_id: str | None
     ) -> None:
-        self._run = run
         super().__init__()
+        self._run = run
         self._name = name
         self._args = arguments
         self._call_id = call_id
