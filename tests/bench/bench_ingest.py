@@ -711,16 +711,23 @@ def run_once(
 # --------------------------------------------------------------------------- report
 
 
-def _fmt_cpu(cpu: dict[str, float | None], spans_per_s: float) -> str:
-    """Cores busy (server, client) and the server's CPU time per acknowledged span, the
-    figure that moves least with machine load (throughput on shared cores moves +-15 %)."""
-    server = cpu.get("server_cores")
-    client = cpu.get("client_cores")
+def _server_us_per_span(figures: dict[str, Any]) -> float | None:
+    """The server's CPU time per acknowledged span (us), the figure that moves least with
+    machine load (throughput on shared cores moves +-15 %); ``None`` if not measured."""
+    server = figures["cpu"].get("server_cores")
+    if not server or not figures["spans_per_s"]:
+        return None
+    return float(server / figures["spans_per_s"] * 1e6)
+
+
+def _fmt_cpu(figures: dict[str, Any]) -> str:
+    """Cores busy (server, client) and the server's CPU time per acknowledged span."""
+    server = figures["cpu"].get("server_cores")
+    client = figures["cpu"].get("client_cores")
     server_text = "  n/a" if server is None else f"{server:5.2f}"
-    per_span = "   n/a"
-    if server is not None and spans_per_s > 0:
-        per_span = f"{server / spans_per_s * 1e6:6.1f}"
-    return f"{server_text} / {client or 0.0:4.2f}   {per_span}"
+    per_span = _server_us_per_span(figures)
+    per_span_text = "   n/a" if per_span is None else f"{per_span:6.1f}"
+    return f"{server_text} / {client or 0.0:4.2f}   {per_span_text}"
 
 
 def report(results: list[IngestResult]) -> str:
@@ -742,8 +749,7 @@ def report(results: list[IngestResult]) -> str:
                     rate = f["offered_spans_per_s"]
                 lines.append(
                     f"{number:>4} {target:<9} {phase:<10} {rate:>9,.0f} {f['p50_ms']:>8.1f}"
-                    f" {f['p99_ms']:>8.1f} {f['max_ms']:>8.1f} {f['errors']:>6}  "
-                    + _fmt_cpu(f["cpu"], f["spans_per_s"])
+                    f" {f['p99_ms']:>8.1f} {f['max_ms']:>8.1f} {f['errors']:>6}  " + _fmt_cpu(f)
                 )
         ratio = (
             result.collector["saturation"]["spans_per_s"] / result.sink["saturation"]["spans_per_s"]
@@ -775,12 +781,9 @@ def report(results: list[IngestResult]) -> str:
         ]
         lines.append(f"     collector/sink throughput {statistics.median(ratios):.2f}")
         per_span = [
-            r.collector["saturation"]["cpu"]["server_cores"]
-            / r.collector["saturation"]["spans_per_s"]
-            * 1e6
+            us
             for r in results
-            if r.collector["saturation"]["cpu"].get("server_cores")
-            and r.collector["saturation"]["spans_per_s"]
+            if (us := _server_us_per_span(r.collector["saturation"])) is not None
         ]
         if per_span:
             lines.append(
