@@ -59,8 +59,6 @@ from .detect import LOOP_DETECTORS, DetectStage
 from .errors import CollectorError, QueueFull
 from .events import (
     KIND_TOOL_RESULT,
-    STOP_ORIGIN_INFERRED,
-    STOP_ORIGIN_STOP_SPAN,
     MappedBatch,
     MapStage,
     PartialMap,
@@ -72,7 +70,7 @@ from .metrics import LoopwatchMetrics, MetricsSnapshot
 from .records import SpanBatch
 from .redact import REDACTION_FAILED, RedactStage
 from .sampling import SamplingConfig
-from .store import CommitResult, CommitStats, Store, StoreReader
+from .store import COUNTED_STOPS, CommitResult, CommitStats, Store, StoreReader
 from .store import StoreConfig as StoreSettings
 
 __all__ = [
@@ -81,7 +79,6 @@ __all__ = [
     "DecodeWorkerLost",
     "RedactedBatch",
     "StoreUnavailable",
-    "counted_stop",
     "loop_detector",
     "serve_forever",
 ]
@@ -115,16 +112,6 @@ def _evidence_tool(stop: StopRow) -> str | None:
         return None
     tool = parsed.get("tool") if isinstance(parsed, dict) else None
     return tool if isinstance(tool, str) else None
-
-
-def counted_stop(stop: StopRow) -> bool:
-    """Whether a stop row counts as the run's stop in metrics.
-
-    loopwatch runs report their stop twice (the stop span, and the run span's stop
-    attributes); the stop span is the one counted. Third-party runs have only inferred
-    stops. This mirrors the store's primary-stop precedence.
-    """
-    return stop.origin in (STOP_ORIGIN_STOP_SPAN, STOP_ORIGIN_INFERRED)
 
 
 def loop_detector(stop: StopRow) -> str | None:
@@ -369,10 +356,10 @@ def restore_stop_totals(
     """Stop histograms and loop detections as the live counters count them.
 
     Returns:
-        ``{(agent, reason, step, steps_since_progress): n}`` over primary stops, and
-        ``{(agent, tool, detector): n}`` (tool from the evidence, detector the loop reason
-        or the observe-mode reason), mirroring :func:`counted_stop` and
-        :func:`loop_detector`.
+        ``{(agent, reason, step, steps_since_progress): n}`` over the stops counted live
+        (:data:`~loopwatch.collector.store.COUNTED_STOPS`: each run's first committed
+        stop), and ``{(agent, tool, detector): n}`` (tool from the evidence, detector the
+        loop reason or the observe-mode reason, as :func:`loop_detector`).
     """
     rows, _ = reader._query(
         "SELECT COALESCE(s.agent, r.agent, '') AS agent, s.reason, "
@@ -380,7 +367,7 @@ def restore_stop_totals(
         "COALESCE(s.steps_since_progress, 0) AS ssp, s.observe_reason, "
         "json_extract_string(s.evidence, '$.tool') AS tool, "
         "json_extract_string(s.observe_evidence, '$.tool') AS observe_tool, count(*) AS n "
-        "FROM stops s LEFT JOIN runs r USING (run_key) GROUP BY ALL",
+        f"FROM {COUNTED_STOPS} s LEFT JOIN runs r USING (run_key) GROUP BY ALL",
         [],
         max_rows=1_000_000,
     )
@@ -487,7 +474,7 @@ class Collector:
         # Totals per name first: ranking by a per-name sum over every key was quadratic
         # (21 s to start with 10,000 agent names; tests/reliability/test_cardinality.py).
         agent_stops: dict[str, int] = {}
-        for (agent, _reason), n in counts.stops.items():
+        for (agent, *_), n in histograms.items():
             agent_stops[agent] = agent_stops.get(agent, 0) + n
         ranked_agents = sorted(agent_stops, key=lambda a: -agent_stops[a])
         self.metrics.agents.seed(a or _UNKNOWN_AGENT for a in ranked_agents)
@@ -608,7 +595,8 @@ class Collector:
             self.metrics.record_tool_call(agent, tool, outcome, n)
         for stop in mapped.stops:
             key = (stop.trace_id, stop.span_id)
-            if key not in new or key in result.anomalous_stop_keys or not counted_stop(stop):
+            # The store counts each run's first committed stop; the rest are "anomalous".
+            if key not in new or key in result.anomalous_stop_keys:
                 continue
             agent = stop.agent or _UNKNOWN_AGENT
             self.metrics.record_stop(

@@ -53,6 +53,12 @@ Write semantics (each rule has a test in ``tests/unit/test_store.py``):
   duplicate-stop anomaly: kept in ``stop_anomalies`` (``kind='duplicate_stop'``), counted
   in ``runs.duplicate_stops``, and never overwrites the first: the first report is what
   any alert already fired on, and "exactly one stop per run" stays checkable.
+- Metrics count a run's stop once: the first primary stop committed for it, whatever its
+  origin (a loopwatch run span whose stop span was lost still counts). A stronger stop
+  committed later replaces the row in ``stops`` but not the count: the replaced row moves
+  to ``stop_anomalies`` (``kind='replaced_stop'``) with its ``counted`` flag, and the new
+  row has ``counted = false``. :data:`COUNTED_STOPS` is what restores the counters, so
+  the totals after a restart equal the live ones.
 - Sampling (:mod:`loopwatch.collector.sampling`) is decided once, when a run's first
   primary stop is committed, or by the periodic maintenance for runs with no stop and no
   new span for ``undecided_timeout_seconds``. A stop replacing another later does not
@@ -61,14 +67,15 @@ Write semantics (each rule has a test in ``tests/unit/test_store.py``):
 Reads (:class:`StoreReader`) run on their own cursors with a time limit and a row cap,
 parameterized SQL only, so they never block or starve the writer.
 
-Schema (``SCHEMA_VERSION`` = 5; numbered migrations in :data:`MIGRATIONS` are applied in
+Schema (``SCHEMA_VERSION`` = 9; numbered migrations in :data:`MIGRATIONS` are applied in
 order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
 
 - ``runs``: one row per run (key ``run_key``), always kept: counts, the primary stop
   denormalized, the sampling decision (``sampled``, ``sample_rule``, ``sample_tool``).
 - ``staged_steps`` / ``steps``: decision and tool_result rows (same columns).
-- ``stops`` (primary, one per run, key ``run_key``) and ``stop_anomalies`` (``kind``:
-  ``duplicate_stop``).
+- ``stops`` (primary, one per run, key ``run_key``; ``counted``: whether ``/metrics``
+  counted it) and ``stop_anomalies`` (``kind``: ``duplicate_stop``, or ``replaced_stop``
+  for a primary stop a stronger one replaced, with its own ``counted``).
 - ``run_tools``: tool-call count deltas per (run, tool, outcome, agent), append-only, always kept;
   sum them.
 - ``canary_flags``: run ids or trace ids the redact stage flagged.
@@ -108,8 +115,6 @@ from .errors import CollectorError, QueueFull
 from .events import (
     KIND_DECISION,
     KIND_TOOL_RESULT,
-    STOP_ORIGIN_INFERRED,
-    STOP_ORIGIN_STOP_SPAN,
     STOP_ORIGINS,
     MappedBatch,
     RunReassignment,
@@ -121,6 +126,7 @@ from .runkeys import RunKeyFilter
 from .sampling import NO_STOP_REASON, Sampler, SamplingConfig, hour_bucket
 
 __all__ = [
+    "COUNTED_STOPS",
     "LOOP_STOP_REASONS",
     "MIGRATIONS",
     "SCHEMA_VERSION",
@@ -152,6 +158,7 @@ _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 _MASK64: Final = 2**64 - 1
 _ANOMALY_DUPLICATE: Final = "duplicate_stop"
+_ANOMALY_REPLACED: Final = "replaced_stop"
 
 
 class StoreError(CollectorError):
@@ -415,6 +422,17 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "ALTER TABLE stop_anomalies ADD COLUMN agent VARCHAR",
         ),
     ),
+    Migration(
+        9,
+        "stops.counted: whether /metrics counted the stop; replaced stops kept as anomalies",
+        (
+            "ALTER TABLE stops ADD COLUMN counted BOOLEAN",
+            "ALTER TABLE stop_anomalies ADD COLUMN counted BOOLEAN",
+            # Schema 8 restored every primary stop and no anomaly: keep those totals.
+            "UPDATE stops SET counted = true",
+            "UPDATE stop_anomalies SET counted = false",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
@@ -651,12 +669,24 @@ _STOP_COLUMNS: Final = (
     *_STOP_FIELDS[:-_STOP_LATE],
     "received_unix_nano",
     *_STOP_FIELDS[-_STOP_LATE:],
+    "counted",  # schema 9; not a StopRow field
 )
+_AFTER_RECEIVED: Final = _STOP_LATE + 1
 _ANOMALY_COLUMNS: Final = (
-    *_STOP_COLUMNS[:-_STOP_LATE],
+    *_STOP_COLUMNS[:-_AFTER_RECEIVED],
     "kind",
-    *_STOP_COLUMNS[-_STOP_LATE:],
+    *_STOP_COLUMNS[-_AFTER_RECEIVED:],
 )
+
+COUNTED_STOPS: Final = (
+    "(SELECT * EXCLUDE (counted) FROM stops WHERE counted "
+    "UNION ALL BY NAME "
+    "SELECT * EXCLUDE (kind, counted) FROM stop_anomalies WHERE counted)"
+)
+"""SQL relation of the stops ``/metrics`` counted live: one per run that has a stop (the
+first primary stop committed), with the columns of ``stops`` but ``counted``. Usually the
+run's row in ``stops``; a ``replaced_stop`` row of ``stop_anomalies`` when a stronger stop
+arrived after it was counted."""
 _RUN_ATTR_FIELDS: Final = (
     "agent",
     "agent_id",
@@ -787,10 +817,6 @@ def _step_table(steps: list[StepRow], runs: dict[str, dict[str, Any]], now_ns: i
     return pa.Table.from_arrays(arrays, names=list(_STEP_COLUMNS))
 
 
-# Stop origins the metrics count (loopwatch.collector.service.counted_stop).
-_COUNTED_ORIGINS: Final = frozenset((STOP_ORIGIN_STOP_SPAN, STOP_ORIGIN_INFERRED))
-
-
 def _span_key(trace_id: str, span_id: str) -> tuple[int, int]:
     try:
         return int(span_id, 16) & _MASK64, int(trace_id[-16:], 16) & _MASK64
@@ -851,7 +877,7 @@ def _count_step(
     row["tokens"] += sign * tokens
 
 
-def _stop_tuple(run_key: int, stop_row: StopRow, now_ns: int) -> tuple[Any, ...]:
+def _stop_tuple(run_key: int, stop_row: StopRow, now_ns: int, counted: bool) -> tuple[Any, ...]:
     values = _get_stop(stop_row)
     return (
         run_key,
@@ -860,12 +886,13 @@ def _stop_tuple(run_key: int, stop_row: StopRow, now_ns: int) -> tuple[Any, ...]
         *values[_STOP_INFERRED_AT:-_STOP_LATE],
         now_ns,
         *values[-_STOP_LATE:],
+        counted,
     )
 
 
 def _anomaly_tuple(run_key: int, stop_row: StopRow, now_ns: int, kind: str) -> tuple[Any, ...]:
-    values = _stop_tuple(run_key, stop_row, now_ns)
-    return (*values[:-_STOP_LATE], kind, *values[-_STOP_LATE:])
+    values = _stop_tuple(run_key, stop_row, now_ns, False)
+    return (*values[:-_AFTER_RECEIVED], kind, *values[-_AFTER_RECEIVED:])
 
 
 _MOVED: Final = ""  # run_tools.agent of the -1/+1 rows of a reassigned call
@@ -891,6 +918,7 @@ class _Group:
     stopped_before: set[str] = field(default_factory=set)
     emptied: set[str] = field(default_factory=set)
     uncounted: list[StopRow] = field(default_factory=list)
+    counted: set[str] = field(default_factory=set)
 
     def run(self, run_id: str, trace_id: str, source: str) -> dict[str, Any]:
         row = self.merged.get(run_id)
@@ -1566,12 +1594,13 @@ class Store:
             elif new_rank == current_rank:
                 anomalies.append(stop_row)
                 row["duplicate_stops"] = (row["duplicate_stops"] or 0) + 1
-        # A run's stop counts once (as the metrics restored from this table do): only the
-        # group's winner, and only if no counted stop was stored before this group.
+        # A run's stop counts once, as committed first: the group's winner, if the run had
+        # no stop before this group. A stronger stop arriving later replaces the row, not
+        # the count; ``stops.counted`` and the replaced row keep what was counted, so the
+        # metrics restored from COUNTED_STOPS equal the live ones.
+        group.counted = {r for r, s in winners.items() if origin_before[r] is None}
         group.uncounted = [
-            s
-            for s in group.stops
-            if winners.get(s.run_id) is not s or origin_before[s.run_id] in _COUNTED_ORIGINS
+            s for s in group.stops if s.run_id not in group.counted or winners[s.run_id] is not s
         ]
         # A run that ended "completed" but looped while observed is abnormal for
         # sampling: its steps are the evidence an incident reviewer wants.
@@ -1690,12 +1719,19 @@ class Store:
             replaced = [s.run_id for s in group.stops if s.run_id in group.stopped_before]
             if replaced:
                 keys = _key_list(_run_key(r) for r in replaced)
+                self._con.execute(
+                    "INSERT INTO stop_anomalies BY NAME SELECT *, "
+                    f"'{_ANOMALY_REPLACED}' AS kind FROM stops WHERE run_key IN ({keys})"
+                )
                 self._con.execute(f"DELETE FROM stops WHERE run_key IN ({keys})")
             self._append(
                 "stops",
                 _table(
                     _STOP_COLUMNS,
-                    [_stop_tuple(_run_key(s.run_id), s, now_ns) for s in group.stops],
+                    [
+                        _stop_tuple(_run_key(s.run_id), s, now_ns, s.run_id in group.counted)
+                        for s in group.stops
+                    ],
                 ),
             )
         if anomalies:
@@ -2112,10 +2148,11 @@ class StoreReader:
         return Stats(by_reason, loops, t1 or t2)
 
     def restore_counts(self) -> RestoredCounts:
-        """Totals for restoring Prometheus counters after a restart."""
+        """Totals for restoring Prometheus counters after a restart (stops: those counted
+        live, :data:`COUNTED_STOPS`)."""
         stops, t1 = self._query(
             "SELECT COALESCE(s.agent, r.agent, '') AS agent, s.reason, count(*) AS n "
-            "FROM stops s LEFT JOIN runs r USING (run_key) GROUP BY ALL",
+            f"FROM {COUNTED_STOPS} s LEFT JOIN runs r USING (run_key) GROUP BY ALL",
             [],
         )
         calls, t2 = self._query(
@@ -2129,7 +2166,8 @@ class StoreReader:
             [_MOVED],
         )
         loops, t3 = self._query(
-            "WITH loops AS (SELECT run_key, reason FROM stops WHERE list_contains(?, reason)), "
+            f"WITH loops AS (SELECT run_key, reason FROM {COUNTED_STOPS} "
+            "WHERE list_contains(?, reason)), "
             + _TOP_TOOLS_OF_LOOPS
             + " SELECT COALESCE(r.agent, '') AS agent, COALESCE(tt.tool, '') AS tool, "
             "loops.reason, count(*) AS n FROM loops JOIN runs r USING (run_key) "

@@ -213,7 +213,8 @@ class RunData:
         steps_truncated: only the last steps were returned (the row cap).
         stop: the primary stop row, or ``None`` (run still open or stop lost).
         evidence: the stop's parsed evidence (``{}`` when none).
-        anomalies: duplicate stops, in arrival order.
+        anomalies: other stop reports of the run (``kind``: ``duplicate_stop``, or
+            ``replaced_stop`` for one a stronger report replaced), in arrival order.
         tools: tool calls per ``tool``, ``outcome`` (``calls`` column).
         limits: ``limit``, ``value``, ``source`` rows (each effective limit and where it
             came from), or ``None`` when the source does not provide them.

@@ -38,6 +38,7 @@ __all__ = [
     "StepView",
     "StopCard",
     "ToolCallView",
+    "anomaly_summary",
     "build_steps",
     "collapse",
     "compress_indices",
@@ -569,6 +570,26 @@ def usage_counters(stop: Mapping[str, Any] | None, run: Mapping[str, Any]) -> li
             text = _number(value)
         out.append((label, text))
     return out
+
+
+def anomaly_summary(anomalies: Sequence[Mapping[str, Any]]) -> str:
+    """One line on a run's other stop reports (``stop_anomalies`` rows, ``kind`` column).
+
+    ``duplicate_stop``: a second report of the same strength, never shown in place of the
+    first. ``replaced_stop``: a weaker report (an inferred stop, a run span's) that a
+    stronger one replaced; the metrics keep counting the first stop committed.
+    """
+    duplicates = sum(1 for a in anomalies if a.get("kind") == "duplicate_stop")
+    replaced = len(anomalies) - duplicates
+    parts = []
+    if duplicates:
+        parts.append(f"{duplicates} duplicate stop(s) arrived for this run; the first one is shown")
+    if replaced:
+        parts.append(
+            f"{replaced} earlier stop report(s) were replaced by a stronger one; "
+            "/metrics counted this run under the first"
+        )
+    return ". ".join(parts) + "."
 
 
 def sampling_notice(run: Mapping[str, Any], steps_stored: int) -> str | None:

@@ -94,10 +94,7 @@ with st.container(border=True):
             "\n".join(f"- **{label}**: {_code(value)}" for label, value in card.facts()),
         )
     if detail.anomalies:
-        st.warning(
-            f"{len(detail.anomalies)} more stop(s) arrived for this run (duplicate stops); "
-            "the first one is shown."
-        )
+        st.warning(runview.anomaly_summary(detail.anomalies))
         st.dataframe(pd.DataFrame(detail.anomalies), hide_index=True)
 
 # ---------------------------------------------------------------------- usage

@@ -22,6 +22,7 @@ from loopwatch.collector.events import (
     STOP_ORIGIN_INFERRED,
     STOP_ORIGIN_RUN_SPAN,
     STOP_ORIGIN_STOP_SPAN,
+    STOP_ORIGINS,
     MappedBatch,
     MapStage,
     RunRow,
@@ -380,7 +381,18 @@ def test_stronger_stop_wins_in_any_order(store: Store, origins: tuple[str, ...])
     detail = store.reader().get_run("p1")
     assert detail is not None and detail.stop is not None
     assert (detail.stop["origin"], detail.stop["reason"]) == (STOP_ORIGIN_STOP_SPAN, "action_cycle")
-    assert detail.run["stop_inferred"] is False and detail.stop_anomalies == []
+    assert detail.run["stop_inferred"] is False and detail.run["duplicate_stops"] == 0
+    # Each primary stop a stronger one replaced is kept; the first one committed stays the
+    # counted one (the live counter cannot move a count), before and after a restart.
+    primaries: list[str] = []
+    for origin in origins:
+        if not primaries or STOP_ORIGINS[origin] > STOP_ORIGINS[primaries[-1]]:
+            primaries.append(origin)
+    assert [(a["origin"], a["kind"]) for a in detail.stop_anomalies] == [
+        (o, "replaced_stop") for o in primaries[:-1]
+    ]
+    counts = store.reader().restore_counts().stops
+    assert [(reason, n) for (_, reason), n in counts.items()] == [(reasons[origins[0]], 1)]
 
 
 def test_completed_fraction_is_deterministic_by_run_id(make_store: Any) -> None:
@@ -552,7 +564,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con.execute("INSERT INTO run_tools VALUES (?, 'search', 'ok', 2)", [_run_key("old")])
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 8
+        assert store.schema_version == SCHEMA_VERSION == 9
         # A v1 count row has no agent of its own: it is restored under the run's.
         assert store.reader().restore_counts().tool_calls == {("legacy", "search", "ok"): 2}
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
@@ -562,7 +574,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con = duckdb.connect(str(path), read_only=True)
     versions = con.execute("SELECT version FROM schema_version ORDER BY 1").fetchall()
     con.close()
-    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,)]
+    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,)]
 
 
 def test_tool_counts_keep_their_agent_when_the_run_span_comes_later(tmp_path: Path) -> None:
@@ -621,6 +633,60 @@ def test_schema_7_moves_observe_evidence_out_of_a_completed_stop(tmp_path: Path)
         "loop": (would_be, None),
         "budget": ('{"scope":"run"}', None),
     }
+
+
+def test_schema_9_keeps_the_stop_totals_restored_before(tmp_path: Path) -> None:
+    """Schema 8 restored every primary stop and no anomaly; after migration 9 the same
+    rows are the counted ones, and a stronger stop arriving later changes the stop shown,
+    not the totals."""
+    path = tmp_path / "v8.duckdb"
+    con = duckdb.connect(str(path))
+    assert apply_migrations(con, target=8) == 8
+    stop_sql = (
+        "INSERT INTO {table} (run_key, run_id, trace_id, span_id, source, origin, "
+        "stop_inferred, reason, time_unix_nano, received_unix_nano, agent{kind}) "
+        "VALUES (?, ?, ?, ?, 'loopwatch', ?, ?, ?, 1, 1, 'legacy'{value})"
+    )
+    for run_id, origin, reason in (
+        ("a", "run_span", "repeated_action"),
+        ("b", "inferred", "completed"),
+    ):
+        con.execute(
+            "INSERT INTO runs (run_key, run_id, trace_id, source, agent, first_seen_unix_nano, "
+            "last_seen_unix_nano, stop_reason, stop_origin, stop_inferred, stop_unix_nano, "
+            "sampled) VALUES (?, ?, ?, 'loopwatch', 'legacy', 1, 1, ?, ?, ?, 1, true)",
+            [_run_key(run_id), run_id, trace_of(run_id), reason, origin, origin == "inferred"],
+        )
+        con.execute(
+            stop_sql.format(table="stops", kind="", value=""),
+            [
+                _run_key(run_id),
+                run_id,
+                trace_of(run_id),
+                sid(),
+                origin,
+                origin == "inferred",
+                reason,
+            ],
+        )
+    con.execute(
+        stop_sql.format(table="stop_anomalies", kind=", kind", value=", 'duplicate_stop'"),
+        [_run_key("a"), "a", trace_of("a"), sid(), "run_span", False, "no_progress"],
+    )
+    con.close()
+    with Store(path) as store:
+        before = store.reader().restore_counts().stops
+        assert before == {("legacy", "repeated_action"): 1, ("legacy", "completed"): 1}
+        late = stop_row("b", "action_cycle", origin=STOP_ORIGIN_STOP_SPAN)
+        result = commit(store, batch(late))
+        assert result.anomalous_stop_keys == {(late.trace_id, late.span_id)}
+        assert store.reader().restore_counts().stops == before
+        detail = store.reader().get_run("b")
+        assert detail is not None and detail.stop is not None
+        assert detail.stop["reason"] == "action_cycle"
+        assert [(a["reason"], a["kind"]) for a in detail.stop_anomalies] == [
+            ("completed", "replaced_stop")
+        ]
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

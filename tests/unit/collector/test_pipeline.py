@@ -363,6 +363,37 @@ def _span_twice_in_one_request() -> list[SpanBatch]:
     return [batch]
 
 
+def _lw_stop_on_run_span_only() -> list[SpanBatch]:
+    """A loopwatch run whose stop span never arrives: only the run span's stop attributes."""
+    batch = to_batch(record(looping_run("support")))
+    batch.spans = [s for s in batch.spans if s.attributes.get("loopwatch.event") != "stop"]
+    return [batch]
+
+
+_STOP_ATTRS = ("loopwatch.stop.", "gen_ai.agent.finish_reason")
+
+
+def _lw_bare_run_span_first(*, then_run_span: bool = False) -> list[SpanBatch]:
+    """A loopwatch run span without stop attributes (its stop is inferred) sent first; its
+    stop span later. With ``then_run_span``, a second run span carrying the stop attributes
+    comes between them (a hostile client): three stops of rising precedence."""
+    spans = record(looping_run("support"))
+    run_span = next(s for s in spans if s.name.startswith("invoke_agent"))
+    stop_span = [s for s in spans if dict(s.attributes).get("loopwatch.event") == "stop"]
+    rest = [s for s in spans if s is not run_span and s not in stop_span]
+    bare = to_batch([run_span])
+    for span in bare.spans:
+        span.attributes = {
+            k: v for k, v in span.attributes.items() if not k.startswith(_STOP_ATTRS)
+        }
+    batches = [to_batch(rest), bare]
+    if then_run_span:
+        again = to_batch([run_span])
+        again.spans[0].span_id = "f" * 16
+        batches.append(again)
+    return [*batches, to_batch(stop_span)]
+
+
 RESTORE_CASES = {
     "third-party tool agent, no agent span": lambda: [to_batch(_genai("helper", False))],
     "third-party tool agent under another agent": lambda: [to_batch(_genai("sub", True))],
@@ -375,6 +406,11 @@ RESTORE_CASES = {
     "third-party span in a loopwatch trace, sent first": _third_party_in_loopwatch_trace_first,
     "a span sent twice in one request": _span_twice_in_one_request,
     "a request sent twice": lambda: [to_batch(spans) for spans in [record(looping_run())] * 2],
+    "loopwatch run span with its stop, no stop span": _lw_stop_on_run_span_only,
+    "loopwatch run span without stop attributes, stop span later": _lw_bare_run_span_first,
+    "inferred, then run-span, then stop-span stops": lambda: _lw_bare_run_span_first(
+        then_run_span=True
+    ),
     "loopwatch run span after its tool spans": lambda: _split(
         record(looping_run("support")), "invoke_agent"
     ),

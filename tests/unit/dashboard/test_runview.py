@@ -368,3 +368,16 @@ def test_stop_card_of_a_completed_run_observe_mode_would_have_stopped() -> None:
     assert rows["observe mode would have stopped as"] == "repeated_action at step 3 on lookup_order"
     broken = runview.stop_card({**stop, "observe_evidence": "{not json", "observe_step": None}, {})
     assert broken is not None and broken.observe_reason == "repeated_action"
+
+
+def test_anomaly_summary_names_both_kinds() -> None:
+    dup, rep = {"kind": "duplicate_stop"}, {"kind": "replaced_stop"}
+    assert runview.anomaly_summary([dup, dup]) == (
+        "2 duplicate stop(s) arrived for this run; the first one is shown."
+    )
+    assert runview.anomaly_summary([rep]) == (
+        "1 earlier stop report(s) were replaced by a stronger one; "
+        "/metrics counted this run under the first."
+    )
+    both = runview.anomaly_summary([rep, dup])
+    assert both.startswith("1 duplicate stop(s)") and "1 earlier stop report(s)" in both
