@@ -311,6 +311,7 @@ def _companion(
             click.echo(f"loopwatch up: dashboard not started: {exc}", err=True)
             dashboard = None
     if demo_options is not None and not closing.is_set():
+        click.echo("loopwatch up: collector ready; replaying recorded agent runs into it")
         _send_demo(
             otlp_url=otlp_url,
             token=token,
@@ -495,7 +496,8 @@ def up(
     code = 0
     companion.start()
     try:
-        serve_forever(config, ready=ready)
+        # The companion prints the URLs once everything is up (dashboard last).
+        serve_forever(config, ready=ready, announce=False)
     except KeyboardInterrupt:
         pass
     except ConfigError as exc:
