@@ -56,6 +56,10 @@ DETECTOR_COLORS: Final[dict[str, str]] = {d: REASON_COLORS[d] for d in LOOP_DETE
 """Loop detectors use their stop reason's colour."""
 
 _HEIGHT: Final = 260
+_BAR_STEP: Final = alt.Step(24)
+"""Height of each bar's band in the horizontal bar charts. A fixed chart height was
+shrunk to the legend's by the page (Streamlit 1.67 sizes charts to their content), and
+Vega-Lite then hid every other bar label as overlapping; a step keeps 24 px per bar."""
 
 
 def _reason_scale(present: pd.Series) -> alt.Scale:
@@ -150,9 +154,7 @@ def runs_by_agent_chart(by_agent: pd.DataFrame) -> alt.Chart:
             ),
             tooltip=["agent:N", "stop_reason:N", "runs:Q"],
         )
-        .properties(
-            height=max(80, 28 * frame["agent"].nunique()), description=runs_by_agent_text(by_agent)
-        )
+        .properties(height=_BAR_STEP, description=runs_by_agent_text(by_agent))
     )
     return chart
 
@@ -218,7 +220,7 @@ def loops_by_tool_chart(loops: pd.DataFrame, *, top: int = 10) -> alt.Chart:
             color=alt.Color("detector:N", title="detector", scale=_detector_scale()),
             tooltip=["tool:N", "detector:N", "stops:Q"],
         )
-        .properties(height=max(80, 28 * len(keep)), description=loops_text(loops))
+        .properties(height=_BAR_STEP, description=loops_text(loops))
     )
     return chart
 
@@ -328,18 +330,32 @@ def tool_calls_chart(tools: pd.DataFrame, *, top: int = 15) -> alt.Chart:
             ),
             tooltip=["tool:N", "outcome:N", "n:Q"],
         )
-        .properties(height=max(80, 28 * len(head)), description=tool_calls_text(tools))
+        .properties(height=_BAR_STEP, description=tool_calls_text(tools, top=top))
     )
     return chart
 
 
-def tool_calls_text(tools: pd.DataFrame) -> str:
-    """``"2 tools, 99 calls: lookup_order 5 (4 ok, 0 errors, 1 blocked), ..."``."""
+def tool_calls_text(tools: pd.DataFrame, *, top: int | None = None) -> str:
+    """``"2 tools, 99 calls: lookup_order 5 (4 ok, 0 errors, 1 blocked), ..."``.
+
+    Args:
+        tools: one row per tool (``tool``, ``calls``, ``ok``, ``errors``, ``blocked``), in
+            the order to list them.
+        top: name only the first ``top`` tools and sum up the rest (``"; 3 more tools,
+            7 calls"``); ``None`` names all.
+    """
     if tools.empty:
         return "No tool calls in this time range."
+    head = tools if top is None else tools.head(top)
     parts = ", ".join(
         f"{r.tool} {int(r.calls):,} ({int(r.ok):,} ok, {int(r.errors):,} errors, "
         f"{int(r.blocked):,} blocked)"
-        for r in tools.itertuples()
+        for r in head.itertuples()
     )
+    rest = len(tools) - len(head)
+    if rest:
+        rest_calls = int(tools["calls"].sum()) - int(head["calls"].sum())
+        parts += (
+            f"; {rest:,} more {'tool' if rest == 1 else 'tools'}, {_plural(rest_calls, 'call')}"
+        )
     return f"{_plural(len(tools), 'tool')}, {_plural(int(tools['calls'].sum()), 'call')}: {parts}."

@@ -63,7 +63,7 @@ if data.tools is not None and not data.tools.empty:
             ),
         },
     )
-    calls_text = charts.tool_calls_text(data.tools)
+    calls_text = charts.tool_calls_text(data.tools, top=15)
     st.caption(
         "Loop stops count each loop-stopped run under the tool it called most (as the "
         "loopwatch_loop_detections_total metric does). " + calls_text

@@ -347,6 +347,19 @@ def test_tool_calls_chart() -> None:
         == "2 tools, 12 calls: a 10 (8 ok, 1 errors, 1 blocked), b 2 (2 ok, 0 errors, 0 blocked)."
     )
     assert charts.tool_calls_chart(tools).to_dict()["description"] == text
+    assert charts.tool_calls_text(tools, top=1) == (
+        "2 tools, 12 calls: a 10 (8 ok, 1 errors, 1 blocked); 1 more tool, 2 calls."
+    )
+    many = pd.DataFrame({"tool": list("abcd"), "calls": [5, 4, 3, 1], "ok": [5, 4, 3, 1]}).assign(
+        errors=0, blocked=0
+    )
+    assert charts.tool_calls_text(many, top=2).endswith("; 2 more tools, 4 calls.")
+    # The chart's description names what it plots: the top bars, the rest summed up.
+    assert charts.tool_calls_chart(many, top=2).to_dict()["description"] == (
+        charts.tool_calls_text(many, top=2)
+    )
+    spec = charts.tool_calls_chart(many).to_dict()
+    assert spec["height"] == {"step": 24}, "a band per bar, so no bar loses its label"
 
 
 def test_stop_card_of_a_completed_run_observe_mode_would_have_stopped() -> None:
