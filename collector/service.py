@@ -593,11 +593,7 @@ class Collector:
             by_labels[labels] = by_labels.get(labels, 0) + 1
         for (agent, tool, outcome), n in by_labels.items():
             self.metrics.record_tool_call(agent, tool, outcome, n)
-        for stop in mapped.stops:
-            key = (stop.trace_id, stop.span_id)
-            # The store counts each run's first committed stop; the rest are "anomalous".
-            if key not in new or key in result.anomalous_stop_keys:
-                continue
+        for stop in result.counted_stops:  # the store's choice: one per run, at most
             agent = stop.agent or _UNKNOWN_AGENT
             self.metrics.record_stop(
                 agent,

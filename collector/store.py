@@ -53,12 +53,15 @@ Write semantics (each rule has a test in ``tests/unit/test_store.py``):
   duplicate-stop anomaly: kept in ``stop_anomalies`` (``kind='duplicate_stop'``), counted
   in ``runs.duplicate_stops``, and never overwrites the first: the first report is what
   any alert already fired on, and "exactly one stop per run" stays checkable.
-- Metrics count a run's stop once: the first primary stop committed for it, whatever its
-  origin (a loopwatch run span whose stop span was lost still counts). A stronger stop
-  committed later replaces the row in ``stops`` but not the count: the replaced row moves
-  to ``stop_anomalies`` (``kind='replaced_stop'``) with its ``counted`` flag, and the new
-  row has ``counted = false``. :data:`COUNTED_STOPS` is what restores the counters, so
-  the totals after a restart equal the live ones.
+- Metrics count a run's stop once: the first request that brings the run a stop counts
+  its strongest one, whatever its origin (a loopwatch run span whose stop span was lost
+  still counts; a run span and its stop span in one request count the stop span). A
+  stronger stop in a later request replaces the row in ``stops`` but not the count: the
+  replaced row moves to ``stop_anomalies`` (``kind='replaced_stop'``) with its
+  ``counted`` flag, and the new row has ``counted = false``. Requests committed in one
+  group are applied in order, each as a unit, so grouping never changes what is counted
+  or kept. :attr:`CommitResult.counted_stops` says what to count live and
+  :data:`COUNTED_STOPS` restores the same after a restart.
 - Sampling (:mod:`loopwatch.collector.sampling`) is decided once, when a run's first
   primary stop is committed, or by the periodic maintenance for runs with no stop and no
   new span for ``undecided_timeout_seconds``. A stop replacing another later does not
@@ -67,7 +70,7 @@ Write semantics (each rule has a test in ``tests/unit/test_store.py``):
 Reads (:class:`StoreReader`) run on their own cursors with a time limit and a row cap,
 parameterized SQL only, so they never block or starve the writer.
 
-Schema (``SCHEMA_VERSION`` = 9; numbered migrations in :data:`MIGRATIONS` are applied in
+Schema (``SCHEMA_VERSION`` = 10; numbered migrations in :data:`MIGRATIONS` are applied in
 order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
 
 - ``runs``: one row per run (key ``run_key``), always kept: counts, the primary stop
@@ -433,6 +436,16 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "UPDATE stop_anomalies SET counted = false",
         ),
     ),
+    Migration(
+        10,
+        "stops.counted NOT NULL: a NULL would drop a stop from the restored totals unseen",
+        # Its own transaction: DuckDB 1.5 refuses SET NOT NULL on a table with an index
+        # while the UPDATE that filled the column is uncommitted.
+        (
+            "ALTER TABLE stops ALTER COLUMN counted SET NOT NULL",
+            "ALTER TABLE stop_anomalies ALTER COLUMN counted SET NOT NULL",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
@@ -565,16 +578,17 @@ class CommitResult:
         spans: distinct span keys in the batch.
         new_span_keys: ``(trace_id, span_id)`` stored now; the rest were duplicates.
             Count metrics over these only, so retries do not count twice.
-        anomalous_stop_keys: stops of the batch not to count as a run's stop: duplicate-stop
-            anomalies, stops a stronger stop already stored outranks, and stops replacing
-            an already counted ``stop_span``/``inferred`` stop (a run counts once).
+        counted_stops: the batch's stops to count as their run's stop, at most one per
+            run: the strongest stop of the first request that brought the run a stop
+            (module docstring, "Metrics count"). Count exactly these; the rest are
+            duplicates, outranked, or replace a stop counted before.
         group_batches / group_spans: size of the group committed together.
         commit_seconds: wall time of the group's transaction.
     """
 
     spans: int
     new_span_keys: frozenset[tuple[str, str]]
-    anomalous_stop_keys: frozenset[tuple[str, str]]
+    counted_stops: tuple[StopRow, ...]
     group_batches: int
     group_spans: int
     commit_seconds: float
@@ -890,8 +904,10 @@ def _stop_tuple(run_key: int, stop_row: StopRow, now_ns: int, counted: bool) -> 
     )
 
 
-def _anomaly_tuple(run_key: int, stop_row: StopRow, now_ns: int, kind: str) -> tuple[Any, ...]:
-    values = _stop_tuple(run_key, stop_row, now_ns, False)
+def _anomaly_tuple(
+    run_key: int, stop_row: StopRow, now_ns: int, kind: str, counted: bool = False
+) -> tuple[Any, ...]:
+    values = _stop_tuple(run_key, stop_row, now_ns, counted)
     return (*values[:-_AFTER_RECEIVED], kind, *values[-_AFTER_RECEIVED:])
 
 
@@ -917,8 +933,9 @@ class _Group:
     staged_in_db: set[str] = field(default_factory=set)
     stopped_before: set[str] = field(default_factory=set)
     emptied: set[str] = field(default_factory=set)
-    uncounted: list[StopRow] = field(default_factory=list)
-    counted: set[str] = field(default_factory=set)
+    stop_jobs: list[int] = field(default_factory=list)  # job index of each of ``stops``
+    counted: dict[str, StopRow] = field(default_factory=dict)  # run id -> stop counted now
+    replaced: list[tuple[StopRow, bool]] = field(default_factory=list)  # (stop, counted)
 
     def run(self, run_id: str, trace_id: str, source: str) -> dict[str, Any]:
         row = self.merged.get(run_id)
@@ -1226,9 +1243,9 @@ class Store:
         seconds = time.perf_counter() - started
         group_spans = sum(o[0] for o in outcomes)
         new_spans = sum(len(o[1]) for o in outcomes)
-        for job, (spans, new, anomalous) in zip(jobs, outcomes, strict=True):
+        for job, (spans, new, counted) in zip(jobs, outcomes, strict=True):
             job.future.set_result(
-                CommitResult(spans, new, anomalous, len(jobs), group_spans, seconds)
+                CommitResult(spans, new, counted, len(jobs), group_spans, seconds)
             )
         if self._on_commit is not None:
             try:
@@ -1240,7 +1257,7 @@ class Store:
 
     def _write(
         self, jobs: list[_Job]
-    ) -> list[tuple[int, frozenset[tuple[str, str]], frozenset[tuple[str, str]]]]:
+    ) -> list[tuple[int, frozenset[tuple[str, str]], tuple[StopRow, ...]]]:
         now_ns = int(self._clock() * _NS)
         owner: dict[tuple[str, str], int] = {}
         job_keys: list[set[tuple[str, str]]] = []
@@ -1285,6 +1302,7 @@ class Store:
                 if key in new_keys and owner[key] == index and skey not in stop_keys:
                     stop_keys.add(skey)
                     group.stops.append(stop_row)
+                    group.stop_jobs.append(index)
             group.moves.extend(batch.reassignments)
             group.canaries.update(batch.canary_run_ids)
             owns_new = any(owner.get(k) == index for k in job_keys[index] if k in new_keys)
@@ -1296,17 +1314,23 @@ class Store:
         for move in group.moves:
             self._reassign(group, move)
         self._merge_rows(group)
+        counted_jobs = {
+            id(stop_row): index
+            for stop_row, index in zip(group.stops, group.stop_jobs, strict=True)
+        }
         anomalies = self._merge_stops(group)
         self._write_rows(group, anomalies)
 
-        duplicates = {(s.trace_id, s.span_id) for s in (*anomalies, *group.uncounted)}
+        counted: list[list[StopRow]] = [[] for _ in jobs]
+        for stop_row in group.counted.values():
+            counted[counted_jobs[id(stop_row)]].append(stop_row)
         outcomes = []
         for index, keys in enumerate(job_keys):
             if everything_new:
                 mine = frozenset(keys)
             else:
                 mine = frozenset(k for k in keys if k in new_keys and owner[k] == index)
-            outcomes.append((len(keys), mine, frozenset(duplicates & mine)))
+            outcomes.append((len(keys), mine, tuple(counted[index])))
         return outcomes
 
     def _insert(
@@ -1574,39 +1598,59 @@ class Store:
         }
 
     def _merge_stops(self, group: _Group) -> list[StopRow]:
+        """Apply the group's stops request by request (module docstring, "Stops" and
+        "Metrics count"); return the duplicate-stop anomalies."""
         winners: dict[str, StopRow] = {}
         anomalies: list[StopRow] = []
-        origin_before: dict[str, str | None] = {}
-        for stop_row in group.stops:
-            row = group.merged[stop_row.run_id]
+        # Each request's strongest stop per run (the first of equal strength; a later one
+        # of that strength is a duplicate), in request order.
+        offered: list[StopRow] = []
+        best: dict[str, int] = {}
+        job = -1
+        for stop_row, index in zip(group.stops, group.stop_jobs, strict=True):
+            if index != job:
+                job, best = index, {}
+            at = best.get(stop_row.run_id)
+            if at is None:
+                best[stop_row.run_id] = len(offered)
+                offered.append(stop_row)
+                continue
+            rank, held = STOP_ORIGINS.get(stop_row.origin, 0), offered[at]
+            if rank > STOP_ORIGINS.get(held.origin, 0):
+                offered[at] = stop_row
+            elif rank == STOP_ORIGINS.get(held.origin, 0):
+                anomalies.append(stop_row)
+                row = group.merged[stop_row.run_id]
+                row["duplicate_stops"] = (row["duplicate_stops"] or 0) + 1
+        for stop_row in offered:
+            run_id = stop_row.run_id
+            row = group.merged[run_id]
             current = row["stop_origin"]
-            current_rank = STOP_ORIGINS.get(current, 0) if current is not None else None
             new_rank = STOP_ORIGINS.get(stop_row.origin, 0)
-            origin_before.setdefault(stop_row.run_id, current)
-            if current_rank is None or new_rank > current_rank:
-                winners[stop_row.run_id] = stop_row
-                row.update(
-                    stop_reason=stop_row.reason,
-                    stop_origin=stop_row.origin,
-                    stop_inferred=stop_row.stop_inferred,
-                    stop_unix_nano=stop_row.time_unix_nano,
-                )
-            elif new_rank == current_rank:
+            if current is not None and new_rank == STOP_ORIGINS.get(current, 0):
                 anomalies.append(stop_row)
                 row["duplicate_stops"] = (row["duplicate_stops"] or 0) + 1
-        # A run's stop counts once, as committed first: the group's winner, if the run had
-        # no stop before this group. A stronger stop arriving later replaces the row, not
-        # the count; ``stops.counted`` and the replaced row keep what was counted, so the
-        # metrics restored from COUNTED_STOPS equal the live ones.
-        group.counted = {r for r, s in winners.items() if origin_before[r] is None}
-        group.uncounted = [
-            s for s in group.stops if s.run_id not in group.counted or winners[s.run_id] is not s
-        ]
+                continue
+            if current is not None and new_rank < STOP_ORIGINS.get(current, 0):
+                continue  # outranked: the stronger stop stays, nothing to keep
+            if current is None:
+                group.counted[run_id] = stop_row
+            elif run_id in winners:  # replaces this group's own earlier stop
+                held = winners[run_id]
+                group.replaced.append((held, group.counted.get(run_id) is held))
+            winners[run_id] = stop_row
+            row.update(
+                stop_reason=stop_row.reason,
+                stop_origin=stop_row.origin,
+                stop_inferred=stop_row.stop_inferred,
+                stop_unix_nano=stop_row.time_unix_nano,
+            )
+        # Decided by the run's first stop, as when its requests are committed one by one.
         # A run that ended "completed" but looped while observed is abnormal for
         # sampling: its steps are the evidence an incident reviewer wants.
         undecided = [
             (run_id, s.observe_reason if s.observe_reason and s.reason == "completed" else s.reason)
-            for run_id, s in winners.items()
+            for run_id, s in group.counted.items()
             if group.merged[run_id]["sampled"] is None
         ]
         self._decide(group, undecided)
@@ -1729,17 +1773,21 @@ class Store:
                 _table(
                     _STOP_COLUMNS,
                     [
-                        _stop_tuple(_run_key(s.run_id), s, now_ns, s.run_id in group.counted)
+                        _stop_tuple(_run_key(s.run_id), s, now_ns, group.counted.get(s.run_id) is s)
                         for s in group.stops
                     ],
                 ),
             )
-        if anomalies:
+        if anomalies or group.replaced:
             self._append(
                 "stop_anomalies",
                 _table(
                     _ANOMALY_COLUMNS,
                     [
+                        _anomaly_tuple(_run_key(s.run_id), s, now_ns, _ANOMALY_REPLACED, counted)
+                        for s, counted in group.replaced
+                    ]
+                    + [
                         _anomaly_tuple(_run_key(s.run_id), s, now_ns, _ANOMALY_DUPLICATE)
                         for s in anomalies
                     ],

@@ -577,10 +577,12 @@ def anomaly_summary(anomalies: Sequence[Mapping[str, Any]]) -> str:
 
     ``duplicate_stop``: a second report of the same strength, never shown in place of the
     first. ``replaced_stop``: a weaker report (an inferred stop, a run span's) that a
-    stronger one replaced; the metrics keep counting the first stop committed.
+    stronger one in a later request replaced; the metrics keep counting the first. Rows
+    of any other kind (a newer store) are only counted.
     """
     duplicates = sum(1 for a in anomalies if a.get("kind") == "duplicate_stop")
-    replaced = len(anomalies) - duplicates
+    replaced = sum(1 for a in anomalies if a.get("kind") == "replaced_stop")
+    other = len(anomalies) - duplicates - replaced
     parts = []
     if duplicates:
         parts.append(f"{duplicates} duplicate stop(s) arrived for this run; the first one is shown")
@@ -589,6 +591,8 @@ def anomaly_summary(anomalies: Sequence[Mapping[str, Any]]) -> str:
             f"{replaced} earlier stop report(s) were replaced by a stronger one; "
             "/metrics counted this run under the first"
         )
+    if other:
+        parts.append(f"{other} other stop report(s) arrived for this run")
     return ". ".join(parts) + "."
 
 

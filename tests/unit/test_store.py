@@ -347,10 +347,11 @@ def test_run_span_first_or_last_gives_the_same_rows(make_store: Any) -> None:
 
 
 def test_second_stop_is_kept_as_duplicate_anomaly(store: Store) -> None:
-    commit(store, full_run("s1", "repeated_action"))
+    first = full_run("s1", "repeated_action")
+    assert commit(store, first).counted_stops == tuple(first.stops)
     second = stop_row("s1", "no_progress", time_ns=95)
     result = commit(store, batch(second))
-    assert result.anomalous_stop_keys == {(second.trace_id, second.span_id)}
+    assert result.counted_stops == ()
     detail = store.reader().get_run("s1")
     assert detail is not None and detail.stop is not None
     assert detail.stop["reason"] == "repeated_action"
@@ -370,14 +371,27 @@ def test_second_stop_is_kept_as_duplicate_anomaly(store: Store) -> None:
         (STOP_ORIGIN_STOP_SPAN, STOP_ORIGIN_RUN_SPAN, STOP_ORIGIN_INFERRED),
     ],
 )
-def test_stronger_stop_wins_in_any_order(store: Store, origins: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("grouped", [False, True], ids=["one by one", "one group"])
+def test_stronger_stop_wins_in_any_order(
+    store: Store, gate: Gate, origins: tuple[str, ...], grouped: bool
+) -> None:
+    """Requests committed in one group give what they give committed one by one: the
+    same primary stop, the same replaced rows, the same counted stop."""
     reasons = {
         STOP_ORIGIN_INFERRED: "completed",
         STOP_ORIGIN_RUN_SPAN: "action_cycle",
         STOP_ORIGIN_STOP_SPAN: "action_cycle",
     }
-    for origin in origins:
-        commit(store, batch(stop_row("p1", reasons[origin], origin=origin)))
+    stops = [stop_row("p1", reasons[origin], origin=origin) for origin in origins]
+    if grouped:
+        hold_writer(store, gate)
+        futures = [store.submit(batch(s)) for s in stops]
+        gate.release.set()
+        results = [f.result(timeout=30) for f in futures]
+        assert {r.group_batches for r in results} == {len(stops)}
+    else:
+        results = [commit(store, batch(s)) for s in stops]
+    assert [r.counted_stops for r in results] == [(stops[0],), (), ()]
     detail = store.reader().get_run("p1")
     assert detail is not None and detail.stop is not None
     assert (detail.stop["origin"], detail.stop["reason"]) == (STOP_ORIGIN_STOP_SPAN, "action_cycle")
@@ -393,6 +407,23 @@ def test_stronger_stop_wins_in_any_order(store: Store, origins: tuple[str, ...])
     ]
     counts = store.reader().restore_counts().stops
     assert [(reason, n) for (_, reason), n in counts.items()] == [(reasons[origins[0]], 1)]
+
+
+@pytest.mark.parametrize("stop_span_first", [True, False])
+def test_run_span_and_stop_span_in_one_request_count_the_stop_span(
+    store: Store, stop_span_first: bool
+) -> None:
+    """One request is one report: its strongest stop is the run's, counted, and nothing is
+    kept as replaced, in either span order."""
+    stop_span = stop_row("o1", "repeated_action", origin=STOP_ORIGIN_STOP_SPAN)
+    run_span = stop_row("o1", "repeated_action", origin=STOP_ORIGIN_RUN_SPAN)
+    pair = [stop_span, run_span] if stop_span_first else [run_span, stop_span]
+    result = commit(store, batch(*pair))
+    assert result.counted_stops == (stop_span,)
+    detail = store.reader().get_run("o1")
+    assert detail is not None and detail.stop is not None
+    assert detail.stop["origin"] == STOP_ORIGIN_STOP_SPAN and detail.stop_anomalies == []
+    assert store.reader().restore_counts().stops == {("", "repeated_action"): 1}
 
 
 def test_completed_fraction_is_deterministic_by_run_id(make_store: Any) -> None:
@@ -564,7 +595,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con.execute("INSERT INTO run_tools VALUES (?, 'search', 'ok', 2)", [_run_key("old")])
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 9
+        assert store.schema_version == SCHEMA_VERSION == 10
         # A v1 count row has no agent of its own: it is restored under the run's.
         assert store.reader().restore_counts().tool_calls == {("legacy", "search", "ok"): 2}
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
@@ -574,7 +605,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con = duckdb.connect(str(path), read_only=True)
     versions = con.execute("SELECT version FROM schema_version ORDER BY 1").fetchall()
     con.close()
-    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,)]
+    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,), (10,)]
 
 
 def test_tool_counts_keep_their_agent_when_the_run_span_comes_later(tmp_path: Path) -> None:
@@ -679,7 +710,7 @@ def test_schema_9_keeps_the_stop_totals_restored_before(tmp_path: Path) -> None:
         assert before == {("legacy", "repeated_action"): 1, ("legacy", "completed"): 1}
         late = stop_row("b", "action_cycle", origin=STOP_ORIGIN_STOP_SPAN)
         result = commit(store, batch(late))
-        assert result.anomalous_stop_keys == {(late.trace_id, late.span_id)}
+        assert result.counted_stops == ()
         assert store.reader().restore_counts().stops == before
         detail = store.reader().get_run("b")
         assert detail is not None and detail.stop is not None
@@ -687,6 +718,13 @@ def test_schema_9_keeps_the_stop_totals_restored_before(tmp_path: Path) -> None:
         assert [(a["reason"], a["kind"]) for a in detail.stop_anomalies] == [
             ("completed", "replaced_stop")
         ]
+    con = duckdb.connect(str(path), read_only=True)
+    nullable = con.execute(
+        "SELECT table_name, is_nullable FROM information_schema.columns "
+        "WHERE column_name = 'counted' ORDER BY 1"
+    ).fetchall()
+    con.close()
+    assert nullable == [("stop_anomalies", "NO"), ("stops", "NO")]
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

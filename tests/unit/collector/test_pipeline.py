@@ -394,6 +394,13 @@ def _lw_bare_run_span_first(*, then_run_span: bool = False) -> list[SpanBatch]:
     return [*batches, to_batch(stop_span)]
 
 
+def _stop_span_twice_in_one_request() -> list[SpanBatch]:
+    batch = to_batch(record(looping_run("support")))
+    stop = next(s for s in batch.spans if s.attributes.get("loopwatch.event") == "stop")
+    batch.spans.append(copy.deepcopy(stop))
+    return [batch]
+
+
 RESTORE_CASES = {
     "third-party tool agent, no agent span": lambda: [to_batch(_genai("helper", False))],
     "third-party tool agent under another agent": lambda: [to_batch(_genai("sub", True))],
@@ -405,6 +412,7 @@ RESTORE_CASES = {
     ),
     "third-party span in a loopwatch trace, sent first": _third_party_in_loopwatch_trace_first,
     "a span sent twice in one request": _span_twice_in_one_request,
+    "a stop span sent twice in one request": _stop_span_twice_in_one_request,
     "a request sent twice": lambda: [to_batch(spans) for spans in [record(looping_run())] * 2],
     "loopwatch run span with its stop, no stop span": _lw_stop_on_run_span_only,
     "loopwatch run span without stop attributes, stop span later": _lw_bare_run_span_first,

@@ -394,3 +394,6 @@ def test_anomaly_summary_names_both_kinds() -> None:
     )
     both = runview.anomaly_summary([rep, dup])
     assert both.startswith("1 duplicate stop(s)") and "1 earlier stop report(s)" in both
+    assert runview.anomaly_summary([{"kind": "future_kind"}]) == (
+        "1 other stop report(s) arrived for this run."
+    )
