@@ -126,7 +126,7 @@ def build_store(path: Path, *, runs: int, long_steps: int, now_ns: int) -> None:
                 stop_inferred, reason, time_unix_nano, step, limit_value, observed, evidence,
                 message, steps_since_progress, usage_model_turns, usage_tool_attempts,
                 usage_tool_successes, usage_tokens, usage_cost_usd, usage_elapsed_seconds,
-                received_unix_nano)
+                received_unix_nano, counted)
             SELECT run_key, run_id, trace_id, printf('%016x', i + 1), 'loopwatch',
                 'stop_span', false, reason, t, steps,
                 CASE WHEN reason = 'completed' THEN NULL ELSE 3 END,
@@ -136,7 +136,7 @@ def build_store(path: Path, *, runs: int, long_steps: int, now_ns: int) -> None:
                 THEN '{"detector":"' || reason || '","tool":"' || tool || '","repetitions":3}'
                 END,
                 'Stopped: ' || reason, i % 12, steps, steps, steps, steps * 150, 0.001 * steps,
-                steps * 1.5, t + 1000
+                steps * 1.5, t + 1000, true
             FROM g"""
         )
         con.execute(
@@ -177,14 +177,14 @@ def build_store(path: Path, *, runs: int, long_steps: int, now_ns: int) -> None:
                 stop_inferred, reason, time_unix_nano, step, limit_value, observed, evidence,
                 message, steps_since_progress, usage_model_turns, usage_tool_attempts,
                 usage_tool_successes, usage_tokens, usage_cost_usd, usage_elapsed_seconds,
-                received_unix_nano)
+                received_unix_nano, counted)
             SELECT run_key, run_id, trace_id, 'bbbbbbbbbbbbbbbb', 'loopwatch', 'stop_span',
                 false, reason, t, steps, steps, steps,
                 '{"detector":"repeated_action","tool":"get_details_by_id","repetitions":'
                     || steps || ',"step_indices":[' || steps - 2 || ',' || steps - 1 || ','
                     || steps || ']}',
                 'Stopped: the same action repeated with an unchanged result.', steps - 1,
-                steps, steps, steps - 1, 0, 0.0, steps * 0.01, t + 1000
+                steps, steps, steps - 1, 0, 0.0, steps * 0.01, t + 1000, true
             FROM long"""
         )
         con.execute(
