@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ from typing import Any
 
 import duckdb
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from loopwatch.collector.errors import QueueFull
 from loopwatch.collector.events import (
     KIND_DECISION,
@@ -424,6 +427,88 @@ def test_run_span_and_stop_span_in_one_request_count_the_stop_span(
     assert detail is not None and detail.stop is not None
     assert detail.stop["origin"] == STOP_ORIGIN_STOP_SPAN and detail.stop_anomalies == []
     assert store.reader().restore_counts().stops == {("", "repeated_action"): 1}
+
+
+_STOP_OFFER = st.tuples(
+    st.sampled_from(("a", "b")),
+    st.sampled_from((STOP_ORIGIN_INFERRED, STOP_ORIGIN_RUN_SPAN, STOP_ORIGIN_STOP_SPAN)),
+    st.sampled_from(("completed", "repeated_action", "no_progress")),
+    st.booleans(),  # the same span sent twice in the request
+)
+
+
+def _stop_state(path: Path) -> dict[str, Any]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return {
+            "stops": con.execute(
+                "SELECT run_id, span_id, counted FROM stops ORDER BY ALL"
+            ).fetchall(),
+            "anomalies": con.execute(
+                "SELECT run_id, span_id, kind, counted FROM stop_anomalies ORDER BY ALL"
+            ).fetchall(),
+            "runs": con.execute(
+                "SELECT run_id, stop_reason, stop_origin, duplicate_stops, sampled, sample_rule "
+                "FROM runs WHERE run_id <> 'plug' ORDER BY ALL"
+            ).fetchall(),
+        }
+    finally:
+        con.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(requests=st.lists(st.lists(_STOP_OFFER, max_size=4), min_size=1, max_size=5))
+def test_stops_grouped_or_one_by_one_are_counted_alike(
+    requests: list[list[tuple[str, str, str, bool]]],
+) -> None:
+    """Any stops of two runs, in any requests: committing the requests in one group gives
+    the rows, the counted stops and the restored totals of committing them one by one,
+    and each run with a stop is counted once, by the strongest stop of the first request
+    that brought it one (the rule in the module docstring, computed here independently)."""
+    rank = {STOP_ORIGIN_INFERRED: 0, STOP_ORIGIN_RUN_SPAN: 1, STOP_ORIGIN_STOP_SPAN: 2}
+    batches = []
+    for offers in requests:
+        rows: list[StopRow] = []
+        for run_id, origin, reason, twice in offers:
+            rows.append(stop_row(run_id, reason, origin=origin))
+            if twice:
+                rows.append(rows[-1])
+        batches.append(rows)
+    expected: dict[str, str] = {}
+    for rows in batches:
+        first: dict[str, StopRow] = {}
+        for row in rows:
+            held = first.get(row.run_id)
+            if held is None or rank[row.origin] > rank[held.origin]:
+                first[row.run_id] = row
+        for run_id, row in first.items():
+            expected.setdefault(run_id, row.span_id)
+
+    outcomes = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for grouped in (False, True):
+            gate = Gate()
+            config = StoreConfig(sampling=SamplingConfig(completed_fraction=0.5))
+            path = Path(tmp) / f"{grouped}.duckdb"
+            with Store(path, config=config, clock=Clock(), on_commit=gate) as store:
+                if grouped:
+                    hold_writer(store, gate)
+                    futures = [store.submit(batch(*rows)) for rows in batches]
+                    gate.release.set()
+                    results = [f.result(timeout=30) for f in futures]
+                    assert {r.group_batches for r in results} == {len(batches)}
+                else:
+                    results = [commit(store, batch(*rows)) for rows in batches]
+                counted = [sorted(s.span_id for s in r.counted_stops) for r in results]
+                totals = store.reader().restore_counts().stops
+            outcomes.append((counted, totals, _stop_state(path)))
+    assert outcomes[0] == outcomes[1]
+    counted, totals, state = outcomes[0]
+    assert sorted(s for ids in counted for s in ids) == sorted(expected.values())
+    assert sum(totals.values()) == len(expected)
+    counted_rows = [(r, s) for r, s, c in state["stops"] if c]
+    counted_rows += [(r, s) for r, s, _, c in state["anomalies"] if c]
+    assert sorted(counted_rows) == sorted(expected.items())
 
 
 def test_completed_fraction_is_deterministic_by_run_id(make_store: Any) -> None:
