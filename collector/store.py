@@ -1602,6 +1602,12 @@ class Store:
         "Metrics count"); return the duplicate-stop anomalies."""
         winners: dict[str, StopRow] = {}
         anomalies: list[StopRow] = []
+
+        def duplicate(stop_row: StopRow) -> None:
+            anomalies.append(stop_row)
+            row = group.merged[stop_row.run_id]
+            row["duplicate_stops"] = (row["duplicate_stops"] or 0) + 1
+
         # Each request's strongest stop per run (the first of equal strength; a later one
         # of that strength is a duplicate), in request order.
         offered: list[StopRow] = []
@@ -1615,24 +1621,23 @@ class Store:
                 best[stop_row.run_id] = len(offered)
                 offered.append(stop_row)
                 continue
-            rank, held = STOP_ORIGINS.get(stop_row.origin, 0), offered[at]
-            if rank > STOP_ORIGINS.get(held.origin, 0):
+            rank = STOP_ORIGINS.get(stop_row.origin, 0)
+            held_rank = STOP_ORIGINS.get(offered[at].origin, 0)
+            if rank > held_rank:
                 offered[at] = stop_row
-            elif rank == STOP_ORIGINS.get(held.origin, 0):
-                anomalies.append(stop_row)
-                row = group.merged[stop_row.run_id]
-                row["duplicate_stops"] = (row["duplicate_stops"] or 0) + 1
+            elif rank == held_rank:
+                duplicate(stop_row)
         for stop_row in offered:
             run_id = stop_row.run_id
             row = group.merged[run_id]
             current = row["stop_origin"]
-            new_rank = STOP_ORIGINS.get(stop_row.origin, 0)
-            if current is not None and new_rank == STOP_ORIGINS.get(current, 0):
-                anomalies.append(stop_row)
-                row["duplicate_stops"] = (row["duplicate_stops"] or 0) + 1
-                continue
-            if current is not None and new_rank < STOP_ORIGINS.get(current, 0):
-                continue  # outranked: the stronger stop stays, nothing to keep
+            if current is not None:
+                rank = STOP_ORIGINS.get(stop_row.origin, 0)
+                current_rank = STOP_ORIGINS.get(current, 0)
+                if rank == current_rank:
+                    duplicate(stop_row)
+                if rank <= current_rank:
+                    continue  # a duplicate, or outranked: the stronger stop stays
             if current is None:
                 group.counted[run_id] = stop_row
             elif run_id in winners:  # replaces this group's own earlier stop
