@@ -56,6 +56,9 @@ DETECTOR_COLORS: Final[dict[str, str]] = {d: REASON_COLORS[d] for d in LOOP_DETE
 """Loop detectors use their stop reason's colour."""
 
 _HEIGHT: Final = 260
+_WHOLE: Final = alt.Axis(tickMinStep=1, format="d")
+"""Axis of a count or a step number: no fractional ticks (1.0, 1.2, ... read as steps)."""
+
 _BAR_STEP: Final = alt.Step(24)
 """Height of each bar's band in the horizontal bar charts. A fixed chart height was
 shrunk to the legend's by the page (Streamlit 1.67 sizes charts to their content), and
@@ -98,9 +101,14 @@ def stops_over_time_chart(stops: pd.DataFrame, *, bucket_seconds: int = 3600) ->
                 title=f"time (UTC, {width_text} buckets)",
                 axis=alt.Axis(format="%m-%d %H:%M"),
             ),
-            y=alt.Y("sum(stops):Q", title="stops", stack="zero"),
+            y=alt.Y("sum(stops):Q", title="stops", stack="zero", axis=_WHOLE),
+            # Two columns: the 11 reasons in one column ran past the plot, which the page
+            # clipped (the last entries were cut off).
             color=alt.Color(
-                "stop_reason:N", title="stop reason", scale=_reason_scale(stops["stop_reason"])
+                "stop_reason:N",
+                title="stop reason",
+                scale=_reason_scale(stops["stop_reason"]),
+                legend=alt.Legend(columns=2),
             ),
             order=alt.Order("stop_reason:N"),
             tooltip=[
@@ -148,7 +156,7 @@ def runs_by_agent_chart(by_agent: pd.DataFrame) -> alt.Chart:
         .mark_bar()
         .encode(
             y=alt.Y("agent:N", title="agent", sort="-x"),
-            x=alt.X("sum(runs):Q", title="runs"),
+            x=alt.X("sum(runs):Q", title="runs", axis=_WHOLE),
             color=alt.Color(
                 "stop_reason:N", title="stop reason", scale=_reason_scale(frame["stop_reason"])
             ),
@@ -216,7 +224,7 @@ def loops_by_tool_chart(loops: pd.DataFrame, *, top: int = 10) -> alt.Chart:
         .mark_bar()
         .encode(
             y=alt.Y("tool:N", title="tool", sort="-x"),
-            x=alt.X("sum(stops):Q", title="loop stops"),
+            x=alt.X("sum(stops):Q", title="loop stops", axis=_WHOLE),
             color=alt.Color("detector:N", title="detector", scale=_detector_scale()),
             tooltip=["tool:N", "detector:N", "stops:Q"],
         )
@@ -256,8 +264,8 @@ def progress_chart(
         alt.Chart(series)
         .mark_line(point=len(series) <= 60, interpolate="step-after")
         .encode(
-            x=alt.X("step:Q", title="step"),
-            y=alt.Y("steps_since_progress:Q", title="steps since progress"),
+            x=alt.X("step:Q", title="step", axis=_WHOLE),
+            y=alt.Y("steps_since_progress:Q", title="steps since progress", axis=_WHOLE),
             tooltip=["step:Q", "steps_since_progress:Q"],
         )
     )
@@ -282,8 +290,9 @@ def progress_chart(
             tooltip=["mark:N", "step:Q"],
         )
     )
+    # No Vega title: Streamlit sizes a layered chart without it, so the title was drawn
+    # over the element above. The page writes the heading.
     layered: alt.LayerChart = alt.LayerChart(layer=[line, rules]).properties(
-        title="Steps since progress",
         height=200,
         description=progress_text(series, ceased_step=ceased_step, stop_step=stop_step),
     )
@@ -321,7 +330,7 @@ def tool_calls_chart(tools: pd.DataFrame, *, top: int = 15) -> alt.Chart:
         .mark_bar()
         .encode(
             y=alt.Y("tool:N", sort=head["tool"].tolist(), title="tool"),
-            x=alt.X("sum(n):Q", title="calls"),
+            x=alt.X("sum(n):Q", title="calls", axis=_WHOLE),
             color=alt.Color(
                 "outcome:N",
                 scale=alt.Scale(

@@ -428,7 +428,9 @@ class StopCard:
     Attributes:
         reason / message / step: the stop reason, its one-line explanation, its step.
         origin: ``stop_span``, ``run_span`` or ``inferred`` (how the collector knows).
-        dimension / limit_vs_observed: the budget and the crossing, for budget stops.
+        dimension / limit_vs_observed: the budget and the crossing, for budget stops;
+            ``crossing``: the same without its ``basis`` (``projected``, ...), which the
+            page puts in the metric's label so that the value fits.
         detector / tool / matched_period / repetitions / step_indices /
         fingerprint_previews / failure_class / scope / detail: the evidence.
         steps_since_progress: at the stop.
@@ -442,6 +444,8 @@ class StopCard:
     origin: str | None = None
     dimension: str | None = None
     limit_vs_observed: str | None = None
+    crossing: str | None = None
+    basis: str | None = None
     detector: str | None = None
     tool: str | None = None
     matched_period: int | None = None
@@ -497,6 +501,8 @@ def stop_card(
         origin=_str(stop.get("origin")),
         dimension=_str(stop.get("dimension")),
         limit_vs_observed=limit_vs_observed(stop),
+        crossing=limit_vs_observed({**stop, "basis": None}),
+        basis=_str(stop.get("basis")),
         detector=_str(ev.get("detector")),
         tool=_str(ev.get("tool")),
         matched_period=_int(ev.get("matched_period")),

@@ -85,7 +85,9 @@ with st.container(border=True):
         s3, s4 = st.columns(2)
         s1.metric("Stop reason", card.reason)
         s2.metric("Stopped at step", "–" if card.step is None else str(card.step))
-        s3.metric("Limit vs observed", card.limit_vs_observed or "–")
+        # The basis goes in the label: "observed 1 > limit 0 (projected)" was cut short.
+        basis = f" ({card.basis})" if card.basis and card.crossing else ""
+        s3.metric(f"Limit vs observed{basis}", card.crossing or "–")
         s4.metric(
             "Steps since progress",
             "–" if card.steps_since_progress is None else str(card.steps_since_progress),
@@ -204,6 +206,7 @@ if steps:
     if not series.empty:
         ceased_step = ceased.step if ceased is not None else None
         text = charts.progress_text(series, ceased_step=ceased_step, stop_step=stopped_at)
+        st.markdown("**Steps since progress**")
         st.altair_chart(
             charts.progress_chart(series, ceased_step=ceased_step, stop_step=stopped_at),
             width="stretch",

@@ -205,7 +205,7 @@ def test_run_view_shows_every_stop_reason(fed_source: str, fed: Fed, reason: str
 
 def test_run_view_budget_and_cycle_evidence(fed_source: str) -> None:
     budget = page("run_view", run_id="dash-budget")
-    assert metrics(budget)["Limit vs observed"] == "observed 3 > limit 2 (projected)"
+    assert metrics(budget)["Limit vs observed (projected)"] == "observed 3 > limit 2"
     assert "**dimension**: `model_turns`" in budget.markdown[0].value + budget.markdown[1].value
     cycle = page("run_view", run_id="dash-cycle")
     card = "\n".join(m.value for m in cycle.markdown)

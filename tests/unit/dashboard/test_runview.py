@@ -207,6 +207,7 @@ def test_stop_card_of_a_budget_stop_and_a_cycle() -> None:
     assert budget is not None
     assert budget.dimension == "model_turns"
     assert budget.limit_vs_observed == "observed 3 > limit 2 (projected)"
+    assert (budget.crossing, budget.basis) == ("observed 3 > limit 2", "projected")
     cycle = runview.stop_card(
         {"reason": "action_cycle", "step": 4},
         {"matched_period": 2, "repetitions": 2, "step_indices": [1, 2, 3, 4], "scope": "parent"},
