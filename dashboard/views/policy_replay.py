@@ -25,6 +25,7 @@ from loopwatch.dashboard import ui
 from loopwatch.dashboard.data import STOP_REASONS, RunFilter
 from loopwatch.instrumentation.errors import PolicyError
 from loopwatch.replay.engine import (
+    MIN_LOOP_REPEATS,
     SHIPPED_POLICY_FILES,
     NamedPolicy,
     ReplayResult,
@@ -252,6 +253,14 @@ if without_steps:
 
 st.subheader("Side by side")
 st.dataframe(_summary_frame(results), hide_index=True)
+st.caption(
+    f"Recorded loops: runs whose stored steps hold a loop whatever the policy (at least "
+    f"{MIN_LOOP_REPEATS} identical consecutive tool calls with unchanged results, or a "
+    "repeated cycle). A run the live guard already stopped for looping usually holds none: "
+    "its repeat was blocked before it got that far. Loops caught and the onset-to-stop "
+    "median count those runs; the false-stop rate counts runs whose recorded outcome is "
+    "success, and stays empty without any."
+)
 
 st.subheader("Runs")
 runs_table = _runs_frame(results, labels)

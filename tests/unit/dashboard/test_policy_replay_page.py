@@ -80,6 +80,8 @@ def test_two_policies_side_by_side(fed_source: str, fed: Fed) -> None:
     assert shown.loc[LOOP_RUN, "investigate-readonly"].startswith("repeated_action @ 3")
     metric_labels = {m.label for m in at.metric}
     assert "Stopped by replay-default only" in metric_labels
+    # The figures that need a recorded loop or a successful run say so.
+    assert any(c.value.startswith("Recorded loops: ") for c in at.caption)
 
 
 def test_page_figures_equal_the_engine(fed_source: str, fed: Fed) -> None:
