@@ -333,6 +333,17 @@ _TABLE_COLUMNS: Final = (
 )
 
 
+_ROW_PX: Final = 35  # st.dataframe's row height at the default font size
+
+
+def table_height(rows: int, *, max_rows: int = 25) -> int:
+    """Pixels for a table showing up to ``max_rows`` rows and its header, no empty space.
+
+    Streamlit's default shows about 10 rows in a scroll box, however long the page.
+    """
+    return _ROW_PX * (min(max(rows, 1), max_rows) + 1) + 3
+
+
 def runs_table(runs: pd.DataFrame, *, key: str) -> None:
     """The runs as a sortable table with a link per run, then an "open a run" picker.
 
@@ -344,10 +355,12 @@ def runs_table(runs: pd.DataFrame, *, key: str) -> None:
     st.dataframe(
         frame,
         hide_index=True,
+        height=table_height(len(frame)),
         column_order=_TABLE_COLUMNS,
         column_config={
+            # Medium: long run ids pushed the other columns out of view.
             "run": st.column_config.LinkColumn(
-                "run", help="Open the run view", display_text=r"run_id=([^&]*)"
+                "run", help="Open the run view", display_text=r"run_id=([^&]*)", width="medium"
             ),
             "time": st.column_config.DatetimeColumn("time (UTC)", format="YYYY-MM-DD HH:mm:ss"),
             "stop_reason": st.column_config.TextColumn("stop reason"),

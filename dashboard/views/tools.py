@@ -39,6 +39,7 @@ if data.tools is not None and not data.tools.empty:
     st.dataframe(
         table,
         hide_index=True,
+        height=ui.table_height(len(table)),
         column_order=(
             "tool",
             "calls",

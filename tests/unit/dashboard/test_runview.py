@@ -398,3 +398,11 @@ def test_anomaly_summary_names_both_kinds() -> None:
     assert runview.anomaly_summary([{"kind": "future_kind"}]) == (
         "1 other stop report(s) arrived for this run."
     )
+
+
+def test_table_height_fits_the_rows_up_to_a_cap() -> None:
+    from loopwatch.dashboard import ui
+
+    assert ui.table_height(0) == ui.table_height(1) == 35 * 2 + 3
+    assert ui.table_height(10) == 35 * 11 + 3
+    assert ui.table_height(500) == ui.table_height(25) == 35 * 26 + 3
