@@ -469,7 +469,7 @@ class Collector:
 
     def _restore(self) -> None:
         reader = self.store.reader()
-        counts = reader.restore_counts()
+        tool_call_totals, _ = reader.restore_tool_calls()
         histograms, detections = restore_stop_totals(reader)
         # Totals per name first: ranking by a per-name sum over every key was quadratic
         # (21 s to start with 10,000 agent names; tests/reliability/test_cardinality.py).
@@ -479,14 +479,14 @@ class Collector:
         ranked_agents = sorted(agent_stops, key=lambda a: -agent_stops[a])
         self.metrics.agents.seed(a or _UNKNOWN_AGENT for a in ranked_agents)
         tool_calls: dict[str, int] = {}
-        for (_agent, tool, _outcome), n in counts.tool_calls.items():
+        for (_agent, tool, _outcome), n in tool_call_totals.items():
             tool_calls[tool] = tool_calls.get(tool, 0) + n
         ranked_tools = sorted(tool_calls, key=lambda t: -tool_calls[t])
         self.metrics.tools.seed(ranked_tools)
         self.metrics.restore(
             MetricsSnapshot(
                 stops=_unknown_agent_merged(histograms),
-                tool_calls=_unknown_agent_merged(counts.tool_calls),
+                tool_calls=_unknown_agent_merged(tool_call_totals),
                 detections=_unknown_agent_merged(detections),
                 canaries=restore_canary_totals(reader),
             )

@@ -935,6 +935,7 @@ class _Group:
     emptied: set[str] = field(default_factory=set)
     stop_jobs: list[int] = field(default_factory=list)  # job index of each of ``stops``
     counted: dict[str, StopRow] = field(default_factory=dict)  # run id -> stop counted now
+    counted_by_job: dict[int, list[StopRow]] = field(default_factory=dict)
     replaced: list[tuple[StopRow, bool]] = field(default_factory=list)  # (stop, counted)
 
     def run(self, run_id: str, trace_id: str, source: str) -> dict[str, Any]:
@@ -1314,23 +1315,16 @@ class Store:
         for move in group.moves:
             self._reassign(group, move)
         self._merge_rows(group)
-        counted_jobs = {
-            id(stop_row): index
-            for stop_row, index in zip(group.stops, group.stop_jobs, strict=True)
-        }
         anomalies = self._merge_stops(group)
         self._write_rows(group, anomalies)
 
-        counted: list[list[StopRow]] = [[] for _ in jobs]
-        for stop_row in group.counted.values():
-            counted[counted_jobs[id(stop_row)]].append(stop_row)
         outcomes = []
         for index, keys in enumerate(job_keys):
             if everything_new:
                 mine = frozenset(keys)
             else:
                 mine = frozenset(k for k in keys if k in new_keys and owner[k] == index)
-            outcomes.append((len(keys), mine, tuple(counted[index])))
+            outcomes.append((len(keys), mine, tuple(group.counted_by_job.get(index, ()))))
         return outcomes
 
     def _insert(
@@ -1610,7 +1604,7 @@ class Store:
 
         # Each request's strongest stop per run (the first of equal strength; a later one
         # of that strength is a duplicate), in request order.
-        offered: list[StopRow] = []
+        offered: list[tuple[StopRow, int]] = []
         best: dict[str, int] = {}
         job = -1
         for stop_row, index in zip(group.stops, group.stop_jobs, strict=True):
@@ -1619,15 +1613,15 @@ class Store:
             at = best.get(stop_row.run_id)
             if at is None:
                 best[stop_row.run_id] = len(offered)
-                offered.append(stop_row)
+                offered.append((stop_row, index))
                 continue
             rank = STOP_ORIGINS.get(stop_row.origin, 0)
-            held_rank = STOP_ORIGINS.get(offered[at].origin, 0)
+            held_rank = STOP_ORIGINS.get(offered[at][0].origin, 0)
             if rank > held_rank:
-                offered[at] = stop_row
+                offered[at] = (stop_row, index)
             elif rank == held_rank:
                 duplicate(stop_row)
-        for stop_row in offered:
+        for stop_row, index in offered:
             run_id = stop_row.run_id
             row = group.merged[run_id]
             current = row["stop_origin"]
@@ -1640,6 +1634,7 @@ class Store:
                     continue  # a duplicate, or outranked: the stronger stop stays
             if current is None:
                 group.counted[run_id] = stop_row
+                group.counted_by_job.setdefault(index, []).append(stop_row)
             elif run_id in winners:  # replaces this group's own earlier stop
                 held = winners[run_id]
                 group.replaced.append((held, group.counted.get(run_id) is held))
@@ -2200,15 +2195,11 @@ class StoreReader:
         )
         return Stats(by_reason, loops, t1 or t2)
 
-    def restore_counts(self) -> RestoredCounts:
-        """Totals for restoring Prometheus counters after a restart (stops: those counted
-        live, :data:`COUNTED_STOPS`)."""
-        stops, t1 = self._query(
-            "SELECT COALESCE(s.agent, r.agent, '') AS agent, s.reason, count(*) AS n "
-            f"FROM {COUNTED_STOPS} s LEFT JOIN runs r USING (run_key) GROUP BY ALL",
-            [],
-        )
-        calls, t2 = self._query(
+    def restore_tool_calls(self) -> tuple[dict[tuple[str, str, str], int], bool]:
+        """Tool calls as counted live, ``{(agent, tool, outcome): n}``, and whether the
+        row cap cut the answer (the collector's start needs only these of
+        :meth:`restore_counts`)."""
+        rows, truncated = self._query(
             # The label each call was counted under live (run_tools.agent), the run's
             # agent for rows stored before v6. A reassigned call's -1/+1 rows are left
             # out: the live counter never moves a count. The run may be gone (a
@@ -2218,6 +2209,17 @@ class StoreReader:
             "WHERE t.agent IS NULL OR t.agent <> ? GROUP BY ALL HAVING sum(t.calls) <> 0",
             [_MOVED],
         )
+        return {(r["agent"], r["tool"], r["outcome"]): int(r["n"]) for r in rows}, truncated
+
+    def restore_counts(self) -> RestoredCounts:
+        """Totals for restoring Prometheus counters after a restart (stops: those counted
+        live, :data:`COUNTED_STOPS`)."""
+        stops, t1 = self._query(
+            "SELECT COALESCE(s.agent, r.agent, '') AS agent, s.reason, count(*) AS n "
+            f"FROM {COUNTED_STOPS} s LEFT JOIN runs r USING (run_key) GROUP BY ALL",
+            [],
+        )
+        calls, t2 = self.restore_tool_calls()
         loops, t3 = self._query(
             f"WITH loops AS (SELECT run_key, reason FROM {COUNTED_STOPS} "
             "WHERE list_contains(?, reason)), "
@@ -2229,7 +2231,7 @@ class StoreReader:
         )
         return RestoredCounts(
             {(r["agent"], r["reason"]): int(r["n"]) for r in stops},
-            {(r["agent"], r["tool"], r["outcome"]): int(r["n"]) for r in calls},
+            calls,
             {(r["agent"], r["tool"], r["reason"]): int(r["n"]) for r in loops},
             t1 or t2 or t3,
         )
