@@ -41,6 +41,12 @@ def check_policy(files: tuple[str, ...]) -> None:
 )
 @click.option("--canaries", help="Canary file: one value per line, '#' comments.")
 @click.option("--token-file", help="File holding the bearer token required on OTLP and API.")
+@click.option(
+    "--retention-days",
+    help="Remove runs whose last span arrived more than DAYS ago; counter totals stay "
+    "(default 0: keep everything).",
+    metavar="DAYS",
+)
 def collector(
     config_file: str | None,
     db: str | None,
@@ -48,6 +54,7 @@ def collector(
     http_addr: str | None,
     canaries: str | None,
     token_file: str | None,
+    retention_days: str | None,
 ) -> None:
     """Run the OTLP collector: redact, store in DuckDB, export Prometheus metrics.
 
@@ -66,7 +73,7 @@ def collector(
         raise SystemExit(2) from None
     overrides = {
         "server": {"otlp_http": otlp_http, "http": http_addr, "token_file": token_file},
-        "store": {"db": db},
+        "store": {"db": db, "retention_days": retention_days},
         "redaction": {"canaries_file": canaries},
     }
     try:

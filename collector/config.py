@@ -34,6 +34,7 @@ from .errors import ConfigError
 __all__ = ["LOG_LEVELS", "CollectorConfig", "load_config", "parse_hostport"]
 
 _SECRET_MASK: Final = "**********"
+_MAX_RETENTION_DAYS: Final = 36_500
 
 
 def parse_hostport(value: str, *, what: str) -> tuple[str, int]:
@@ -105,12 +106,15 @@ class StoreConfig:
         queue_max_batches: mapped batches waiting for the writer before backpressure.
         query_timeout_seconds: time limit of every read query.
         max_rows: row cap of every read query.
+        retention_days: runs whose last span arrived longer ago are removed, steps and
+            stops included (counter totals stay); ``0`` keeps everything.
     """
 
     db: str = "./loopwatch.duckdb"
     queue_max_batches: int = 256
     query_timeout_seconds: float = 5.0
     max_rows: int = 10_000
+    retention_days: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,14 @@ class CollectorConfig:
         _positive("store.queue_max_batches", self.store.queue_max_batches)
         _positive("store.query_timeout_seconds", self.store.query_timeout_seconds)
         _positive("store.max_rows", self.store.max_rows)
+        retention = self.store.retention_days
+        if isinstance(retention, bool) or not (
+            isinstance(retention, int | float) and 0 <= retention <= _MAX_RETENTION_DAYS
+        ):
+            raise ConfigError(
+                "store.retention_days",
+                f"must be a number of days in 0..{_MAX_RETENTION_DAYS} (0 keeps everything)",
+            )
         if not self.store.db:
             raise ConfigError("store.db", "must name a file")
         if not 0.0 <= self.sampling.completed_fraction <= 1.0:

@@ -70,7 +70,7 @@ from .metrics import LoopwatchMetrics, MetricsSnapshot
 from .records import SpanBatch
 from .redact import REDACTION_FAILED, RedactStage
 from .sampling import SamplingConfig
-from .store import COUNTED_STOPS, CommitResult, CommitStats, Store, StoreReader
+from .store import CommitResult, CommitStats, Store, StoreReader
 from .store import StoreConfig as StoreSettings
 
 __all__ = [
@@ -357,24 +357,18 @@ def restore_stop_totals(
 
     Returns:
         ``{(agent, reason, step, steps_since_progress): n}`` over the stops counted live
-        (:data:`~loopwatch.collector.store.COUNTED_STOPS`: each run's first committed
-        stop), and ``{(agent, tool, detector): n}`` (tool from the evidence, detector the
-        loop reason or the observe-mode reason, as :func:`loop_detector`).
+        (:data:`~loopwatch.collector.store.STOP_TOTALS`: each run's first committed
+        stop, those pruned by retention included), and ``{(agent, tool, detector): n}``
+        (tool from the evidence, detector the loop reason or the observe-mode reason, as
+        :func:`loop_detector`).
     """
-    rows, _ = reader._query(
-        "SELECT COALESCE(s.agent, r.agent, '') AS agent, s.reason, "
-        "COALESCE(s.step, 0) AS step, "
-        "COALESCE(s.steps_since_progress, 0) AS ssp, s.observe_reason, "
-        "json_extract_string(s.evidence, '$.tool') AS tool, "
-        "json_extract_string(s.observe_evidence, '$.tool') AS observe_tool, count(*) AS n "
-        f"FROM {COUNTED_STOPS} s LEFT JOIN runs r USING (run_key) GROUP BY ALL",
-        [],
-        max_rows=1_000_000,
-    )
+    rows, truncated = reader.restore_stops()
+    if truncated:
+        _log.warning("restored stop totals are incomplete: more label keys than the cap")
     histograms: dict[tuple[str, str, int, int], int] = {}
     detections: dict[tuple[str, str, str], int] = {}
     for row in rows:
-        key = (row["agent"], row["reason"], int(row["step"]), int(row["ssp"]))
+        key = (row["agent"], row["reason"], int(row["step"]), int(row["steps_since_progress"]))
         histograms[key] = histograms.get(key, 0) + int(row["n"])
         own = row["reason"] in LOOP_DETECTORS
         detector = row["reason"] if own else row["observe_reason"]
@@ -446,6 +440,7 @@ class Collector:
                 max_full_runs_per_hour=config.sampling.max_runs_per_reason_tool_per_hour,
                 undecided_timeout_seconds=config.sampling.stop_timeout_seconds,
             ),
+            retention_seconds=config.store.retention_days * 86_400,
         )
         self.store: Store
         self.metrics = LoopwatchMetrics(
@@ -469,7 +464,9 @@ class Collector:
 
     def _restore(self) -> None:
         reader = self.store.reader()
-        tool_call_totals, _ = reader.restore_tool_calls()
+        tool_call_totals, truncated = reader.restore_tool_calls()
+        if truncated:
+            _log.warning("restored tool call totals are incomplete: more keys than the cap")
         histograms, detections = restore_stop_totals(reader)
         # Totals per name first: ranking by a per-name sum over every key was quadratic
         # (21 s to start with 10,000 agent names; tests/reliability/test_cardinality.py).

@@ -26,6 +26,7 @@ from .services import (
     CollectorProcess,
     MetricSamples,
     emit_loopwatch_runs,
+    poll_until,
     run_collector_cli,
     start_collector,
     tool_outcomes,
@@ -222,6 +223,41 @@ def test_restart_keeps_runs_and_counter_totals(tmp_path: Path, how: str) -> None
         assert second.stop() == 0, second.stderr_text()
 
 
+def _restorable(metrics: MetricSamples) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of the agent counters and histograms (``_bucket``, ``_count``, ``_sum``)
+    that the collector restores from the store at start."""
+    return {
+        (name, labels): value
+        for (name, labels), value in metrics.samples.items()
+        if name.startswith(("loopwatch_agent_", "loopwatch_tool_calls", "loopwatch_loop_"))
+        and ("agent", AGENT) in labels
+    }
+
+
+def test_retention_removes_runs_and_keeps_metrics_across_a_restart(tmp_path: Path) -> None:
+    """Proves ``store.retention_days``: runs past it leave the API and the file, while every
+    agent counter and histogram on ``/metrics`` keeps its value, then and after a restart
+    (a restored counter that went down would read as a reset in Prometheus)."""
+    config = tmp_path / "retention.toml"
+    # 0.00003 days is 2.6 s; a 2 s stop timeout runs the store maintenance every second.
+    config.write_text("[store]\nretention_days = 0.00003\n[sampling]\nstop_timeout_seconds = 2\n")
+    db = tmp_path / "retention.duckdb"
+    with start_collector(tmp_path, "--config", str(config), db_path=db) as first:
+        expected, _ = emit_loopwatch_runs(first.otlp_url, STOP_SCENARIOS, agent=AGENT)
+        before = _restorable(first.metrics())
+        assert len(first.runs(agent=AGENT)) == len(expected)
+        poll_until(lambda: not first.runs(agent=AGENT), timeout_seconds=30, what="retention")
+        assert _restorable(first.metrics()) == before
+        assert first.stop() == 0, first.stderr_text()
+    assert any(name.endswith("_bucket") for name, _ in before)
+    with duckdb.connect(str(db), read_only=True) as con:
+        for table in ("runs", "steps", "stops", "run_tools"):
+            assert con.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table
+    with start_collector(tmp_path, "--config", str(config), db_path=db) as second:
+        assert _restorable(second.metrics()) == before, second.stderr_text()
+        assert second.stop() == 0, second.stderr_text()
+
+
 def test_token_guards_otlp_and_the_api_but_not_healthz(tmp_path: Path) -> None:
     """Proves ``--token-file``: the exporter with the bearer token is accepted, a request
     without it gets 401 in the JSON error envelope on OTLP and the API, and ``/healthz``
@@ -260,6 +296,8 @@ BAD_CONFIG = [
         "[sampling]\ncompleted_fraction = 2.0\n",
     ),
     ("missing_token_file", ["--token-file", "{tmp}/absent.token"], None),
+    ("negative_retention", ["--retention-days", "-1"], None),
+    ("retention_not_a_number", ["--retention-days", "forever"], None),
 ]
 
 

@@ -41,6 +41,7 @@ from loopwatch.collector.sampling import (
     SamplingConfig,
     run_fraction,
 )
+from loopwatch.collector.service import restore_canary_totals, restore_stop_totals
 from loopwatch.collector.store import (
     SCHEMA_VERSION,
     CommitResult,
@@ -191,6 +192,24 @@ def full_run(
 
 def commit(store: Store, mapped: MappedBatch) -> CommitResult:
     return store.submit(mapped).result(timeout=30)
+
+
+def stop_totals(store: Store) -> dict[tuple[str, str], int]:
+    """Restored stop totals by ``(agent, stop_reason)`` (agent ``""`` when unknown)."""
+    rows, truncated = store.reader().restore_stops()
+    assert not truncated
+    out: dict[tuple[str, str], int] = {}
+    for row in rows:
+        key = (row["agent"], row["reason"])
+        out[key] = out.get(key, 0) + int(row["n"])
+    return out
+
+
+def tool_call_totals(store: Store) -> dict[tuple[str, str, str], int]:
+    """Restored tool-call totals by ``(agent, tool, outcome)``."""
+    totals, truncated = store.reader().restore_tool_calls()
+    assert not truncated
+    return totals
 
 
 @pytest.fixture
@@ -363,7 +382,7 @@ def test_second_stop_is_kept_as_duplicate_anomaly(store: Store) -> None:
     assert [(a["reason"], a["kind"]) for a in detail.stop_anomalies] == [
         ("no_progress", "duplicate_stop")
     ]
-    assert store.reader().restore_counts().stops == {("triage", "repeated_action"): 1}
+    assert stop_totals(store) == {("triage", "repeated_action"): 1}
 
 
 @pytest.mark.parametrize(
@@ -408,7 +427,7 @@ def test_stronger_stop_wins_in_any_order(
     assert [(a["origin"], a["kind"]) for a in detail.stop_anomalies] == [
         (o, "replaced_stop") for o in primaries[:-1]
     ]
-    counts = store.reader().restore_counts().stops
+    counts = stop_totals(store)
     assert [(reason, n) for (_, reason), n in counts.items()] == [(reasons[origins[0]], 1)]
 
 
@@ -426,7 +445,7 @@ def test_run_span_and_stop_span_in_one_request_count_the_stop_span(
     detail = store.reader().get_run("o1")
     assert detail is not None and detail.stop is not None
     assert detail.stop["origin"] == STOP_ORIGIN_STOP_SPAN and detail.stop_anomalies == []
-    assert store.reader().restore_counts().stops == {("", "repeated_action"): 1}
+    assert stop_totals(store) == {("", "repeated_action"): 1}
 
 
 _STOP_OFFER = st.tuples(
@@ -500,7 +519,7 @@ def test_stops_grouped_or_one_by_one_are_counted_alike(
                 else:
                     results = [commit(store, batch(*rows)) for rows in batches]
                 counted = [sorted(s.span_id for s in r.counted_stops) for r in results]
-                totals = store.reader().restore_counts().stops
+                totals = stop_totals(store)
             outcomes.append((counted, totals, _stop_state(path)))
     assert outcomes[0] == outcomes[1]
     counted, totals, state = outcomes[0]
@@ -680,9 +699,9 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con.execute("INSERT INTO run_tools VALUES (?, 'search', 'ok', 2)", [_run_key("old")])
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 10
+        assert store.schema_version == SCHEMA_VERSION == 11
         # A v1 count row has no agent of its own: it is restored under the run's.
-        assert store.reader().restore_counts().tool_calls == {("legacy", "search", "ok"): 2}
+        assert tool_call_totals(store) == {("legacy", "search", "ok"): 2}
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
         detail = store.reader().get_run("old")
         assert detail is not None
@@ -690,7 +709,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con = duckdb.connect(str(path), read_only=True)
     versions = con.execute("SELECT version FROM schema_version ORDER BY 1").fetchall()
     con.close()
-    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,), (10,)]
+    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,), (10,), (11,)]
 
 
 def test_tool_counts_keep_their_agent_when_the_run_span_comes_later(tmp_path: Path) -> None:
@@ -701,11 +720,11 @@ def test_tool_counts_keep_their_agent_when_the_run_span_comes_later(tmp_path: Pa
     path = tmp_path / "lw.duckdb"
     with Store(path) as store:
         commit(store, batch(first, second))
-        counts = store.reader().restore_counts().tool_calls
+        counts = tool_call_totals(store)
         assert counts == {("orders", "search", "ok"): 1, ("orders", "search", "error"): 1}
     with Store(path) as store:  # a restart; then the run span, under another name
         commit(store, batch(run_row("r1", agent="renamed"), step_row("r1", 3)))
-        counts = store.reader().restore_counts().tool_calls
+        counts = tool_call_totals(store)
     assert counts == {
         ("orders", "search", "ok"): 1,
         ("orders", "search", "error"): 1,
@@ -791,12 +810,12 @@ def test_schema_9_keeps_the_stop_totals_restored_before(tmp_path: Path) -> None:
     )
     con.close()
     with Store(path) as store:
-        before = store.reader().restore_counts().stops
+        before = stop_totals(store)
         assert before == {("legacy", "repeated_action"): 1, ("legacy", "completed"): 1}
         late = stop_row("b", "action_cycle", origin=STOP_ORIGIN_STOP_SPAN)
         result = commit(store, batch(late))
         assert result.counted_stops == ()
-        assert store.reader().restore_counts().stops == before
+        assert stop_totals(store) == before
         detail = store.reader().get_run("b")
         assert detail is not None and detail.stop is not None
         assert detail.stop["reason"] == "action_cycle"
@@ -876,7 +895,7 @@ def test_list_runs_paging(browse_store: Store) -> None:
         reader.list_runs(offset=-1)
 
 
-def test_stats_and_restore_counts(browse_store: Store) -> None:
+def test_stats_and_restored_totals(browse_store: Store) -> None:
     stats = browse_store.reader().stats(
         since_unix_nano=0, until_unix_nano=7200 * NS, bucket_seconds=3600
     )
@@ -892,21 +911,19 @@ def test_stats_and_restore_counts(browse_store: Store) -> None:
         {"tool": "search", "stop_reason": "repeated_action", "stops": 1},
     ]
     assert not stats.truncated
-    counts = browse_store.reader().restore_counts()
-    assert counts.stops == {
+    assert stop_totals(browse_store) == {
         ("alpha", "repeated_action"): 1,
         ("alpha", "completed"): 1,
         ("alpha", "no_progress"): 1,
         ("beta", "repeated_action"): 1,
         ("beta", "budget_exhausted"): 1,
     }
-    assert counts.tool_calls == {
+    assert tool_call_totals(browse_store) == {
         ("alpha", "search", "ok"): 3,
         ("alpha", "fetch", "ok"): 3,
         ("beta", "fetch", "ok"): 2,
         ("beta", "search", "ok"): 1,
     }
-    assert counts.loop_stops[("beta", "fetch", "repeated_action")] == 1
     with pytest.raises(ValueError):
         browse_store.reader().stats(since_unix_nano=5, until_unix_nano=5)
 
@@ -943,6 +960,10 @@ def test_read_time_limit_interrupts_the_query(store: Store) -> None:
         StoreConfig(sampling=SamplingConfig(completed_fraction=1.5)),
         StoreConfig(sampling=SamplingConfig(max_full_runs_per_hour=0)),
         StoreConfig(sampling=SamplingConfig(undecided_timeout_seconds=0)),
+        StoreConfig(retention_seconds=-1),
+        StoreConfig(retention_seconds=float("nan")),
+        StoreConfig(retention_seconds=True),
+        StoreConfig(prune_max_runs=0),
     ],
 )
 def test_invalid_config_fails_at_construction(tmp_path: Path, config: StoreConfig) -> None:
@@ -1108,3 +1129,149 @@ def test_run_lookups_are_skipped_only_for_runs_never_stored(tmp_path: Path) -> N
     with Store(path) as store:
         early = store.reader().get_run("early")
         assert early is not None and early.run["tool_calls"] == 2
+
+
+def test_restore_reads_every_key_past_the_read_row_cap(make_store: Any) -> None:
+    """The API's row cap is for pages; totals restored at start were cut at it (10,000 keys
+    by default, fewer than 10,000 agents with several stop reasons each)."""
+    store = make_store(read_max_rows=2)
+    for i in range(5):
+        commit(store, full_run(f"r{i}", "completed", agent=f"agent{i}"))
+    assert len(stop_totals(store)) == 5
+    assert len(tool_call_totals(store)) == 10  # search and fetch for each agent
+    assert len(store.reader().list_runs(limit=2).items) == 2
+
+
+# ----------------------------------------------------------------------------- retention
+
+_RUN_TABLES = ("runs", "steps", "staged_steps", "stops", "stop_anomalies", "run_tools")
+
+
+def _restored(store: Store) -> dict[str, Any]:
+    """Everything ``/metrics`` restores at start, as the collector computes it."""
+    histograms, detections = restore_stop_totals(store.reader())
+    return {
+        "stops": histograms,
+        "detections": detections,
+        "tool_calls": tool_call_totals(store),
+        "canaries": restore_canary_totals(store.reader()),
+    }
+
+
+def _rows_naming(path: Path, run_ids: list[str]) -> dict[str, int]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        keys = [_run_key(r) for r in run_ids]
+        names = run_ids + [trace_of(r) for r in run_ids]
+        out = {
+            table: con.execute(
+                f"SELECT count(*) FROM {table} WHERE list_contains(?, run_key)", [keys]
+            ).fetchone()[0]
+            for table in _RUN_TABLES
+        }
+        out["canary_flags"] = con.execute(
+            "SELECT count(*) FROM canary_flags WHERE list_contains(?, run_id)", [names]
+        ).fetchone()[0]
+        for table in ("pruned_stops", "pruned_tool_calls", "canary_hits"):
+            out[table] = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        return out
+    finally:
+        con.close()
+
+
+def test_retention_removes_old_runs_and_keeps_the_restored_totals(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """Runs last seen before the retention go with every row naming them; what /metrics
+    counted for them stays, through more passes and a restart; newer runs stay whole."""
+    path = tmp_path / "lw.duckdb"
+    day = 86_400
+    config = StoreConfig(
+        sampling=SamplingConfig(completed_fraction=1.0, undecided_timeout_seconds=600),
+        retention_seconds=day,
+    )
+    old = ["loop", "done", "replaced", "undecided", "canary"]
+    with Store(path, config=config, clock=clock) as store:
+        commit(store, full_run("loop", "repeated_action", agent="alpha"))
+        commit(store, full_run("done", "completed", agent="beta", tools=("fetch",)))
+        # Counted as inferred "completed"; the stop span replaces it, the count stays.
+        commit(
+            store,
+            batch(
+                run_row("replaced"), stop_row("replaced", "completed", origin=STOP_ORIGIN_INFERRED)
+            ),
+        )
+        commit(store, batch(stop_row("replaced", "action_cycle")))
+        commit(store, batch(run_row("undecided"), step_row("undecided", 1)))
+        flagged = full_run("canary", "no_progress", agent="alpha")
+        flagged.canary_run_ids = frozenset({trace_of("canary")})
+        flagged.canary_hits = {"attribute": 2}
+        commit(store, flagged)
+        clock.now += day / 2
+        fresh = full_run("fresh", "repeated_action", agent="alpha")
+        fresh.canary_run_ids = frozenset({"fresh"})
+        fresh.canary_hits = {"attribute": 1, "name": 1}
+        commit(store, fresh)
+        before = _restored(store)
+        assert sum(before["stops"].values()) == 5  # "undecided" has no stop
+
+        clock.now += day / 2 + 1
+        store.run_maintenance().result(timeout=30)
+        assert store.pruned_runs == len(old)
+        assert _restored(store) == before
+        assert store.reader().get_run("loop") is None
+        kept = store.reader().get_run("fresh")
+        assert kept is not None and len(kept.steps) == 6 and kept.stop is not None
+        flagged_now = store.reader().list_runs(canary=True).items
+        assert [r["run_id"] for r in flagged_now] == ["fresh"]
+
+        store.run_maintenance().result(timeout=30)  # nothing more is due
+        assert store.pruned_runs == len(old) and _restored(store) == before
+    rows = _rows_naming(path, old)
+    assert {t: rows[t] for t in (*_RUN_TABLES, "canary_flags")} == dict.fromkeys(
+        (*_RUN_TABLES, "canary_flags"), 0
+    )
+    assert rows["canary_hits"] == 3  # one folded row (the old hits), two of "fresh"
+    assert _rows_naming(path, ["fresh"])["runs"] == 1
+
+    with Store(path, config=config, clock=clock) as store:  # a restart restores the same
+        assert _restored(store) == before
+        clock.now += day + 1  # now "fresh" goes too; the folded rows add up
+        store.run_maintenance().result(timeout=30)
+        assert store.pruned_runs == 1 and _restored(store) == before
+        # A late span of a removed run starts a new run row (counted as new).
+        commit(store, batch(step_row("loop", 9)))
+        late = store.reader().get_run("loop")
+        assert late is not None and late.run["tool_calls"] == 1
+    rows = _rows_naming(path, [])
+    assert rows["canary_hits"] == 2  # one row per location
+    con = duckdb.connect(str(path), read_only=True)
+    keys = con.execute(
+        "SELECT count(*), count(DISTINCT (agent, reason, step, steps_since_progress, "
+        "observe_reason, tool, observe_tool)) FROM pruned_stops"
+    ).fetchone()
+    con.close()
+    assert keys is not None and keys[0] == keys[1]  # folded: one row per key
+
+
+def test_retention_removes_a_backlog_in_bounded_passes(make_store: Any, clock: Clock) -> None:
+    store = make_store(retention_seconds=60, prune_max_runs=2)
+    for i in range(5):
+        commit(store, full_run(f"r{i}", "completed"))
+    before = _restored(store)
+    clock.now += 61
+    store.run_maintenance().result(timeout=30)
+    deadline = time.monotonic() + 20
+    while store.pruned_runs < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store.pruned_runs == 5
+    assert store.reader().list_runs().items == []
+    assert _restored(store) == before
+
+
+def test_retention_off_keeps_everything(make_store: Any, clock: Clock) -> None:
+    store = make_store()
+    commit(store, full_run("r1", "completed"))
+    clock.now += 10 * 365 * 86_400
+    store.run_maintenance().result(timeout=30)
+    assert store.pruned_runs == 0 and store.reader().get_run("r1") is not None

@@ -55,6 +55,23 @@ def test_env_values_are_typed() -> None:
     assert cfg.server.allow_non_loopback is True
 
 
+@pytest.mark.parametrize("days", ["-1", "nan", "inf", "36501", "forever", "true"])
+def test_retention_days_must_be_a_number_of_days(days: str) -> None:
+    with pytest.raises(ConfigError, match=r"store\.retention_days"):
+        load_config(environ={"LOOPWATCH_STORE_RETENTION_DAYS": days})
+
+
+def test_retention_days_from_file_env_and_flag(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[store]\nretention_days = 30\n")
+    assert load_config(f, environ={}).store.retention_days == 30
+    env = {"LOOPWATCH_STORE_RETENTION_DAYS": "7.5"}
+    assert load_config(f, environ=env).store.retention_days == 7.5
+    flag = {"store": {"retention_days": "0"}}
+    assert load_config(f, environ=env, overrides=flag).store.retention_days == 0
+    assert load_config(environ={}).store.retention_days == 0  # off by default
+
+
 def test_secrets_are_masked_and_read(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cr3t-token\n")
