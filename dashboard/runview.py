@@ -458,8 +458,13 @@ class StopCard:
     steps_since_progress: int | None = None
     observe_reason: str | None = None
 
-    def facts(self) -> list[tuple[str, str]]:
-        """``(label, value)`` pairs of the fields that are set, in reading order."""
+    def facts(self, *, headline: bool = True) -> list[tuple[str, str]]:
+        """``(label, value)`` pairs of the fields that are set, in reading order.
+
+        Args:
+            headline: include the four figures the page shows as metrics above the list
+                (:data:`HEADLINE_FACTS`); ``False`` leaves them out so none is shown twice.
+        """
         pairs: list[tuple[str, Any]] = [
             ("stop reason", self.reason),
             ("stopped at step", self.step),
@@ -478,7 +483,20 @@ class StopCard:
             ("stop known from", self.origin),
         ]
         pairs += [(f"detail: {k}", _short(v)) for k, v in sorted(self.detail.items())]
-        return [(label, str(value)) for label, value in pairs if value is not None]
+        return [
+            (label, str(value))
+            for label, value in pairs
+            if value is not None and (headline or label not in HEADLINE_FACTS)
+        ]
+
+
+HEADLINE_FACTS: Final = (
+    "stop reason",
+    "stopped at step",
+    "limit vs observed",
+    "steps since progress",
+)
+"""Labels of :meth:`StopCard.facts` that the run view shows as metrics of their own."""
 
 
 def _short(value: Any) -> str:

@@ -92,9 +92,9 @@ with st.container(border=True):
             "Steps since progress",
             "–" if card.steps_since_progress is None else str(card.steps_since_progress),
         )
-        st.markdown(
-            "\n".join(f"- **{label}**: {_code(value)}" for label, value in card.facts()),
-        )
+        more = card.facts(headline=False)
+        if more:
+            st.markdown("\n".join(f"- **{label}**: {_code(value)}" for label, value in more))
     if detail.anomalies:
         st.warning(runview.anomaly_summary(detail.anomalies))
         st.dataframe(pd.DataFrame(detail.anomalies), hide_index=True)

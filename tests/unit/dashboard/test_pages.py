@@ -179,6 +179,7 @@ def test_run_view_of_the_95_step_loop(fed_source: str) -> None:
     assert "**repetitions**: `95`" in card
     assert "**step indices**: `1–95`" in card
     assert "**tool**: `get_details_by_id`" in card
+    assert "**stop reason**" not in card  # shown once, as a metric
     labels = [e.label for e in at.expander]
     assert labels == [
         "get_details_by_id ×95 · steps 1–95 · 1 blocked, 94 ok · progress ceased at step 2"

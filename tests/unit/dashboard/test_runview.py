@@ -190,6 +190,10 @@ def test_stop_card_of_a_repeat_stop() -> None:
     assert facts["fingerprints"] == "get_details_by_id#3b82185aa542"
     assert facts["detail: observation"] == "27048b450be1"
     assert "scope" not in facts
+    # Below the four metrics, the list leaves them out rather than repeat them.
+    listed = dict(card.facts(headline=False))
+    assert set(facts) - set(listed) == set(runview.HEADLINE_FACTS)
+    assert listed["repetitions"] == "95"
 
 
 def test_stop_card_of_a_budget_stop_and_a_cycle() -> None:
