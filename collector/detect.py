@@ -22,14 +22,51 @@ from typing import Any, Final
 
 from loopwatch.instrumentation import Decision, FailureClass, Guard, Policy, Stop, ToolFailure
 
-from .events import STOP_ORIGIN_INFERRED, MappedBatch, StepRow
+from .events import STOP_ORIGIN_INFERRED, MappedBatch, StepRow, StopRow
 
-__all__ = ["LOOP_DETECTORS", "DetectStage", "Detection", "collector_policy"]
+__all__ = [
+    "LOOP_DETECTORS",
+    "DetectStage",
+    "Detection",
+    "collector_policy",
+    "loop_detector",
+    "loop_tool",
+]
 
 LOOP_DETECTORS: Final = frozenset(
     {"repeated_action", "action_cycle", "repeated_decision", "no_progress"}
 )
 _MAX_ARG_CHARS: Final = 1_000_000
+
+
+def loop_detector(stop: StopRow) -> str | None:
+    """The loop detector a stop counts for (``loopwatch_loop_detections_total``): its
+    reason, else what observe mode saw, else ``None``."""
+    if stop.reason in LOOP_DETECTORS:
+        return stop.reason
+    if stop.observe_reason in LOOP_DETECTORS:
+        return stop.observe_reason
+    return None
+
+
+def loop_tool(stop: StopRow) -> str | None:
+    """The tool named by the evidence of the stop's loop detection (see
+    :func:`loop_detector`): the stop's own evidence, else observe mode's.
+
+    Evidence is client text: anything but a JSON object with a string ``tool`` gives
+    ``None`` (never an error). The store keeps this value with the stop
+    (``stops.loop_tool``), so counts restored at start use the label counted live
+    rather than parsing the evidence again in SQL.
+    """
+    evidence = stop.evidence if stop.reason in LOOP_DETECTORS else stop.observe_evidence
+    if not evidence:
+        return None
+    try:
+        parsed = json.loads(evidence)
+    except (ValueError, RecursionError):
+        return None
+    tool = parsed.get("tool") if isinstance(parsed, dict) else None
+    return tool if isinstance(tool, str) else None
 
 
 def collector_policy() -> Policy:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import os
 import select
@@ -55,14 +54,13 @@ from prometheus_client import CollectorRegistry
 from .api import create_api_app
 from .config import CollectorConfig, parse_hostport
 from .decode import decode_body
-from .detect import LOOP_DETECTORS, DetectStage
+from .detect import LOOP_DETECTORS, DetectStage, loop_detector, loop_tool
 from .errors import CollectorError, QueueFull
 from .events import (
     KIND_TOOL_RESULT,
     MappedBatch,
     MapStage,
     PartialMap,
-    StopRow,
     premap,
 )
 from .http import create_otlp_app
@@ -98,29 +96,6 @@ class _Processed:
 
 def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
-
-
-def _evidence_tool(stop: StopRow) -> str | None:
-    """The tool named by the evidence of the stop's loop detection (see
-    :func:`loop_detector`): the stop's own, else observe mode's."""
-    evidence = stop.evidence if stop.reason in LOOP_DETECTORS else stop.observe_evidence
-    if not evidence:
-        return None
-    try:
-        parsed = json.loads(evidence)
-    except ValueError:
-        return None
-    tool = parsed.get("tool") if isinstance(parsed, dict) else None
-    return tool if isinstance(tool, str) else None
-
-
-def loop_detector(stop: StopRow) -> str | None:
-    """The loop detector a stop counts for: its reason, else what observe mode saw."""
-    if stop.reason in LOOP_DETECTORS:
-        return stop.reason
-    if stop.observe_reason in LOOP_DETECTORS:
-        return stop.observe_reason
-    return None
 
 
 @dataclass(slots=True)
@@ -370,11 +345,9 @@ def restore_stop_totals(
     for row in rows:
         key = (row["agent"], row["reason"], int(row["step"]), int(row["steps_since_progress"]))
         histograms[key] = histograms.get(key, 0) + int(row["n"])
-        own = row["reason"] in LOOP_DETECTORS
-        detector = row["reason"] if own else row["observe_reason"]
+        detector = row["reason"] if row["reason"] in LOOP_DETECTORS else row["observe_reason"]
         if detector in LOOP_DETECTORS:
-            tool = row["tool"] if own else row["observe_tool"]
-            dkey = (row["agent"], tool or "none", detector)
+            dkey = (row["agent"], row["loop_tool"] or "none", detector)
             detections[dkey] = detections.get(dkey, 0) + int(row["n"])
     return histograms, detections
 
@@ -600,7 +573,7 @@ class Collector:
             )
             detector = loop_detector(stop)
             if detector is not None:
-                self.metrics.record_detection(agent, _evidence_tool(stop), detector)
+                self.metrics.record_detection(agent, loop_tool(stop), detector)
 
     def _on_commit(self, stats: CommitStats) -> None:
         self.metrics.observe_commit(stats.commit_seconds)

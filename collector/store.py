@@ -72,7 +72,8 @@ removes decided runs whose last span arrived longer ago than that, with every ro
 names them, in transactions of ``prune_max_runs`` runs. The totals ``/metrics`` restores
 at start do not change: what was counted for the removed runs is folded into the
 ``pruned_*`` tables in the same transaction. A span of a removed run arriving later
-starts a new run row.
+starts a new run row (its stop is counted again). A canary flag goes with the last run
+it names (a flag by trace id then no longer marks later runs of that trace).
 
 Reads (:class:`StoreReader`) run on their own cursors with a time limit and a row cap,
 parameterized SQL only, so they never block or starve the writer.
@@ -85,8 +86,10 @@ order at open; times are integers in ns since the Unix epoch unless named ``_uni
   ``sample_tool``).
 - ``staged_steps`` / ``steps``: decision and tool_result rows (same columns).
 - ``stops`` (primary, one per run, key ``run_key``; ``counted``: whether ``/metrics``
-  counted it) and ``stop_anomalies`` (``kind``: ``duplicate_stop``, or ``replaced_stop``
-  for a primary stop a stronger one replaced, with its own ``counted``).
+  counted it; ``loop_tool``: the tool label its loop detection was counted under,
+  :func:`~loopwatch.collector.detect.loop_tool`) and ``stop_anomalies`` (``kind``:
+  ``duplicate_stop``, or ``replaced_stop`` for a primary stop a stronger one replaced,
+  with its own ``counted``).
 - ``run_tools``: tool-call count deltas per (run, tool, outcome, agent), append-only;
   sum them.
 - ``canary_flags``: run ids or trace ids the redact stage flagged.
@@ -125,6 +128,7 @@ import duckdb
 import pyarrow as pa
 from loopwatch.instrumentation import _semconv as sc
 
+from .detect import LOOP_DETECTORS, loop_tool
 from .errors import CollectorError, QueueFull
 from .events import (
     KIND_DECISION,
@@ -291,6 +295,17 @@ _STOP_COLUMNS_DDL: Final = """
     observe_step BIGINT,
     received_unix_nano BIGINT NOT NULL"""
 
+_SQL_DETECTORS: Final = ", ".join(f"'{d}'" for d in sorted(LOOP_DETECTORS))
+_SQL_LOOP_EVIDENCE: Final = (
+    f"CASE WHEN reason IN ({_SQL_DETECTORS}) THEN evidence "
+    f"WHEN observe_reason IN ({_SQL_DETECTORS}) THEN observe_evidence END"
+)
+_SQL_LOOP_TOOL: Final = (
+    f"CASE WHEN json_valid({_SQL_LOOP_EVIDENCE}) THEN CASE WHEN "
+    f"json_type({_SQL_LOOP_EVIDENCE}, '$.tool') = 'VARCHAR' THEN "
+    f"json_extract_string({_SQL_LOOP_EVIDENCE}, '$.tool') END END"
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(
         1,
@@ -424,7 +439,8 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             *(
                 f"UPDATE {table} SET observe_evidence = evidence, evidence = NULL "
                 "WHERE reason = 'completed' AND observe_reason IS NOT NULL "
-                "AND json_extract_string(evidence, '$.detector') = observe_reason"
+                "AND CASE WHEN json_valid(evidence) THEN "
+                "json_extract_string(evidence, '$.detector') END = observe_reason"
                 for table in ("stops", "stop_anomalies")
             ),
         ),
@@ -460,16 +476,26 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     ),
     Migration(
         11,
-        "pruned_stops, pruned_tool_calls: totals of runs removed by retention",
+        "stops.loop_tool (the detection's tool label, counted live); pruned_stops and "
+        "pruned_tool_calls: totals of runs removed by retention",
         (
+            *(
+                statement
+                for table in ("stops", "stop_anomalies")
+                for statement in (
+                    f"ALTER TABLE {table} ADD COLUMN loop_tool VARCHAR",
+                    # Rows stored before: the live rule (detect.loop_tool) in SQL, and
+                    # evidence that is not JSON names no tool instead of failing.
+                    f"UPDATE {table} SET loop_tool = {_SQL_LOOP_TOOL}",
+                )
+            ),
             """CREATE TABLE pruned_stops (
                 agent VARCHAR NOT NULL,
                 reason VARCHAR NOT NULL,
                 step BIGINT NOT NULL,
                 steps_since_progress BIGINT NOT NULL,
                 observe_reason VARCHAR,
-                tool VARCHAR,
-                observe_tool VARCHAR,
+                loop_tool VARCHAR,
                 stops BIGINT NOT NULL,
                 pruned_unix_nano BIGINT NOT NULL
             )""",
@@ -741,8 +767,9 @@ _STOP_COLUMNS: Final = (
     "received_unix_nano",
     *_STOP_FIELDS[-_STOP_LATE:],
     "counted",  # schema 9; not a StopRow field
+    "loop_tool",  # schema 11; detect.loop_tool of the row
 )
-_AFTER_RECEIVED: Final = _STOP_LATE + 1
+_AFTER_RECEIVED: Final = _STOP_LATE + 2
 _ANOMALY_COLUMNS: Final = (
     *_STOP_COLUMNS[:-_AFTER_RECEIVED],
     "kind",
@@ -978,6 +1005,7 @@ def _stop_tuple(run_key: int, stop_row: StopRow, now_ns: int, counted: bool) -> 
         now_ns,
         *values[-_STOP_LATE:],
         counted,
+        loop_tool(stop_row),
     )
 
 
@@ -1000,9 +1028,7 @@ def _counted_stop_totals(where: str = "TRUE") -> str:
         "SELECT COALESCE(s.agent, r.agent, '') AS agent, s.reason, "
         "COALESCE(s.step, 0) AS step, "
         "COALESCE(s.steps_since_progress, 0) AS steps_since_progress, s.observe_reason, "
-        "json_extract_string(s.evidence, '$.tool') AS tool, "
-        "json_extract_string(s.observe_evidence, '$.tool') AS observe_tool, "
-        f"count(*) AS stops FROM {COUNTED_STOPS} s LEFT JOIN runs r USING (run_key) "
+        f"s.loop_tool, count(*) AS stops FROM {COUNTED_STOPS} s LEFT JOIN runs r USING (run_key) "
         f"WHERE {where} GROUP BY ALL"
     )
 
@@ -1028,8 +1054,8 @@ STOP_TOTALS: Final = (
     "SELECT * EXCLUDE (pruned_unix_nano) FROM pruned_stops)"
 )
 """SQL relation of every stop ``/metrics`` has counted, stored or pruned by retention:
-``agent, reason, step, steps_since_progress, observe_reason, tool, observe_tool, stops``
-(several rows may share a key: sum ``stops``)."""
+``agent, reason, step, steps_since_progress, observe_reason, loop_tool, stops`` (several
+rows may share a key: sum ``stops``)."""
 
 TOOL_CALL_TOTALS: Final = (
     f"({_tool_call_totals()} UNION ALL BY NAME "
@@ -2032,12 +2058,11 @@ class Store:
                     "runs",
                 ):
                     con.execute(f"DELETE FROM {table} WHERE run_key IN ({keys})")
-                # A flag names a run id or a trace id (several runs can share a trace).
+                # A flag names a run id or a trace id (several runs can share a trace);
+                # it goes with the last run it names, whenever it was stored.
                 con.execute(
-                    "DELETE FROM canary_flags WHERE first_seen_unix_nano < ? "
-                    "AND run_id NOT IN (SELECT run_id FROM runs) "
-                    "AND run_id NOT IN (SELECT trace_id FROM runs)",
-                    [cutoff],
+                    "DELETE FROM canary_flags WHERE run_id NOT IN (SELECT run_id FROM runs) "
+                    "AND run_id NOT IN (SELECT trace_id FROM runs)"
                 )
             con.execute(
                 "CREATE OR REPLACE TEMP TABLE folded_hits AS SELECT location, sum(hits) AS hits, "
@@ -2396,11 +2421,11 @@ class StoreReader:
 
     def restore_stops(self) -> tuple[list[dict[str, Any]], bool]:
         """Stops as counted live (:data:`STOP_TOTALS`), one row per key of
-        ``agent, reason, step, steps_since_progress, observe_reason, tool, observe_tool``
+        ``agent, reason, step, steps_since_progress, observe_reason, loop_tool``
         with their count ``n``, and whether :data:`_RESTORE_MAX_KEYS` cut it."""
         return self._query(
-            "SELECT agent, reason, step, steps_since_progress, observe_reason, tool, "
-            f"observe_tool, sum(stops) AS n FROM {STOP_TOTALS} GROUP BY ALL",
+            "SELECT agent, reason, step, steps_since_progress, observe_reason, loop_tool, "
+            f"sum(stops) AS n FROM {STOP_TOTALS} GROUP BY ALL",
             [],
             max_rows=_RESTORE_MAX_KEYS,
         )

@@ -743,6 +743,10 @@ def test_schema_7_moves_observe_evidence_out_of_a_completed_stop(tmp_path: Path)
         ("obs", "completed", "repeated_action", would_be),  # written by schema-6 code
         ("loop", "repeated_action", None, would_be),  # a real loop stop keeps its own
         ("budget", "budget_exhausted", "repeated_action", '{"scope":"run"}'),
+        # Evidence is client text: not JSON, or a tool that is not a string.
+        ("garbled", "completed", "repeated_action", "not json {"),
+        ("bad_loop", "repeated_action", None, "search x3"),
+        ("number", "action_cycle", None, '{"tool": 5}'),
     ]
     for run_id, reason, observed, evidence in rows:
         con.execute(
@@ -755,18 +759,27 @@ def test_schema_7_moves_observe_evidence_out_of_a_completed_stop(tmp_path: Path)
     con.close()
     with Store(path) as store:
         assert store.schema_version == SCHEMA_VERSION
+        _, detections = restore_stop_totals(store.reader())  # no JSON error at start
+    assert detections == {
+        ("", "lookup_order", "repeated_action"): 2,  # "obs" (observed) and "loop"
+        ("", "none", "repeated_action"): 3,  # "bad_loop"; "budget" and "garbled" observed
+        ("", "none", "action_cycle"): 1,  # "number"
+    }
     con = duckdb.connect(str(path), read_only=True)
     got = {
-        run_id: (evidence, observed)
-        for run_id, evidence, observed in con.execute(
-            "SELECT run_id, evidence, observe_evidence FROM stops"
+        run_id: (evidence, observed, tool)
+        for run_id, evidence, observed, tool in con.execute(
+            "SELECT run_id, evidence, observe_evidence, loop_tool FROM stops"
         ).fetchall()
     }
     con.close()
     assert got == {
-        "obs": (None, would_be),
-        "loop": (would_be, None),
-        "budget": ('{"scope":"run"}', None),
+        "obs": (None, would_be, "lookup_order"),
+        "loop": (would_be, None, "lookup_order"),
+        "budget": ('{"scope":"run"}', None, None),
+        "garbled": ("not json {", None, None),
+        "bad_loop": ("search x3", None, None),
+        "number": ('{"tool": 5}', None, None),
     }
 
 
@@ -1190,10 +1203,16 @@ def test_retention_removes_old_runs_and_keeps_the_restored_totals(
         sampling=SamplingConfig(completed_fraction=1.0, undecided_timeout_seconds=600),
         retention_seconds=day,
     )
-    old = ["loop", "done", "replaced", "undecided", "canary"]
+    old = ["loop", "done", "replaced", "undecided", "canary", "garbled"]
     with Store(path, config=config, clock=clock) as store:
         commit(store, full_run("loop", "repeated_action", agent="alpha"))
-        commit(store, full_run("done", "completed", agent="beta", tools=("fetch",)))
+        done = full_run("done", "completed", agent="beta", tools=("fetch",))
+        commit(store, done)
+        # Evidence is client text; a stop whose evidence is not JSON once made every
+        # retention pass fail (and the restore at start).
+        garbled = stop_row("garbled", "repeated_action")
+        garbled.evidence = "search x3"
+        commit(store, batch(run_row("garbled"), garbled))
         # Counted as inferred "completed"; the stop span replaces it, the count stays.
         commit(
             store,
@@ -1208,12 +1227,16 @@ def test_retention_removes_old_runs_and_keeps_the_restored_totals(
         flagged.canary_hits = {"attribute": 2}
         commit(store, flagged)
         clock.now += day / 2
+        # A retry of "done", all duplicates, flagged this time: a flag newer than its run.
+        done.canary_run_ids = frozenset({"done"})
+        assert commit(store, done).duplicates == done.spans_in
         fresh = full_run("fresh", "repeated_action", agent="alpha")
         fresh.canary_run_ids = frozenset({"fresh"})
         fresh.canary_hits = {"attribute": 1, "name": 1}
         commit(store, fresh)
         before = _restored(store)
-        assert sum(before["stops"].values()) == 5  # "undecided" has no stop
+        assert sum(before["stops"].values()) == 6  # "undecided" has no stop
+        assert before["detections"][("triage", "none", "repeated_action")] == 1  # garbled
 
         clock.now += day / 2 + 1
         store.run_maintenance().result(timeout=30)
@@ -1248,7 +1271,7 @@ def test_retention_removes_old_runs_and_keeps_the_restored_totals(
     con = duckdb.connect(str(path), read_only=True)
     keys = con.execute(
         "SELECT count(*), count(DISTINCT (agent, reason, step, steps_since_progress, "
-        "observe_reason, tool, observe_tool)) FROM pruned_stops"
+        "observe_reason, loop_tool)) FROM pruned_stops"
     ).fetchone()
     con.close()
     assert keys is not None and keys[0] == keys[1]  # folded: one row per key

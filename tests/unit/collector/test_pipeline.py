@@ -370,6 +370,16 @@ def _lw_stop_on_run_span_only() -> list[SpanBatch]:
     return [batch]
 
 
+def _lw_evidence(evidence: str) -> list[SpanBatch]:
+    """A loopwatch loop stop whose evidence (client text) is ``evidence``, on the stop span
+    and the run span alike."""
+    batch = to_batch(record(looping_run("support")))
+    for span in batch.spans:
+        if "loopwatch.stop.evidence" in span.attributes:
+            span.attributes = {**span.attributes, "loopwatch.stop.evidence": evidence}
+    return [batch]
+
+
 _STOP_ATTRS = ("loopwatch.stop.", "gen_ai.agent.finish_reason")
 
 
@@ -421,6 +431,10 @@ RESTORE_CASES = {
     ),
     "loopwatch run span after its tool spans": lambda: _split(
         record(looping_run("support")), "invoke_agent"
+    ),
+    "loop stop evidence that is not JSON": lambda: _lw_evidence("search_tickets x3 {"),
+    "loop stop evidence naming a tool that is not a string": lambda: _lw_evidence(
+        '{"detector": "repeated_action", "tool": ["search_tickets"]}'
     ),
     "loopwatch tool spans with an empty agent name": _lw_empty_agent,
     # Counted live as "unknown" (no agent of their own, the run's not seen yet): the
