@@ -143,7 +143,7 @@ def _parse_limits(raw: Any) -> Any:
         return raw
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return raw
 
 

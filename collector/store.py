@@ -2376,7 +2376,7 @@ class StoreReader:
         if stop is not None and stop.get("evidence"):
             try:
                 evidence = json.loads(stop["evidence"])
-            except ValueError:
+            except (ValueError, RecursionError):  # client text; nesting past the parser
                 evidence = stop["evidence"]
         return RunDetail(runs[0], steps, truncated, stop, evidence, anomalies, tools)
 

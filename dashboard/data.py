@@ -407,7 +407,7 @@ def _limits_frame(raw: Any) -> pd.DataFrame | None:
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(raw, Mapping):
         return None
@@ -428,7 +428,7 @@ def _evidence(raw: Any) -> dict[str, Any]:
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return {"raw": raw}
     return dict(raw) if isinstance(raw, Mapping) else {"raw": raw}
 

@@ -548,7 +548,7 @@ def _observed(stop: Mapping[str, Any]) -> str | None:
     raw = stop.get("observe_evidence")
     try:
         evidence = json.loads(raw) if isinstance(raw, str) else raw
-    except ValueError:
+    except (ValueError, RecursionError):
         evidence = None
     tool = _str(evidence.get("tool")) if isinstance(evidence, Mapping) else None
     if tool is not None:
@@ -672,7 +672,7 @@ def fold(value: str | None, limit: int = _FOLD_CHARS) -> Folded:
         return Folded("", "", False)
     text = str(value)
     full = text
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError, RecursionError):
         full = json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False)
     one_line = " ".join(text.split())
     if len(one_line) <= limit:

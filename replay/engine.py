@@ -1196,7 +1196,7 @@ def trajectory_from_stored(
             if _present(raw_args) and raw_args != "":
                 try:
                     arguments = json.loads(str(raw_args))
-                except ValueError:
+                except (ValueError, RecursionError):
                     arguments = str(raw_args)
             if arguments is None:
                 arguments = {"action_fingerprint": r.get("action_fingerprint") or ""}

@@ -415,6 +415,55 @@ def test_second_stop_for_the_same_run_is_an_anomaly_counted_once(
     assert metrics.total("loopwatch_agent_stops_total", agent=agent) == 1
 
 
+def test_json_client_text_that_is_not_json_or_too_deep(collector: CollectorProcess) -> None:
+    """Stop evidence, observe evidence and limits are JSON by convention but client text:
+    evidence nested past the parser's recursion limit (``json.loads`` raises
+    ``RecursionError``, not ``ValueError``) or not JSON at all is stored as sent, the run
+    detail answers 200 with the raw text, and the loop stop is counted under tool
+    ``none``. The deep case answered 500 on the run detail before."""
+    deep = "[" * 100_000 + "]" * 100_000
+    for label, evidence in (("deep", deep), ("text", "lookup x3 {")):
+        run_id = f"evidence-{label}-{new_span_id()}"
+        agent = f"hostile-{run_id[-6:]}"
+        stop = _loopwatch_span(
+            run_id,
+            "stop",
+            2,
+            **{
+                "loopwatch.stop.reason": "repeated_action",
+                "loopwatch.stop.evidence": evidence,
+                "loopwatch.observe.stop_evidence": evidence,
+                "gen_ai.agent.name": agent,
+            },
+        )
+        run_span = PbSpan(
+            name=f"invoke_agent {agent}",
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": agent,
+                "loopwatch.run.id": run_id,
+                "loopwatch.limits": evidence,
+            },
+        )
+        body = protobuf_request([run_span, _tool(run_id, 1), stop])
+        answer = alongside(collector, lambda b=body: _post(collector.otlp_url, b, PROTOBUF))
+        assert answer.status == 200 and answer.partial() == (0, ""), label
+        response = collector.get(f"/api/v1/runs/{run_id}")
+        assert response.status_code == 200, (label, response.text[:300])
+        detail = response.json()
+        assert detail["evidence"] == evidence and detail["run"]["limits"] == evidence
+        metrics = collector.metrics()
+        assert (
+            metrics.value(
+                "loopwatch_loop_detections_total",
+                agent=agent,
+                tool="none",
+                detector="repeated_action",
+            )
+            == 1
+        ), label
+
+
 def test_memory_after_the_catalogue(collector: CollectorProcess) -> None:
     """The process is still up and its resident memory is bounded after every case above."""
     assert collector.running

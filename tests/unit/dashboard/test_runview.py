@@ -7,7 +7,7 @@ from typing import Any
 import altair as alt
 import pandas as pd
 import pytest
-from loopwatch.dashboard import charts, runview
+from loopwatch.dashboard import charts, data, runview
 
 FP = "3b82185aa542d5d9d0432ef0fa91689916ea1195d38ae948ca197e2cd0276f73"
 OBS = "27048b450be1315f60c027a6f9322971d4fe6ef367880b02b3970ed9bf7b7e6e"
@@ -410,3 +410,18 @@ def test_table_height_fits_the_rows_up_to_a_cap() -> None:
     assert ui.table_height(0) == ui.table_height(1) == 35 * 2 + 3
     assert ui.table_height(10) == 35 * 11 + 3
     assert ui.table_height(500) == ui.table_height(25) == 35 * 26 + 3
+
+
+def test_client_json_too_deep_for_the_parser_is_shown_as_text() -> None:
+    """Evidence, observe evidence and arguments are client text; ``json.loads`` raises
+    RecursionError (not ValueError) past about 1,000 levels, which failed the run view."""
+    deep = "[" * 100_000 + "]" * 100_000
+    folded = runview.fold(deep)
+    assert folded.full == deep and folded.folded
+    card = runview.stop_card(
+        {"reason": "completed", "observe_reason": "repeated_action", "observe_evidence": deep},
+        None,
+    )
+    assert card is not None and card.observe_reason == "repeated_action"
+    assert data._evidence(deep) == {"raw": deep}
+    assert data._limits_frame(deep) is None

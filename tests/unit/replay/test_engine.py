@@ -494,6 +494,15 @@ def test_trajectory_from_stored_without_content() -> None:
     assert (r.stop_reason, r.stop_step, r.loop_onset_step) == ("repeated_action", 3, 1)
 
 
+def test_trajectory_from_stored_arguments_too_deep_for_the_parser() -> None:
+    """Stored arguments are client text: nesting past ``json.loads``'s recursion limit
+    raised RecursionError (the Policy replay page failed); they are kept as text."""
+    deep = "[" * 100_000 + "]" * 100_000
+    rows = [stored_decision(1), stored_call(1, args=deep, result=None)]
+    t = trajectory_from_stored("run-1", rows)
+    assert t.steps[0].tool_calls[0].arguments == deep
+
+
 def test_trajectory_from_stored_with_content_and_blocked_call() -> None:
     rows = [
         stored_decision(1),
