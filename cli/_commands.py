@@ -35,6 +35,10 @@ def check_policy(files: tuple[str, ...]) -> None:
 @click.option("--db", help="DuckDB file (default ./loopwatch.duckdb).")
 @click.option("--otlp-http", help="OTLP/HTTP listen address HOST:PORT (default 127.0.0.1:4318).")
 @click.option(
+    "--otlp-grpc",
+    help="Also receive OTLP/gRPC on HOST:PORT (usually 127.0.0.1:4317; default: off).",
+)
+@click.option(
     "--http",
     "http_addr",
     help="/metrics, /healthz and API address HOST:PORT (default 127.0.0.1:9464).",
@@ -51,6 +55,7 @@ def collector(
     config_file: str | None,
     db: str | None,
     otlp_http: str | None,
+    otlp_grpc: str | None,
     http_addr: str | None,
     canaries: str | None,
     token_file: str | None,
@@ -72,7 +77,12 @@ def collector(
         )
         raise SystemExit(2) from None
     overrides = {
-        "server": {"otlp_http": otlp_http, "http": http_addr, "token_file": token_file},
+        "server": {
+            "otlp_http": otlp_http,
+            "otlp_grpc": otlp_grpc,
+            "http": http_addr,
+            "token_file": token_file,
+        },
         "store": {"db": db, "retention_days": retention_days},
         "redaction": {"canaries_file": canaries},
     }

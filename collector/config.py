@@ -73,6 +73,8 @@ class ServerConfig:
 
     Attributes:
         otlp_http: OTLP/HTTP receiver ``HOST:PORT`` (``/v1/traces``).
+        otlp_grpc: OTLP/gRPC receiver ``HOST:PORT`` (``TraceService/Export``, usually
+            ``127.0.0.1:4317``); empty (the default): off.
         http: ``/metrics``, ``/healthz`` and the read API ``HOST:PORT``.
         token_file: file holding a bearer token required on OTLP and the API.
         allow_non_loopback: binding a non-loopback address needs this set (the default
@@ -82,6 +84,7 @@ class ServerConfig:
     """
 
     otlp_http: str = "127.0.0.1:4318"
+    otlp_grpc: str = ""
     http: str = "127.0.0.1:9464"
     token_file: str = ""
     allow_non_loopback: bool = False
@@ -211,8 +214,12 @@ class CollectorConfig:
         """
         otlp_host, _ = parse_hostport(self.server.otlp_http, what="server.otlp_http")
         http_host, _ = parse_hostport(self.server.http, what="server.http")
+        listeners = [("server.otlp_http", otlp_host), ("server.http", http_host)]
+        if self.server.otlp_grpc:
+            grpc_host, _ = parse_hostport(self.server.otlp_grpc, what="server.otlp_grpc")
+            listeners.append(("server.otlp_grpc", grpc_host))
         if not self.server.allow_non_loopback:
-            for name, host in (("server.otlp_http", otlp_host), ("server.http", http_host)):
+            for name, host in listeners:
                 if not is_loopback(host):
                     raise ConfigError(
                         name,

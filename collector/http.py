@@ -378,43 +378,18 @@ class _Receiver:
         except ClientDisconnect:
             return Response(status_code=400)
 
-        decoded_rejections = batch.rejected_spans
-        self.counters.spans_received(batch.transport, batch.accepted_spans() + decoded_rejections)
-        if decoded_rejections:
-            self.counters.spans_rejected(REASON_INVALID_SPAN, decoded_rejections)
-        if batch.accepted_spans():
-            try:
-                await self.submit(batch)
-            except QueueFull as exc:
-                self.counters.spans_rejected(REASON_QUEUE_FULL, batch.accepted_spans())
-                self._count_refused_later(batch, decoded_rejections)
-                return _status_response(
-                    self.backpressure_status_code,
-                    _GRPC_UNAVAILABLE,
-                    str(exc),
-                    as_json,
-                    {"Retry-After": str(exc.retry_after_seconds)},
-                )
-            except Exception as exc:
-                self.counters.spans_rejected(REASON_SUBMIT_FAILED, batch.accepted_spans())
-                self._count_refused_later(batch, decoded_rejections)
-                _logger.error("OTLP batch not committed: submit raised %s", type(exc).__name__)
-                return self._retry_later("batch not committed; retry later", as_json)
-            self._count_refused_later(batch, decoded_rejections)
-        _logger.debug(
-            "OTLP request acknowledged: %d spans stored, %d rejected (%s)",
-            batch.accepted_spans(),
-            batch.rejected_spans,
-            batch.transport,
-        )
+        failure = await submit_counted(batch, self.submit, self.counters)
+        if isinstance(failure, QueueFull):
+            return _status_response(
+                self.backpressure_status_code,
+                _GRPC_UNAVAILABLE,
+                str(failure),
+                as_json,
+                {"Retry-After": str(failure.retry_after_seconds)},
+            )
+        if failure is not None:
+            return self._retry_later("batch not committed; retry later", as_json)
         return _export_response(batch, as_json)
-
-    def _count_refused_later(self, batch: SpanBatch, decoded_rejections: int) -> None:
-        """Count the spans the pipeline refused after decoding (e.g. redaction failed),
-        whatever became of the rest, so received = stored + rejected holds."""
-        refused_later = batch.rejected_spans - decoded_rejections
-        if refused_later > 0:
-            self.counters.spans_rejected(REASON_PIPELINE, refused_later)
 
     def _decode(self, body: bytes, encoding: str, as_json: bool) -> SpanBatch:
         return decode_body(
@@ -465,26 +440,74 @@ async def _read_body(request: Request, limit_bytes: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _export_response(batch: SpanBatch, as_json: bool) -> Response:
-    rejected = batch.rejected_spans
-    if rejected:
-        total = rejected + batch.accepted_spans()
-        message = f"{rejected} of {total} spans rejected: " + "; ".join(batch.rejection_messages)
-        message = message[:_MAX_PARTIAL_MESSAGE_CHARS]
-        if as_json:
-            partial = {"rejectedSpans": str(rejected), "errorMessage": message}
-            return Response(
-                json.dumps({"partialSuccess": partial}), 200, media_type=MEDIA_TYPE_JSON
-            )
-        response = ExportTraceServiceResponse(
-            partial_success=ExportTracePartialSuccess(
-                rejected_spans=rejected, error_message=message
-            )
+async def submit_counted(
+    batch: SpanBatch, submit: Submit, counters: ReceiverCounters
+) -> Exception | None:
+    """Count a decoded batch's spans, run ``submit`` on its accepted ones, count the outcome.
+
+    Shared by the OTLP/HTTP and OTLP/gRPC receivers so that ``received = stored +
+    rejected`` holds on both. Spans the pipeline refuses after decoding (e.g. redaction
+    failed) are counted whatever became of the rest.
+
+    Returns:
+        ``None`` once the batch is committed (acknowledge it), the :class:`QueueFull` to
+        answer as throttling, or the unexpected exception ``submit`` raised (logged here
+        by type only; answer "retry later").
+    """
+    decoded_rejections = batch.rejected_spans
+    counters.spans_received(batch.transport, batch.accepted_spans() + decoded_rejections)
+    if decoded_rejections:
+        counters.spans_rejected(REASON_INVALID_SPAN, decoded_rejections)
+    failure: Exception | None = None
+    if batch.accepted_spans():
+        try:
+            await submit(batch)
+        except QueueFull as exc:
+            counters.spans_rejected(REASON_QUEUE_FULL, batch.accepted_spans())
+            failure = exc
+        except Exception as exc:
+            counters.spans_rejected(REASON_SUBMIT_FAILED, batch.accepted_spans())
+            _logger.error("OTLP batch not committed: submit raised %s", type(exc).__name__)
+            failure = exc
+    refused_later = batch.rejected_spans - decoded_rejections
+    if refused_later > 0:
+        counters.spans_rejected(REASON_PIPELINE, refused_later)
+    if failure is None:
+        _logger.debug(
+            "OTLP request acknowledged: %d spans stored, %d rejected (%s)",
+            batch.accepted_spans(),
+            batch.rejected_spans,
+            batch.transport,
         )
+    return failure
+
+
+def export_response(batch: SpanBatch) -> ExportTraceServiceResponse:
+    """The ``ExportTraceServiceResponse`` of an acknowledged batch: ``partial_success``
+    with the rejected count and their content-free messages when some were refused."""
+    rejected = batch.rejected_spans
+    if not rejected:
+        return ExportTraceServiceResponse()
+    total = rejected + batch.accepted_spans()
+    message = f"{rejected} of {total} spans rejected: " + "; ".join(batch.rejection_messages)
+    return ExportTraceServiceResponse(
+        partial_success=ExportTracePartialSuccess(
+            rejected_spans=rejected, error_message=message[:_MAX_PARTIAL_MESSAGE_CHARS]
+        )
+    )
+
+
+def _export_response(batch: SpanBatch, as_json: bool) -> Response:
+    response = export_response(batch)
+    if not as_json:
         return Response(response.SerializeToString(), 200, media_type=MEDIA_TYPE_PROTOBUF)
-    if as_json:
+    if not response.HasField("partial_success"):
         return Response(b"{}", 200, media_type=MEDIA_TYPE_JSON)
-    return Response(b"", 200, media_type=MEDIA_TYPE_PROTOBUF)
+    partial = {
+        "rejectedSpans": str(response.partial_success.rejected_spans),
+        "errorMessage": response.partial_success.error_message,
+    }
+    return Response(json.dumps({"partialSuccess": partial}), 200, media_type=MEDIA_TYPE_JSON)
 
 
 def _failure_response(exc: CollectorError, as_json: bool) -> Response:

@@ -55,7 +55,7 @@ from .api import create_api_app
 from .config import CollectorConfig, parse_hostport
 from .decode import decode_body
 from .detect import LOOP_DETECTORS, DetectStage, loop_detector, loop_tool
-from .errors import CollectorError, QueueFull
+from .errors import CollectorError, ConfigError, QueueFull
 from .events import (
     KIND_TOOL_RESULT,
     MappedBatch,
@@ -606,6 +606,36 @@ class Collector:
             decode=None if self.decode_pool is None else self.decode_pool.decode,
         )
 
+    async def start_grpc(self) -> Any:
+        """Start the OTLP/gRPC receiver on this event loop when ``server.otlp_grpc`` is
+        set; return it (an :class:`~loopwatch.collector.grpc_receiver.OtlpGrpcServer`)
+        or ``None``.
+
+        Raises:
+            OSError: the address cannot be bound.
+            ConfigError: ``grpcio`` is not installed.
+        """
+        address = self.config.server.otlp_grpc
+        if not address:
+            return None
+        try:
+            from .grpc_receiver import OtlpGrpcServer
+        except ImportError:
+            raise ConfigError(
+                "server.otlp_grpc", "needs grpcio: pip install 'loopwatch[collector]'"
+            ) from None
+        server = OtlpGrpcServer(
+            address,
+            submit=self.submit,
+            counters=self.metrics,
+            decode=None if self.decode_pool is None else self.decode_pool.decode,
+            token=self.token,
+            max_message_bytes=self.config.limits.max_decompressed_bytes,
+            retry_after_seconds=self.config.server.retry_after_seconds,
+        )
+        await server.start()
+        return server
+
     def api_app(self) -> Any:
         """The ``/metrics``, ``/healthz`` and read API app."""
         return create_api_app(
@@ -667,6 +697,7 @@ async def _serve(
     pending: list[int] | None = None,
 ) -> None:
     servers = [_server(collector.otlp_app()), _server(collector.api_app())]
+    grpc_server = await collector.start_grpc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -688,8 +719,9 @@ async def _serve(
         await asyncio.sleep(0.02)
     if announce:
         otlp, http = collector.config.server.otlp_http, collector.config.server.http
+        grpc_text = f"OTLP/gRPC {grpc_server.address}, " if grpc_server is not None else ""
         print(
-            f"loopwatch collector: OTLP/HTTP http://{otlp}/v1/traces, "
+            f"loopwatch collector: OTLP/HTTP http://{otlp}/v1/traces, {grpc_text}"
             f"metrics http://{http}/metrics, API http://{http}/api/v1/runs",
             flush=True,
         )
@@ -699,6 +731,8 @@ async def _serve(
     await asyncio.wait([stop_task, *tasks], return_when=asyncio.FIRST_COMPLETED)
     for server in servers:
         server.should_exit = True
+    if grpc_server is not None:
+        await grpc_server.stop(10)
     await asyncio.gather(*tasks, return_exceptions=True)
     stop_task.cancel()
 
@@ -740,6 +774,10 @@ def serve_forever(
         with contextlib.suppress(ValueError):  # not the main thread: leave handlers alone
             previous[sig] = signal.signal(sig, lambda signum, _frame: pending.append(signum))
     try:
+        if config.server.otlp_grpc:
+            # gRPC binds its own socket when serving starts; an address in use is one
+            # clear line here rather than gRPC core's log line and a late failure.
+            _bind(config.server.otlp_grpc, "server.otlp_grpc").close()
         sockets = [
             _bind(config.server.otlp_http, "server.otlp_http"),
             _bind(config.server.http, "server.http"),

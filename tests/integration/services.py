@@ -728,19 +728,36 @@ STOP_SCENARIOS = ("repeated_action", "budget_exhausted", "completed")
 
 
 @contextlib.contextmanager
-def _exporting(otlp_url: str, token: str | None) -> Iterator[tuple[Any, Any]]:
+def _exporting(otlp_url: str, token: str | None, protocol: str) -> Iterator[tuple[Any, Any]]:
     from loopwatch.instrumentation.otlp import configure_otlp
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    provider = configure_otlp(
-        endpoint=otlp_url,
-        service_name="loopwatch-integration",
-        token=token,
-        timeout_seconds=10.0,
-        schedule_delay_millis=100,
-        set_global=False,
-    )
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = TracerProvider(
+            resource=Resource.create({"service.name": "loopwatch-integration"})
+        )
+        exporter = OTLPSpanExporter(
+            endpoint=otlp_url,
+            insecure=True,
+            headers=(("authorization", f"Bearer {token}"),) if token else None,
+            timeout=10,
+        )
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
+    else:
+        provider = configure_otlp(
+            endpoint=otlp_url,
+            service_name="loopwatch-integration",
+            token=token,
+            timeout_seconds=10.0,
+            schedule_delay_millis=100,
+            set_global=False,
+        )
     # The same spans are kept in memory: the test's ground truth for what was exported.
     memory = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(memory))
@@ -757,8 +774,11 @@ def emit_loopwatch_runs(
     agent: str = "e2e",
     token: str | None = None,
     run_id_prefix: str = "run",
+    protocol: str = "http/protobuf",
 ) -> tuple[dict[str, str], tuple[Any, ...]]:
-    """Run real guarded agent loops and export their spans over OTLP/HTTP (protobuf).
+    """Run real guarded agent loops and export their spans over OTLP/HTTP (protobuf), or
+    with ``protocol="grpc"`` through the SDK's OTLP/gRPC exporter to ``otlp_url``
+    (``HOST:PORT``).
 
     Each scenario name is the stop reason it produces, with a real :class:`Run`, a
     :class:`ScriptedModel` and the testing kit's tools:
@@ -782,7 +802,7 @@ def emit_loopwatch_runs(
     )
 
     expected: dict[str, str] = {}
-    with _exporting(otlp_url, token) as (provider, memory):
+    with _exporting(otlp_url, token, protocol) as (provider, memory):
         for index, scenario in enumerate(scenarios):
             run_id = f"{run_id_prefix}-{index}-{scenario}"
             lookup = ConstantTool(name="lookup_order")

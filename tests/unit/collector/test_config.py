@@ -55,6 +55,16 @@ def test_env_values_are_typed() -> None:
     assert cfg.server.allow_non_loopback is True
 
 
+def test_otlp_grpc_is_off_by_default_and_loopback_only() -> None:
+    assert load_config(environ={}).server.otlp_grpc == ""
+    env = {"LOOPWATCH_SERVER_OTLP_GRPC": "127.0.0.1:4317"}
+    assert load_config(environ=env).server.otlp_grpc == "127.0.0.1:4317"
+    for bad, fragment in (("0.0.0.0:4317", "not loopback"), ("nonsense", "HOST:PORT")):
+        with pytest.raises(ConfigError, match=r"server\.otlp_grpc") as info:
+            load_config(environ={"LOOPWATCH_SERVER_OTLP_GRPC": bad})
+        assert fragment in str(info.value)
+
+
 @pytest.mark.parametrize("days", ["-1", "nan", "inf", "36501", "forever", "true"])
 def test_retention_days_must_be_a_number_of_days(days: str) -> None:
     with pytest.raises(ConfigError, match=r"store\.retention_days"):
