@@ -337,6 +337,16 @@ def _loopwatch_span(run_id: str, event: str, step: int, **extra: Any) -> PbSpan:
     return PbSpan(name=names[event], attributes=attrs)
 
 
+def _run_span(agent: str, run_id: str, **extra: Any) -> PbSpan:
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": agent,
+        "loopwatch.run.id": run_id,
+    }
+    attrs.update(extra)
+    return PbSpan(name=f"invoke_agent {agent}", attributes=attrs)
+
+
 def _tool(run_id: str, step: int) -> PbSpan:
     return _loopwatch_span(
         run_id,
@@ -394,14 +404,7 @@ def test_second_stop_for_the_same_run_is_an_anomaly_counted_once(
         3,
         **{"loopwatch.stop.reason": "repeated_action", "gen_ai.agent.name": agent},
     )
-    run_span = PbSpan(
-        name=f"invoke_agent {agent}",
-        attributes={
-            "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.name": agent,
-            "loopwatch.run.id": run_id,
-        },
-    )
+    run_span = _run_span(agent, run_id)
     body = protobuf_request([run_span, _tool(run_id, 1), first])
     assert _post(collector.otlp_url, body, PROTOBUF).status == 200
     answer = alongside(
@@ -436,15 +439,7 @@ def test_json_client_text_that_is_not_json_or_too_deep(collector: CollectorProce
                 "gen_ai.agent.name": agent,
             },
         )
-        run_span = PbSpan(
-            name=f"invoke_agent {agent}",
-            attributes={
-                "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.agent.name": agent,
-                "loopwatch.run.id": run_id,
-                "loopwatch.limits": evidence,
-            },
-        )
+        run_span = _run_span(agent, run_id, **{"loopwatch.limits": evidence})
         body = protobuf_request([run_span, _tool(run_id, 1), stop])
         answer = alongside(collector, lambda b=body: _post(collector.otlp_url, b, PROTOBUF))
         assert answer.status == 200 and answer.partial() == (0, ""), label
