@@ -329,8 +329,13 @@ def progress_ceased(
     """The step where progress ceased, or ``None`` when the last step made progress.
 
     The evidence's ``detail.last_progress_step`` wins (the guard saw every step, even
-    unsampled ones); else the last step whose tool results were progress. A run with no
-    progress at all ceased at its first step.
+    unsampled ones). Else the guard's own count, as stored with the steps: a step that
+    reports ``steps_since_progress = k`` had its last progress ``k`` steps before it
+    (``step - 1 - k``; the count is taken before the step's own results). Progress the
+    guard counts without a tool result (a decision that brought new information) shows
+    only there, so the page, the "Steps since progress" figure and its chart agree.
+    Tool results flagged as progress count too. A run with no progress at all ceased
+    at its first step.
     """
     detail = (evidence or {}).get("detail")
     if isinstance(detail, Mapping):
@@ -339,12 +344,14 @@ def progress_ceased(
             return ProgressMark(last + 1, last, "evidence")
     if not steps:
         return None
-    progressed = [s.step for s in steps if s.progress]
-    last_step = steps[-1].step
-    if not progressed:
+    candidates = [s.step for s in steps if s.progress]
+    counted = [s for s in steps if s.steps_since_progress is not None]
+    if counted:
+        candidates.append(counted[-1].step - 1 - counted[-1].steps_since_progress)
+    last = max(candidates, default=0)
+    if last <= 0:
         return ProgressMark(steps[0].step, 0, "steps")
-    last = progressed[-1]
-    if last >= last_step:
+    if last >= steps[-1].step:
         return None
     return ProgressMark(last + 1, last, "steps")
 

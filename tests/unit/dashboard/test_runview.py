@@ -152,11 +152,33 @@ def test_non_tool_decisions_collapse_by_their_fingerprint() -> None:
     [
         (loop_rows(), LOOP_EVIDENCE, (2, 1, "steps")),
         (loop_rows(), {"detail": {"last_progress_step": 2}}, (3, 2, "evidence")),
-        ([decision(1, "message", "x"), decision(2, "message", "x")], {}, (1, 0, "steps")),
+        (
+            [decision(1, "message", "x"), decision(2, "message", "x", ssp=1)],
+            {},
+            (1, 0, "steps"),
+        ),
         ([decision(1), tool(1, progress=True), decision(2), tool(2, progress=True)], {}, None),
         ([], {}, None),
+        # A tau2 run (demo): tool progress last at step 14, but the guard's count says a
+        # decision at step 20 was progress (0 steps since progress before step 21).
+        (
+            [decision(14, ssp=0), tool(14, progress=True, ssp=0)]
+            + [decision(step, "message", "m", ssp=0) for step in range(15, 19)]
+            + [decision(19, ssp=0), tool(19, progress=False, ssp=0)]
+            + [decision(20, "message", "m", ssp=1)]
+            + [decision(21, ssp=0), tool(21, outcome="blocked", ssp=0)],
+            {},
+            (21, 20, "steps"),
+        ),
     ],
-    ids=["loop", "evidence wins", "never progressed", "still progressing", "no steps"],
+    ids=[
+        "loop",
+        "evidence wins",
+        "never progressed",
+        "still progressing",
+        "no steps",
+        "guard's count",
+    ],
 )
 def test_progress_ceased(
     rows: list[dict[str, Any]],
