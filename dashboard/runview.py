@@ -32,6 +32,8 @@ import pandas as pd
 
 __all__ = [
     "DEFAULT_LAST_STEPS",
+    "HEADLINE_FACTS",
+    "USAGE_HELP",
     "Folded",
     "ProgressMark",
     "StepGroup",
@@ -582,6 +584,13 @@ _USAGE: Final = (
     ("cost (USD)", "usage_cost_usd", None),
     ("elapsed (s)", "usage_elapsed_seconds", None),
 )
+
+
+USAGE_HELP: Final = {
+    "tool attempts": "Calls the guard let through; calls it blocked are not attempts "
+    "(the step list and the runs table count them)",
+}
+"""Help text of the usage figures whose meaning differs from a look-alike elsewhere."""
 
 
 def usage_counters(stop: Mapping[str, Any] | None, run: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -366,7 +366,10 @@ def runs_table(runs: pd.DataFrame, *, key: str) -> None:
             "stop_reason": st.column_config.TextColumn("stop reason"),
             "top_tool": st.column_config.TextColumn("tool", help="The tool the run called most"),
             "steps_since_progress": st.column_config.NumberColumn("steps since progress"),
-            "tool_calls": st.column_config.NumberColumn("tool calls"),
+            "tool_calls": st.column_config.NumberColumn(
+                "tool calls",
+                help="Tool results stored for the run, calls the guard blocked included",
+            ),
             "tool_errors": st.column_config.NumberColumn("errors"),
             "tool_blocked": st.column_config.NumberColumn("blocked"),
             "canary_detected": st.column_config.CheckboxColumn("canary"),

@@ -104,7 +104,7 @@ usage = runview.usage_counters(stop, run)
 if usage:
     st.subheader("Usage")
     for column, (label, value) in zip(st.columns(len(usage)), usage, strict=True):
-        column.metric(label, value)
+        column.metric(label, value, help=runview.USAGE_HELP.get(label))
 
 notice = runview.sampling_notice(run, len(detail.steps))
 if notice:

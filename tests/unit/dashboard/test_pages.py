@@ -175,6 +175,8 @@ def test_run_view_of_the_95_step_loop(fed_source: str) -> None:
     assert facts["Stopped at step"] == "95"
     assert facts["Limit vs observed"] == "observed 95 = limit 95"
     assert facts["model turns"] == "95" and facts["tool attempts"] == "94"
+    attempts = next(m for m in at.metric if m.label == "tool attempts")
+    assert "blocked are not attempts" in (attempts.help or "")
     card = at.markdown[0].value + "\n" + at.markdown[1].value
     assert "**repetitions**: `95`" in card
     assert "**step indices**: `1–95`" in card
