@@ -499,9 +499,10 @@ def load_policies(path: str | os.PathLike[str]) -> dict[str, Policy]:
         # utf-8-sig: a byte-order mark (Windows editors write one) is not TOML syntax.
         text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError(
-            [PolicyProblem("<file>", f"cannot read: {exc.__class__.__name__}", source)]
-        ) from None
+        # strerror ("No such file or directory") says what to fix; never the content.
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else ""
+        reason = f"{why} ({exc.__class__.__name__})" if why else exc.__class__.__name__
+        raise PolicyError([PolicyProblem("<file>", f"cannot read: {reason}", source)]) from None
     profiles, problems = _parse_document(text, source)
     if problems:
         raise PolicyError(problems)

@@ -68,7 +68,7 @@ def test_zero_tool_attempts_is_legal() -> None:
 
 
 def test_missing_file_is_a_policy_error() -> None:
-    with pytest.raises(PolicyError, match="cannot read"):
+    with pytest.raises(PolicyError, match="cannot read: No such file or directory"):
         load_policies(POLICIES / "does-not-exist.toml")
 
 
