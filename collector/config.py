@@ -212,12 +212,19 @@ class CollectorConfig:
         Raises:
             ConfigError: the first problem, naming ``section.field``.
         """
-        otlp_host, _ = parse_hostport(self.server.otlp_http, what="server.otlp_http")
-        http_host, _ = parse_hostport(self.server.http, what="server.http")
+        otlp, http = self.server.otlp_http, self.server.http
+        otlp_host, _ = parse_hostport(otlp, what="server.otlp_http")
+        http_host, _ = parse_hostport(http, what="server.http")
         listeners = [("server.otlp_http", otlp_host), ("server.http", http_host)]
         if self.server.otlp_grpc:
-            grpc_host, _ = parse_hostport(self.server.otlp_grpc, what="server.otlp_grpc")
+            grpc_host, grpc_port = parse_hostport(self.server.otlp_grpc, what="server.otlp_grpc")
             listeners.append(("server.otlp_grpc", grpc_host))
+            taken = {parse_hostport(a, what="server")[1] for a in (otlp, http)} - {0}
+            if grpc_port in taken:
+                raise ConfigError(
+                    "server.otlp_grpc",
+                    f"port {grpc_port} is already used by server.otlp_http or server.http",
+                )
         if not self.server.allow_non_loopback:
             for name, host in listeners:
                 if not is_loopback(host):

@@ -152,7 +152,7 @@ class OtlpGrpcServer:
             if self._token is not None:
                 metadata = dict(context.invocation_metadata() or ())
                 header = metadata.get("authorization")
-                _check_bearer(header if isinstance(header, str) else None, self._token)
+                _check_bearer(header if isinstance(header, str) else None, self._token, "utf-8")
             batch = await self._decoded(body)
         except Unauthorized as exc:
             self._counters.request_refused(REASON_UNAUTHORIZED)
@@ -169,7 +169,8 @@ class OtlpGrpcServer:
             )
             await context.abort(code, str(exc))
         except Exception as exc:
-            _logger.error("OTLP/gRPC body not decoded: %s", type(exc).__name__)
+            cause = exc.__cause__ if isinstance(exc, _Retryable) else exc
+            _logger.error("OTLP/gRPC body not decoded: %s", cause or type(exc).__name__)
             await self._abort_retryable(context, "batch not decoded; retry later", None)
         batch.transport = TRANSPORT_GRPC
         failure = await submit_counted(batch, self._submit, self._counters)

@@ -35,6 +35,7 @@ Nothing in this module logs or echoes span content or the bearer token.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -415,13 +416,23 @@ def token_matches(presented: bytes, token: bytes) -> bool:
     return hmac.compare_digest(hashlib.sha256(presented).digest(), hashlib.sha256(token).digest())
 
 
-def _check_bearer(header: str | None, token: bytes) -> None:
+def _check_bearer(header: str | None, token: bytes, encoding: str = "latin-1") -> None:
+    """Raise :class:`Unauthorized` unless ``header`` is ``Bearer <token>``.
+
+    ``encoding`` turns the header text back into the bytes sent: ``latin-1`` for HTTP
+    (Starlette decodes header bytes so), ``utf-8`` for gRPC metadata. Text that has no
+    such bytes cannot be the token.
+    """
     if header is None:
         raise Unauthorized("missing")
     scheme, _, credentials = header.strip().partition(" ")
     if scheme.lower() != "bearer" or not credentials.strip():
         raise Unauthorized("missing")
-    if not token_matches(credentials.strip().encode("latin-1"), token):
+    try:
+        presented = credentials.strip().encode(encoding)
+    except UnicodeEncodeError:
+        raise Unauthorized("invalid") from None
+    if not token_matches(presented, token):
         raise Unauthorized("invalid")
 
 
@@ -458,18 +469,32 @@ async def submit_counted(
     counters.spans_received(batch.transport, batch.accepted_spans() + decoded_rejections)
     if decoded_rejections:
         counters.spans_rejected(REASON_INVALID_SPAN, decoded_rejections)
-    failure: Exception | None = None
-    if batch.accepted_spans():
-        try:
-            await submit(batch)
-        except QueueFull as exc:
-            counters.spans_rejected(REASON_QUEUE_FULL, batch.accepted_spans())
-            failure = exc
-        except Exception as exc:
-            counters.spans_rejected(REASON_SUBMIT_FAILED, batch.accepted_spans())
-            _logger.error("OTLP batch not committed: submit raised %s", type(exc).__name__)
-            failure = exc
-    refused_later = batch.rejected_spans - decoded_rejections
+    if not batch.accepted_spans():
+        return None
+    # Shielded: a client that cancels (a gRPC deadline, a disconnect) cancels its wait,
+    # not the commit. Once the batch is accepted it is stored and counted in full, live
+    # metrics included, as a restart would restore it; the client's retry is a duplicate.
+    task = asyncio.ensure_future(submit(batch))
+    try:
+        with contextlib.suppress(Exception):  # the task's outcome is read by _submitted
+            await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(lambda done: _submitted(done, batch, counters, decoded_rejections))
+        raise
+    return _submitted(task, batch, counters, decoded_rejections)
+
+
+def _submitted(
+    task: asyncio.Future[None], batch: SpanBatch, counters: ReceiverCounters, decoded: int
+) -> Exception | None:
+    """Count the outcome of a finished ``submit`` task (see :func:`submit_counted`)."""
+    failure = asyncio.CancelledError() if task.cancelled() else task.exception()
+    if isinstance(failure, QueueFull):
+        counters.spans_rejected(REASON_QUEUE_FULL, batch.accepted_spans())
+    elif failure is not None:
+        counters.spans_rejected(REASON_SUBMIT_FAILED, batch.accepted_spans())
+        _logger.error("OTLP batch not committed: submit raised %s", type(failure).__name__)
+    refused_later = batch.rejected_spans - decoded
     if refused_later > 0:
         counters.spans_rejected(REASON_PIPELINE, refused_later)
     if failure is None:
@@ -479,7 +504,8 @@ async def submit_counted(
             batch.rejected_spans,
             batch.transport,
         )
-    return failure
+        return None
+    return failure if isinstance(failure, Exception) else RuntimeError("submit cancelled")
 
 
 def export_response(batch: SpanBatch) -> ExportTraceServiceResponse:

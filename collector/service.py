@@ -719,7 +719,10 @@ async def _serve(
         await asyncio.sleep(0.02)
     if announce:
         otlp, http = collector.config.server.otlp_http, collector.config.server.http
-        grpc_text = f"OTLP/gRPC {grpc_server.address}, " if grpc_server is not None else ""
+        grpc_text = ""
+        if grpc_server is not None:
+            host, _ = parse_hostport(grpc_server.address, what="server.otlp_grpc")
+            grpc_text = f"OTLP/gRPC {host}:{grpc_server.port}, "
         print(
             f"loopwatch collector: OTLP/HTTP http://{otlp}/v1/traces, {grpc_text}"
             f"metrics http://{http}/metrics, API http://{http}/api/v1/runs",

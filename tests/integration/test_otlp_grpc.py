@@ -182,3 +182,52 @@ def test_queue_full_is_unavailable_with_retry_info() -> None:
     info = error_details_pb2.RetryInfo()
     assert status.details[0].Unpack(info) and info.retry_delay.seconds == 3
     assert counters.received == {"grpc": 1} and counters.rejected == {"queue_full": 1}
+
+
+def test_a_call_the_client_abandons_is_still_committed_and_counted() -> None:
+    """A client deadline cancels the wait, not the commit: the batch is stored and
+    counted once the store has it (received = stored + rejected holds, and the live
+    metrics match what a restart restores); the client's retry is a duplicate."""
+    committed: list[SpanBatch] = []
+
+    async def slow(batch: SpanBatch) -> None:
+        await asyncio.sleep(0.5)
+        committed.append(batch)
+
+    async def scenario() -> tuple[grpc.StatusCode, InMemoryReceiverCounters]:
+        counters = InMemoryReceiverCounters()
+        server = OtlpGrpcServer(
+            "127.0.0.1:0", submit=slow, counters=counters, max_message_bytes=1 << 20
+        )
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                call = channel.unary_unary(EXPORT_METHOD)
+                try:
+                    await call(_request(bytes(range(1, 17))), timeout=0.1)
+                except grpc.aio.AioRpcError as exc:
+                    code = exc.code()
+                else:
+                    raise AssertionError("acknowledged before the commit")
+            await asyncio.sleep(1.0)
+        finally:
+            await server.stop(1)
+        return code, counters
+
+    code, counters = asyncio.run(scenario())
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert len(committed) == 1
+    assert counters.received == {"grpc": 1} and counters.rejected == {}
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "utf-8"])
+def test_a_token_that_is_not_latin1_is_unauthorized_not_an_error(encoding: str) -> None:
+    """Found by a review: a non-Latin-1 bearer token over gRPC raised UnicodeEncodeError,
+    answered 'retry later', so a misconfigured exporter retried forever."""
+    from loopwatch.collector.errors import Unauthorized
+    from loopwatch.collector.http import _check_bearer
+
+    for header in ("Bearer токен", "Bearer 令牌\udcff"):
+        with pytest.raises(Unauthorized):
+            _check_bearer(header, b"s3cret", encoding)
+    _check_bearer("Bearer s3cret", b"s3cret", encoding)

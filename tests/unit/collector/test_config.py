@@ -59,7 +59,11 @@ def test_otlp_grpc_is_off_by_default_and_loopback_only() -> None:
     assert load_config(environ={}).server.otlp_grpc == ""
     env = {"LOOPWATCH_SERVER_OTLP_GRPC": "127.0.0.1:4317"}
     assert load_config(environ=env).server.otlp_grpc == "127.0.0.1:4317"
-    for bad, fragment in (("0.0.0.0:4317", "not loopback"), ("nonsense", "HOST:PORT")):
+    for bad, fragment in (
+        ("0.0.0.0:4317", "not loopback"),
+        ("nonsense", "HOST:PORT"),
+        ("127.0.0.1:4318", "already used by server.otlp_http"),
+    ):
         with pytest.raises(ConfigError, match=r"server\.otlp_grpc") as info:
             load_config(environ={"LOOPWATCH_SERVER_OTLP_GRPC": bad})
         assert fragment in str(info.value)
