@@ -94,10 +94,13 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    """Request limits: ``max_body_bytes`` (compressed) and ``max_decompressed_bytes``."""
+    """Request limits: ``max_body_bytes`` (compressed) and ``max_decompressed_bytes`` per
+    request; ``max_inflight_bytes``: request bodies held at once by all receivers, from
+    arrival to answer (past it, requests are refused as throttling before decoding)."""
 
     max_body_bytes: int = 20 * 1024 * 1024
     max_decompressed_bytes: int = 64 * 1024 * 1024
+    max_inflight_bytes: int = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,7 @@ class CollectorConfig:
         _positive("server.retry_after_seconds", self.server.retry_after_seconds)
         _positive("limits.max_body_bytes", self.limits.max_body_bytes)
         _positive("limits.max_decompressed_bytes", self.limits.max_decompressed_bytes)
+        _positive("limits.max_inflight_bytes", self.limits.max_inflight_bytes)
         _positive("store.queue_max_batches", self.store.queue_max_batches)
         _positive("store.query_timeout_seconds", self.store.query_timeout_seconds)
         _positive("store.max_rows", self.store.max_rows)

@@ -37,6 +37,7 @@ token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Final
 
@@ -45,12 +46,21 @@ from google.protobuf.duration_pb2 import Duration
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from .decode import TRANSPORT_GRPC, decode_body
-from .errors import CollectorError, ConfigError, DecodeError, PayloadTooLarge, Unauthorized
+from .errors import (
+    CollectorError,
+    ConfigError,
+    DecodeError,
+    PayloadTooLarge,
+    QueueFull,
+    Unauthorized,
+)
 from .http import (
     REASON_DECODE_ERROR,
     REASON_PAYLOAD_TOO_LARGE,
+    REASON_QUEUE_FULL,
     REASON_UNAUTHORIZED,
     Decode,
+    InflightLimit,
     ReceiverCounters,
     Submit,
     _check_bearer,
@@ -82,6 +92,8 @@ class OtlpGrpcServer:
         token: if set, every call needs ``authorization: Bearer <token>`` metadata.
         max_message_bytes: cap on a request message after decompression, in bytes.
         retry_after_seconds: the ``RetryInfo`` delay after an unexpected failure.
+        inflight: the bound on request bytes held at once, shared with OTLP/HTTP; a call
+            past it is ``UNAVAILABLE`` with ``RetryInfo`` before it is decoded.
 
     Raises:
         ConfigError: a limit out of range.
@@ -97,6 +109,7 @@ class OtlpGrpcServer:
         token: str | None = None,
         max_message_bytes: int,
         retry_after_seconds: int = 1,
+        inflight: InflightLimit | None = None,
     ) -> None:
         if max_message_bytes <= 0 or retry_after_seconds <= 0:
             raise ConfigError("server.otlp_grpc", "limits must be > 0")
@@ -107,6 +120,7 @@ class OtlpGrpcServer:
         self._token = None if token is None else token.encode("utf-8")
         self._max_message_bytes = max_message_bytes
         self._retry_after_seconds = retry_after_seconds
+        self._inflight = inflight
         self._server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -148,6 +162,15 @@ class OtlpGrpcServer:
             self._server = None
 
     async def _export(self, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            with self._inflight.hold(len(body)) if self._inflight else contextlib.nullcontext():
+                return await self._answer(body, context)
+        except QueueFull as exc:  # the in-flight bound: refused before decoding
+            self._counters.request_refused(REASON_QUEUE_FULL)
+            await self._abort_retryable(context, str(exc), exc.retry_after_seconds)
+            raise  # not reached: abort raises
+
+    async def _answer(self, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             if self._token is not None:
                 metadata = dict(context.invocation_metadata() or ())

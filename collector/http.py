@@ -45,7 +45,7 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Final, Protocol
@@ -94,6 +94,7 @@ __all__ = [
     "TRACES_PATH",
     "Decode",
     "InMemoryReceiverCounters",
+    "InflightLimit",
     "OtlpServer",
     "ReceiverCounters",
     "Submit",
@@ -134,6 +135,7 @@ REJECT_REASONS = (
 )
 """Every ``reason`` value the receiver reports (a bounded metric label set)."""
 REQUEST_REJECT_REASONS = (
+    REASON_QUEUE_FULL,
     REASON_DECODE_ERROR,
     REASON_PAYLOAD_TOO_LARGE,
     REASON_UNSUPPORTED_MEDIA_TYPE,
@@ -230,6 +232,48 @@ class _NullCounters:
         pass
 
 
+class InflightLimit:
+    """A bound on the request bytes the receivers hold between arrival and answer.
+
+    The store's queue bounds what waits for the writer, but requests pile up before it
+    (in the decode workers' queue and the pipeline) when decoding is the bottleneck: a
+    flood of 400 large gRPC calls grew the collector to 3 GiB without one refusal
+    (found by a review, 2026-12-01). Every receiver (OTLP/HTTP, OTLP/gRPC) holds its
+    request's body size here for the request's whole life; past the bound a request is
+    refused at once as throttling (429/503 with ``Retry-After``, gRPC ``UNAVAILABLE``
+    with ``RetryInfo``), before it is decoded. One request is always admitted when none
+    is held, whatever its size. Used on the event loop only.
+
+    Args:
+        max_bytes: bytes of bodies (as received, compressed or not) held at most.
+        retry_after_seconds: the delay suggested to refused clients.
+
+    Attributes:
+        held: bytes held now (the ``loopwatch_collector_inflight_bytes`` gauge).
+    """
+
+    def __init__(self, max_bytes: int, *, retry_after_seconds: int = 1) -> None:
+        _require_positive_int("max_inflight_bytes", max_bytes)
+        self.max_bytes = max_bytes
+        self.retry_after_seconds = retry_after_seconds
+        self.held = 0
+
+    @contextlib.contextmanager
+    def hold(self, size: int) -> Iterator[None]:
+        """Hold ``size`` bytes for the ``with`` block.
+
+        Raises:
+            QueueFull: other requests already hold too much to admit this one.
+        """
+        if self.held and self.held + size > self.max_bytes:
+            raise QueueFull(capacity=self.max_bytes, retry_after_seconds=self.retry_after_seconds)
+        self.held += size
+        try:
+            yield
+        finally:
+            self.held -= size
+
+
 def create_otlp_app(
     submit: Submit,
     *,
@@ -241,6 +285,7 @@ def create_otlp_app(
     backpressure_status_code: int = 503,
     retry_after_seconds: int = 1,
     decode: Decode | None = None,
+    inflight: InflightLimit | None = None,
 ) -> Starlette:
     """Build the OTLP/HTTP trace receiver as a Starlette ASGI app.
 
@@ -262,6 +307,9 @@ def create_otlp_app(
         decode: decodes bodies elsewhere (see :data:`Decode`), e.g. in worker processes;
             default: in this process, on the event loop for small identity-coded bodies
             and on a thread otherwise.
+        inflight: the bound on bodies held at once, shared with the other receivers;
+            a request past it is answered like a full queue (``backpressure_status_code``
+            with ``Retry-After``) before it is decoded. Default: no bound.
 
     Returns:
         The ASGI app; ``POST {path}`` only.
@@ -292,6 +340,7 @@ def create_otlp_app(
         backpressure_status_code=backpressure_status_code,
         retry_after_seconds=retry_after_seconds,
         decode=decode,
+        inflight=inflight,
     )
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -335,8 +384,26 @@ class _Receiver:
     backpressure_status_code: int
     retry_after_seconds: int
     decode: Decode | None
+    inflight: InflightLimit | None
 
     async def export(self, request: Request) -> Response:
+        try:
+            return await self._export(request)
+        except QueueFull as exc:  # the in-flight bound: refused before decoding
+            self.counters.request_refused(REASON_QUEUE_FULL)
+            as_json = "json" in request.headers.get("content-type", "")
+            return self._throttled(exc, as_json)
+
+    def _throttled(self, exc: QueueFull, as_json: bool) -> Response:
+        return _status_response(
+            self.backpressure_status_code,
+            _GRPC_UNAVAILABLE,
+            str(exc),
+            as_json,
+            {"Retry-After": str(exc.retry_after_seconds)},
+        )
+
+    async def _export(self, request: Request) -> Response:
         headers = request.headers
         content_type = headers.get("content-type", "")
         media_type = content_type.partition(";")[0].strip().lower()
@@ -356,6 +423,15 @@ class _Receiver:
                     supported=SUPPORTED_CONTENT_ENCODINGS,
                 )
             body = await _read_body(request, self.max_body_bytes)
+        except CollectorError as exc:
+            return self._refused(exc, as_json)
+        except ClientDisconnect:
+            return Response(status_code=400)
+        with self.inflight.hold(len(body)) if self.inflight else contextlib.nullcontext():
+            return await self._answer(body, encoding, as_json)
+
+    async def _answer(self, body: bytes, encoding: str, as_json: bool) -> Response:
+        try:
             if self.decode is not None:
                 try:
                     batch = await self.decode(body, encoding, as_json)
@@ -372,25 +448,20 @@ class _Receiver:
             else:
                 batch = self._decode(body, encoding, as_json)
         except CollectorError as exc:
-            reason = _REFUSAL_REASONS.get(type(exc), REASON_DECODE_ERROR)
-            self.counters.request_refused(reason)
-            _logger.debug("OTLP request refused (%s): %s", reason, exc)
-            return _failure_response(exc, as_json)
-        except ClientDisconnect:
-            return Response(status_code=400)
+            return self._refused(exc, as_json)
 
         failure = await submit_counted(batch, self.submit, self.counters)
         if isinstance(failure, QueueFull):
-            return _status_response(
-                self.backpressure_status_code,
-                _GRPC_UNAVAILABLE,
-                str(failure),
-                as_json,
-                {"Retry-After": str(failure.retry_after_seconds)},
-            )
+            return self._throttled(failure, as_json)
         if failure is not None:
             return self._retry_later("batch not committed; retry later", as_json)
         return _export_response(batch, as_json)
+
+    def _refused(self, exc: CollectorError, as_json: bool) -> Response:
+        reason = _REFUSAL_REASONS.get(type(exc), REASON_DECODE_ERROR)
+        self.counters.request_refused(reason)
+        _logger.debug("OTLP request refused (%s): %s", reason, exc)
+        return _failure_response(exc, as_json)
 
     def _decode(self, body: bytes, encoding: str, as_json: bool) -> SpanBatch:
         return decode_body(

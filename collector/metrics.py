@@ -80,6 +80,7 @@ METRIC_NAMES: Final = (
     "loopwatch_collector_spans_rejected_total",
     "loopwatch_collector_requests_rejected_total",
     "loopwatch_collector_queue_depth",
+    "loopwatch_collector_inflight_bytes",
     "loopwatch_collector_commit_duration_seconds",
 )
 
@@ -177,6 +178,8 @@ class LoopwatchMetrics(Collector):
     Args:
         top_n_agents / top_n_tools: label bounds (names past them become ``_other``).
         queue_depth: a callable returning the current store queue depth.
+        inflight_bytes: a callable returning the request bytes the receivers hold
+            (:class:`~loopwatch.collector.http.InflightLimit`).
 
     Thread-safety: every ``record_*`` method may be called from any thread.
 
@@ -195,10 +198,12 @@ class LoopwatchMetrics(Collector):
         top_n_agents: int = 50,
         top_n_tools: int = 200,
         queue_depth: object = None,
+        inflight_bytes: object = None,
     ) -> None:
         self.agents = LabelBound(top_n_agents)
         self.tools = LabelBound(top_n_tools)
         self._queue_depth = queue_depth
+        self._inflight_bytes = inflight_bytes
         self._lock = threading.Lock()
         self._stops: dict[tuple[str, str], int] = defaultdict(int)
         self._ssp: dict[tuple[str, str], _Histogram] = {}
@@ -379,6 +384,13 @@ class LoopwatchMetrics(Collector):
         getter = self._queue_depth
         depth.add_metric((), float(getter()) if callable(getter) else 0.0)
         yield depth
+        inflight = GaugeMetricFamily(
+            "loopwatch_collector_inflight_bytes",
+            "Request bytes received and not yet answered (bounded by limits.max_inflight_bytes).",
+        )
+        getter = self._inflight_bytes
+        inflight.add_metric((), float(getter()) if callable(getter) else 0.0)
+        yield inflight
 
     def exposition(self, registry: CollectorRegistry) -> bytes:
         """The Prometheus text exposition of ``registry``."""

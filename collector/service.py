@@ -63,7 +63,7 @@ from .events import (
     PartialMap,
     premap,
 )
-from .http import create_otlp_app
+from .http import InflightLimit, create_otlp_app
 from .metrics import LoopwatchMetrics, MetricsSnapshot
 from .records import SpanBatch
 from .redact import REDACTION_FAILED, RedactStage
@@ -416,10 +416,15 @@ class Collector:
             retention_seconds=config.store.retention_days * 86_400,
         )
         self.store: Store
+        self.inflight = InflightLimit(
+            config.limits.max_inflight_bytes,
+            retry_after_seconds=config.server.retry_after_seconds,
+        )
         self.metrics = LoopwatchMetrics(
             top_n_agents=config.metrics.top_n_agents,
             top_n_tools=config.metrics.top_n_tools,
             queue_depth=lambda: self.store.queue_spans,
+            inflight_bytes=lambda: self.inflight.held,
         )
         try:
             self.store = Store(config.store.db, config=settings, on_commit=self._on_commit)
@@ -604,6 +609,7 @@ class Collector:
             backpressure_status_code=self.config.server.backpressure_status_code,
             retry_after_seconds=self.config.server.retry_after_seconds,
             decode=None if self.decode_pool is None else self.decode_pool.decode,
+            inflight=self.inflight,
         )
 
     async def start_grpc(self) -> Any:
@@ -632,6 +638,7 @@ class Collector:
             token=self.token,
             max_message_bytes=self.config.limits.max_decompressed_bytes,
             retry_after_seconds=self.config.server.retry_after_seconds,
+            inflight=self.inflight,
         )
         await server.start()
         return server

@@ -231,3 +231,51 @@ def test_a_token_that_is_not_latin1_is_unauthorized_not_an_error(encoding: str) 
         with pytest.raises(Unauthorized):
             _check_bearer(header, b"s3cret", encoding)
     _check_bearer("Bearer s3cret", b"s3cret", encoding)
+
+
+def test_a_call_past_the_inflight_bound_is_unavailable_with_retry_info() -> None:
+    """The in-flight bound is shared with OTLP/HTTP: while one call holds it, another is
+    refused before decoding, as throttling an exporter retries."""
+    from loopwatch.collector.http import InflightLimit
+
+    release = asyncio.Event()
+
+    async def held(batch: SpanBatch) -> None:
+        await release.wait()
+
+    async def scenario() -> tuple[grpc.StatusCode, int, InMemoryReceiverCounters]:
+        counters = InMemoryReceiverCounters()
+        limit = InflightLimit(16, retry_after_seconds=2)
+        server = OtlpGrpcServer(
+            "127.0.0.1:0",
+            submit=held,
+            counters=counters,
+            max_message_bytes=1 << 20,
+            inflight=limit,
+        )
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                call = channel.unary_unary(EXPORT_METHOD)
+                first = asyncio.ensure_future(call(_request(bytes(range(1, 17))), timeout=10))
+                while limit.held == 0:
+                    await asyncio.sleep(0.01)
+                try:
+                    await call(_request(bytes(range(2, 18))), timeout=10)
+                except grpc.aio.AioRpcError as exc:
+                    details = dict(exc.trailing_metadata() or ())["grpc-status-details-bin"]
+                    info = error_details_pb2.RetryInfo()
+                    status_pb2.Status.FromString(details).details[0].Unpack(info)
+                    code, delay = exc.code(), info.retry_delay.seconds
+                else:
+                    raise AssertionError("admitted past the bound")
+                release.set()
+                await first
+        finally:
+            await server.stop(1)
+        assert limit.held == 0
+        return code, delay, counters
+
+    code, delay, counters = asyncio.run(scenario())
+    assert (code, delay) == (grpc.StatusCode.UNAVAILABLE, 2)
+    assert counters.refused == {"queue_full": 1} and counters.received == {"grpc": 1}

@@ -168,3 +168,79 @@ def test_overload_gets_429_retry_after_bounded_memory_and_everything_stored(
         f"{sum(retries)} raw 429s, refused spans {refused:.0f}, idle RSS {idle >> 20} MiB, "
         f"peak {peak >> 20} MiB"
     )
+
+
+INFLIGHT_CONFIG = """
+[server]
+retry_after_seconds = 1
+
+[limits]
+max_inflight_bytes = 1048576
+"""
+
+
+def test_requests_past_the_inflight_bound_are_refused_before_decoding(tmp_path: Path) -> None:
+    """Proves the bound in front of the pipeline: with 1 MiB of request bodies allowed in
+    flight, 16 clients posting 2,000-span bodies (360 KB) at once get 503 with
+    ``Retry-After`` for what does not fit (counted as refused requests, not as spans),
+    the gauge never passes the bound plus one body, memory stays bounded, and after the
+    retries every span is stored. Without the bound, a flood of large calls grew the
+    collector to 3 GiB with no refusal, because decoding, not the store, was the
+    bottleneck (found by a review, 2026-12-01)."""
+    db = tmp_path / "inflight.duckdb"
+    collector = launch_collector(tmp_path, db_path=db, config=INFLIGHT_CONFIG)
+    clients, per_client = 16, 3
+    bodies, sent = [], set()
+    for _ in range(clients * per_client):
+        spans = tool_spans(2000)
+        sent |= {s.key for s in spans}
+        bodies.append(protobuf_request(spans))
+    largest = max(len(b) for b in bodies)
+    time.sleep(1.0)
+    idle = rss_bytes(collector.proc.pid)
+    retries = [0] * clients
+    gauge: list[float] = []
+    done = threading.Event()
+
+    def client(index: int) -> None:
+        with httpx.Client(timeout=60) as http:
+            for body in bodies[index::clients]:
+                _, n = post_until_stored(
+                    http, collector.otlp_url, body, PROTOBUF, deadline_seconds=120
+                )
+                retries[index] += n
+
+    def watch() -> None:
+        while not done.is_set():
+            value = collector.metrics().value("loopwatch_collector_inflight_bytes")
+            gauge.append(value if value is not None else -1.0)
+            done.wait(0.05)
+
+    try:
+        with _Sampler(collector.proc.pid) as sampler, ThreadPoolExecutor(clients + 1) as pool:
+            watcher = pool.submit(watch)
+            for future in [pool.submit(client, i) for i in range(clients)]:
+                future.result()
+            done.set()
+            watcher.result()
+        peak = max(rss for _, rss in sampler.samples)
+        metrics = collector.metrics()
+        refused = metrics.value("loopwatch_collector_requests_rejected_total", reason="queue_full")
+        assert sum(retries) > 0 and refused is not None and refused >= sum(retries)
+        assert gauge and min(gauge) >= 0 and max(gauge) <= 1048576 + largest, max(gauge)
+        assert metrics.value("loopwatch_collector_inflight_bytes") == 0
+        assert peak - idle < RSS_GROWTH_BOUND, (idle, peak)
+        received = metrics.total("loopwatch_collector_spans_received_total")
+        assert received == len(sent)  # refused before decoding: never counted as received
+        assert collector.stop() == 0, collector.stderr_text()
+    finally:
+        if collector.running:
+            collector.kill()
+    seen = {
+        (int(a), int(b)) for a, b in store_query(db, "SELECT span_key, trace_key FROM spans_seen")
+    }
+    assert all(store_key(*key) in seen for key in sent)
+    print(
+        f"\ninflight bound: {len(sent)} spans, {sum(retries)} refusals, gauge peak "
+        f"{max(gauge):.0f} B, RSS idle {idle >> 20} MiB, peak {peak >> 20} MiB"
+    )
