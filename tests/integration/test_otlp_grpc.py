@@ -8,16 +8,18 @@ specification, "OTLP/gRPC Response", including ``RetryInfo`` on throttling.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 from loopwatch.collector.errors import QueueFull
 from loopwatch.collector.grpc_receiver import EXPORT_METHOD, OtlpGrpcServer
-from loopwatch.collector.http import InMemoryReceiverCounters
+from loopwatch.collector.http import InflightLimit, InMemoryReceiverCounters, Submit
 from loopwatch.collector.records import SpanBatch
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -62,6 +64,29 @@ def _request(*trace_ids: bytes) -> bytes:
         span = spans.add(trace_id=trace_id, span_id=index.to_bytes(8, "big"), name="x")
         span.start_time_unix_nano = span.end_time_unix_nano = 1_700_000_000_000_000_000
     return request.SerializeToString()
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    submit: Submit, **options: Any
+) -> AsyncIterator[tuple[OtlpGrpcServer, grpc.aio.UnaryUnaryMultiCallable]]:
+    """An in-process receiver on a free port with ``submit``, and a raw ``Export`` call."""
+    options.setdefault("counters", InMemoryReceiverCounters())
+    server = OtlpGrpcServer("127.0.0.1:0", submit=submit, max_message_bytes=1 << 20, **options)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            yield server, channel.unary_unary(EXPORT_METHOD)
+    finally:
+        await server.stop(1)
+
+
+def _retry_delay(exc: grpc.aio.AioRpcError) -> int:
+    """The ``RetryInfo`` delay, in seconds, of a refused call."""
+    details = dict(exc.trailing_metadata() or ())["grpc-status-details-bin"]
+    info = error_details_pb2.RetryInfo()
+    assert status_pb2.Status.FromString(details).details[0].Unpack(info)
+    return int(info.retry_delay.seconds)
 
 
 def test_sdk_grpc_exporter_runs_reach_the_api_and_metrics(
@@ -155,32 +180,19 @@ def test_grpc_port_in_use_exits_2_with_one_line(tmp_path: Path) -> None:
 def test_queue_full_is_unavailable_with_retry_info() -> None:
     """Throttling ("OTLP/gRPC Throttling"): ``UNAVAILABLE`` with ``google.rpc.RetryInfo``
     carrying the queue's delay, so the SDK exporter waits that long and retries."""
+    counters = InMemoryReceiverCounters()
 
     async def full(batch: SpanBatch) -> None:
         raise QueueFull(capacity=1, retry_after_seconds=3)
 
-    async def scenario() -> tuple[grpc.StatusCode, status_pb2.Status, InMemoryReceiverCounters]:
-        counters = InMemoryReceiverCounters()
-        server = OtlpGrpcServer(
-            "127.0.0.1:0", submit=full, counters=counters, max_message_bytes=1 << 20
-        )
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                call = channel.unary_unary(EXPORT_METHOD)
-                try:
-                    await call(_request(bytes(range(1, 17))), timeout=10)
-                except grpc.aio.AioRpcError as exc:
-                    details = dict(exc.trailing_metadata() or ())["grpc-status-details-bin"]
-                    return exc.code(), status_pb2.Status.FromString(details), counters
-                raise AssertionError("a full queue was acknowledged")
-        finally:
-            await server.stop(1)
+    async def scenario() -> grpc.aio.AioRpcError:
+        async with _serving(full, counters=counters) as (_, call):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(_request(bytes(range(1, 17))), timeout=10)
+        return info.value
 
-    code, status, counters = asyncio.run(scenario())
-    assert code == grpc.StatusCode.UNAVAILABLE
-    info = error_details_pb2.RetryInfo()
-    assert status.details[0].Unpack(info) and info.retry_delay.seconds == 3
+    refused = asyncio.run(scenario())
+    assert (refused.code(), _retry_delay(refused)) == (grpc.StatusCode.UNAVAILABLE, 3)
     assert counters.received == {"grpc": 1} and counters.rejected == {"queue_full": 1}
 
 
@@ -189,33 +201,20 @@ def test_a_call_the_client_abandons_is_still_committed_and_counted() -> None:
     counted once the store has it (received = stored + rejected holds, and the live
     metrics match what a restart restores); the client's retry is a duplicate."""
     committed: list[SpanBatch] = []
+    counters = InMemoryReceiverCounters()
 
     async def slow(batch: SpanBatch) -> None:
         await asyncio.sleep(0.5)
         committed.append(batch)
 
-    async def scenario() -> tuple[grpc.StatusCode, InMemoryReceiverCounters]:
-        counters = InMemoryReceiverCounters()
-        server = OtlpGrpcServer(
-            "127.0.0.1:0", submit=slow, counters=counters, max_message_bytes=1 << 20
-        )
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                call = channel.unary_unary(EXPORT_METHOD)
-                try:
-                    await call(_request(bytes(range(1, 17))), timeout=0.1)
-                except grpc.aio.AioRpcError as exc:
-                    code = exc.code()
-                else:
-                    raise AssertionError("acknowledged before the commit")
+    async def scenario() -> grpc.StatusCode:
+        async with _serving(slow, counters=counters) as (_, call):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(_request(bytes(range(1, 17))), timeout=0.1)
             await asyncio.sleep(1.0)
-        finally:
-            await server.stop(1)
-        return code, counters
+        return info.value.code()
 
-    code, counters = asyncio.run(scenario())
-    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert asyncio.run(scenario()) == grpc.StatusCode.DEADLINE_EXCEEDED
     assert len(committed) == 1
     assert counters.received == {"grpc": 1} and counters.rejected == {}
 
@@ -236,46 +235,25 @@ def test_a_token_that_is_not_latin1_is_unauthorized_not_an_error(encoding: str) 
 def test_a_call_past_the_inflight_bound_is_unavailable_with_retry_info() -> None:
     """The in-flight bound is shared with OTLP/HTTP: while one call holds it, another is
     refused before decoding, as throttling an exporter retries."""
-    from loopwatch.collector.http import InflightLimit
-
+    counters = InMemoryReceiverCounters()
+    limit = InflightLimit(16, retry_after_seconds=2)
     release = asyncio.Event()
 
     async def held(batch: SpanBatch) -> None:
         await release.wait()
 
-    async def scenario() -> tuple[grpc.StatusCode, int, InMemoryReceiverCounters]:
-        counters = InMemoryReceiverCounters()
-        limit = InflightLimit(16, retry_after_seconds=2)
-        server = OtlpGrpcServer(
-            "127.0.0.1:0",
-            submit=held,
-            counters=counters,
-            max_message_bytes=1 << 20,
-            inflight=limit,
-        )
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                call = channel.unary_unary(EXPORT_METHOD)
-                first = asyncio.ensure_future(call(_request(bytes(range(1, 17))), timeout=10))
-                while limit.held == 0:
-                    await asyncio.sleep(0.01)
-                try:
-                    await call(_request(bytes(range(2, 18))), timeout=10)
-                except grpc.aio.AioRpcError as exc:
-                    details = dict(exc.trailing_metadata() or ())["grpc-status-details-bin"]
-                    info = error_details_pb2.RetryInfo()
-                    status_pb2.Status.FromString(details).details[0].Unpack(info)
-                    code, delay = exc.code(), info.retry_delay.seconds
-                else:
-                    raise AssertionError("admitted past the bound")
-                release.set()
-                await first
-        finally:
-            await server.stop(1)
-        assert limit.held == 0
-        return code, delay, counters
+    async def scenario() -> grpc.aio.AioRpcError:
+        async with _serving(held, counters=counters, inflight=limit) as (_, call):
+            first = asyncio.ensure_future(call(_request(bytes(range(1, 17))), timeout=10))
+            while limit.held == 0:
+                await asyncio.sleep(0.01)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(_request(bytes(range(2, 18))), timeout=10)
+            release.set()
+            await first
+        return info.value
 
-    code, delay, counters = asyncio.run(scenario())
-    assert (code, delay) == (grpc.StatusCode.UNAVAILABLE, 2)
+    refused = asyncio.run(scenario())
+    assert (refused.code(), _retry_delay(refused)) == (grpc.StatusCode.UNAVAILABLE, 2)
+    assert limit.held == 0
     assert counters.refused == {"queue_full": 1} and counters.received == {"grpc": 1}

@@ -70,6 +70,25 @@ class _Sampler:
         self._thread.join(timeout=5)
 
 
+def _bodies(count: int, spans_each: int) -> tuple[list[bytes], set[tuple[str, str]]]:
+    """``count`` protobuf requests of ``spans_each`` tool spans, and every span's key."""
+    bodies, sent = [], set()
+    for _ in range(count):
+        spans = tool_spans(spans_each)
+        sent |= {s.key for s in spans}
+        bodies.append(protobuf_request(spans))
+    return bodies, sent
+
+
+def _raw_client(url: str, bodies: list[bytes]) -> int:
+    """POST each body until it is stored, honouring ``Retry-After``; return the retries."""
+    retries = 0
+    with httpx.Client(timeout=60) as http:
+        for body in bodies:
+            retries += post_until_stored(http, url, body, PROTOBUF, deadline_seconds=120)[1]
+    return retries
+
+
 def _sdk_client(url: str, batches: int) -> tuple[int, set[tuple[str, str]]]:
     """Export ``batches`` x 512 SDK spans with ``OTLPSpanExporter``; return failures and ids."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -117,30 +136,17 @@ def test_overload_gets_429_retry_after_bounded_memory_and_everything_stored(
     span under ``rejected_total{reason="queue_full"}``."""
     db = tmp_path / "bp.duckdb"
     collector = launch_collector(tmp_path, db_path=db, config=CONFIG)
-    bodies = []
-    sent: set[tuple[str, str]] = set()
-    for _ in range(CLIENTS * BATCHES_PER_CLIENT):
-        spans = tool_spans(BATCH_SPANS)
-        sent |= {s.key for s in spans}
-        bodies.append(protobuf_request(spans))
+    bodies, sent = _bodies(CLIENTS * BATCHES_PER_CLIENT, BATCH_SPANS)
     time.sleep(1.0)
     idle = rss_bytes(collector.proc.pid)
-    retries = [0] * CLIENTS
-
-    def client(index: int) -> None:
-        with httpx.Client(timeout=60) as http:
-            for body in bodies[index::CLIENTS]:
-                _, n = post_until_stored(
-                    http, collector.otlp_url, body, PROTOBUF, deadline_seconds=120
-                )
-                retries[index] += n
+    url = collector.otlp_url
 
     try:
         started = time.monotonic()
         with _Sampler(collector.proc.pid) as sampler, ThreadPoolExecutor(CLIENTS + 1) as pool:
-            sdk = pool.submit(_sdk_client, collector.otlp_url, BATCHES_PER_CLIENT)
-            for future in [pool.submit(client, i) for i in range(CLIENTS)]:
-                future.result()
+            sdk = pool.submit(_sdk_client, url, BATCHES_PER_CLIENT)
+            clients = [pool.submit(_raw_client, url, bodies[i::CLIENTS]) for i in range(CLIENTS)]
+            retries = [future.result() for future in clients]
             sdk_failures, sdk_acked = sdk.result()
         elapsed = time.monotonic() - started
         peak = max(rss for _, rss in sampler.samples)
@@ -189,26 +195,13 @@ def test_requests_past_the_inflight_bound_are_refused_before_decoding(tmp_path: 
     bottleneck (found by a review, 2026-12-01)."""
     db = tmp_path / "inflight.duckdb"
     collector = launch_collector(tmp_path, db_path=db, config=INFLIGHT_CONFIG)
-    clients, per_client = 16, 3
-    bodies, sent = [], set()
-    for _ in range(clients * per_client):
-        spans = tool_spans(2000)
-        sent |= {s.key for s in spans}
-        bodies.append(protobuf_request(spans))
+    clients = 16
+    bodies, sent = _bodies(clients * 3, 2000)
     largest = max(len(b) for b in bodies)
     time.sleep(1.0)
     idle = rss_bytes(collector.proc.pid)
-    retries = [0] * clients
     gauge: list[float] = []
     done = threading.Event()
-
-    def client(index: int) -> None:
-        with httpx.Client(timeout=60) as http:
-            for body in bodies[index::clients]:
-                _, n = post_until_stored(
-                    http, collector.otlp_url, body, PROTOBUF, deadline_seconds=120
-                )
-                retries[index] += n
 
     def watch() -> None:
         while not done.is_set():
@@ -219,8 +212,11 @@ def test_requests_past_the_inflight_bound_are_refused_before_decoding(tmp_path: 
     try:
         with _Sampler(collector.proc.pid) as sampler, ThreadPoolExecutor(clients + 1) as pool:
             watcher = pool.submit(watch)
-            for future in [pool.submit(client, i) for i in range(clients)]:
-                future.result()
+            posting = [
+                pool.submit(_raw_client, collector.otlp_url, bodies[i::clients])
+                for i in range(clients)
+            ]
+            retries = [future.result() for future in posting]
             done.set()
             watcher.result()
         peak = max(rss for _, rss in sampler.samples)
