@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Final
+from typing import Final, NoReturn
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -168,7 +168,6 @@ class OtlpGrpcServer:
         except QueueFull as exc:  # the in-flight bound: refused before decoding
             self._counters.request_refused(REASON_QUEUE_FULL)
             await self._abort_retryable(context, str(exc), exc.retry_after_seconds)
-            raise  # not reached: abort raises
 
     async def _answer(self, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
@@ -191,9 +190,10 @@ class OtlpGrpcServer:
                 else grpc.StatusCode.INVALID_ARGUMENT
             )
             await context.abort(code, str(exc))
-        except Exception as exc:
-            cause = exc.__cause__ if isinstance(exc, _Retryable) else exc
-            _logger.error("OTLP/gRPC body not decoded: %s", cause or type(exc).__name__)
+        except Exception as exc:  # e.g. a decode worker lost: the collector's fault
+            # A CollectorError's message is content-free; of anything else, only the type.
+            why = exc if isinstance(exc, CollectorError) else type(exc).__name__
+            _logger.error("OTLP/gRPC body not decoded: %s", why)
             await self._abort_retryable(context, "batch not decoded; retry later", None)
         batch.transport = TRANSPORT_GRPC
         failure = await submit_counted(batch, self._submit, self._counters)
@@ -205,12 +205,7 @@ class OtlpGrpcServer:
 
     async def _decoded(self, body: bytes) -> SpanBatch:
         if self._decode is not None:
-            try:
-                return await self._decode(body, "", False)
-            except CollectorError as exc:
-                if not exc.retryable:
-                    raise
-                raise _Retryable() from exc
+            return await self._decode(body, "", False)
         return await asyncio.to_thread(
             decode_body,
             body,
@@ -221,7 +216,7 @@ class OtlpGrpcServer:
 
     async def _abort_retryable(
         self, context: grpc.aio.ServicerContext, message: str, delay: int | None
-    ) -> None:
+    ) -> NoReturn:
         """``UNAVAILABLE`` with ``RetryInfo``: the OTLP exporter retries after the delay."""
         seconds = delay if delay is not None else self._retry_after_seconds
         info = error_details_pb2.RetryInfo(retry_delay=Duration(seconds=seconds))
@@ -232,7 +227,4 @@ class OtlpGrpcServer:
             message,
             trailing_metadata=((_STATUS_DETAILS_KEY, status.SerializeToString()),),
         )
-
-
-class _Retryable(Exception):
-    """Internal: the decode worker could not decode for a reason of the collector's own."""
+        raise AssertionError("grpc.aio abort() returned")  # it raises AbortError

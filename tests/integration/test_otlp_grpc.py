@@ -257,3 +257,31 @@ def test_a_call_past_the_inflight_bound_is_unavailable_with_retry_info() -> None
     assert (refused.code(), _retry_delay(refused)) == (grpc.StatusCode.UNAVAILABLE, 2)
     assert limit.held == 0
     assert counters.refused == {"queue_full": 1} and counters.received == {"grpc": 1}
+
+
+def test_a_lost_decode_worker_is_unavailable_with_retry_info() -> None:
+    """A failure of the collector's own (a decode worker killed) is retryable: the call is
+    ``UNAVAILABLE`` with ``RetryInfo``, nothing is counted as received, and the log names
+    the cause without request content."""
+    from loopwatch.collector.service import DecodeWorkerLost
+
+    counters = InMemoryReceiverCounters()
+
+    async def lost(body: bytes, encoding: str, as_json: bool) -> SpanBatch:
+        raise DecodeWorkerLost()
+
+    async def never(batch: SpanBatch) -> None:
+        raise AssertionError("a batch that was not decoded was submitted")
+
+    async def scenario() -> grpc.aio.AioRpcError:
+        async with _serving(never, counters=counters, decode=lost, retry_after_seconds=4) as (
+            _,
+            call,
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(_request(bytes(range(1, 17))), timeout=10)
+        return info.value
+
+    refused = asyncio.run(scenario())
+    assert (refused.code(), _retry_delay(refused)) == (grpc.StatusCode.UNAVAILABLE, 4)
+    assert counters.received == {} and counters.refused == {}
