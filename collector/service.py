@@ -44,7 +44,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from multiprocessing import get_context
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import duckdb
 import uvicorn
@@ -80,6 +80,9 @@ __all__ = [
     "loop_detector",
     "serve_forever",
 ]
+
+if TYPE_CHECKING:  # grpcio is imported only when server.otlp_grpc is set
+    from .grpc_receiver import OtlpGrpcServer
 
 _log = logging.getLogger("loopwatch.collector")
 _AGENT_CACHE: Final = 100_000
@@ -612,10 +615,9 @@ class Collector:
             inflight=self.inflight,
         )
 
-    async def start_grpc(self) -> Any:
+    async def start_grpc(self) -> OtlpGrpcServer | None:
         """Start the OTLP/gRPC receiver on this event loop when ``server.otlp_grpc`` is
-        set; return it (an :class:`~loopwatch.collector.grpc_receiver.OtlpGrpcServer`)
-        or ``None``.
+        set; return it, else ``None`` (``grpcio`` is imported only then).
 
         Raises:
             OSError: the address cannot be bound.

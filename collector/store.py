@@ -169,7 +169,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LOOP_STOP_REASONS: Final = ("repeated_action", "action_cycle", "repeated_decision", "no_progress")
+LOOP_STOP_REASONS: Final = tuple(sorted(LOOP_DETECTORS))
 """Stop reasons counted as loops in :meth:`StoreReader.stats` (DESIGN section 7 detectors)."""
 
 _NS: Final = 1_000_000_000
@@ -929,14 +929,13 @@ def _run_key(run_id: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-def _fold(con: duckdb.DuckDBPyConnection, table: str, totals: str, now_ns: int) -> None:
+def _fold(con: duckdb.DuckDBPyConnection, table: str, count: str, totals: str, now_ns: int) -> None:
     """Add the rows of the ``totals`` query to a ``pruned_*`` table, keeping one row per key.
 
-    The table's rows and the new ones are summed per key (``stops`` or ``calls``) and
-    written back stamped ``now_ns``, so the table stays as small as its label keys
-    however many retention passes ran.
+    The table's rows and the new ones are summed per key (column ``count``) and written
+    back stamped ``now_ns``, so the table stays as small as its label keys however many
+    retention passes ran.
     """
-    count = "stops" if table == "pruned_stops" else "calls"
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE folded AS SELECT * EXCLUDE ({count}), "
         f"sum({count})::BIGINT AS {count} FROM (SELECT * EXCLUDE (pruned_unix_nano) FROM "
@@ -2047,8 +2046,10 @@ class Store:
             ).fetchall()
             if rows:
                 keys = _key_list(key for (key,) in rows)
-                _fold(con, "pruned_stops", _counted_stop_totals(f"s.run_key IN ({keys})"), now_ns)
-                _fold(con, "pruned_tool_calls", _tool_call_totals(f"t.run_key IN ({keys})"), now_ns)
+                stops = _counted_stop_totals(f"s.run_key IN ({keys})")
+                _fold(con, "pruned_stops", "stops", stops, now_ns)
+                calls = _tool_call_totals(f"t.run_key IN ({keys})")
+                _fold(con, "pruned_tool_calls", "calls", calls, now_ns)
                 for table in (
                     "steps",
                     "staged_steps",

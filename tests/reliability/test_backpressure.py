@@ -26,8 +26,8 @@ from .support import (
     peak_rss_bytes,
     post_until_stored,
     rss_bytes,
+    span_keys_in_store,
     store_key,
-    store_query,
 )
 
 pytestmark = pytest.mark.timeout(170)
@@ -164,9 +164,7 @@ def test_overload_gets_429_retry_after_bounded_memory_and_everything_stored(
     finally:
         if collector.running:
             collector.kill()
-    seen = {
-        (int(a), int(b)) for a, b in store_query(db, "SELECT span_key, trace_key FROM spans_seen")
-    }
+    seen = span_keys_in_store(db)
     assert len(seen) == total
     assert all(store_key(*key) in seen for key in sent | sdk_acked)
     print(
@@ -232,9 +230,7 @@ def test_requests_past_the_inflight_bound_are_refused_before_decoding(tmp_path: 
     finally:
         if collector.running:
             collector.kill()
-    seen = {
-        (int(a), int(b)) for a, b in store_query(db, "SELECT span_key, trace_key FROM spans_seen")
-    }
+    seen = span_keys_in_store(db)
     assert all(store_key(*key) in seen for key in sent)
     print(
         f"\ninflight bound: {len(sent)} spans, {sum(retries)} refusals, gauge peak "
