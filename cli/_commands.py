@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 from loopwatch.instrumentation import __version__
 from loopwatch.instrumentation.policy import check_policy_file, load_policies
+
+from ._options import collector_options, collector_overrides
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,35 +36,8 @@ def check_policy(files: tuple[str, ...]) -> None:
 
 @cli.command("collector")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML config file.")
-@click.option("--db", help="DuckDB file (default ./loopwatch.duckdb).")
-@click.option("--otlp-http", help="OTLP/HTTP listen address HOST:PORT (default 127.0.0.1:4318).")
-@click.option(
-    "--otlp-grpc",
-    help="Also receive OTLP/gRPC on HOST:PORT (usually 127.0.0.1:4317; default: off).",
-)
-@click.option(
-    "--http",
-    "http_addr",
-    help="/metrics, /healthz and API address HOST:PORT (default 127.0.0.1:9464).",
-)
-@click.option("--canaries", help="Canary file: one value per line, '#' comments.")
-@click.option("--token-file", help="File holding the bearer token required on OTLP and API.")
-@click.option(
-    "--retention-days",
-    help="Remove runs whose last span arrived more than DAYS ago; counter totals stay "
-    "(default 0: keep everything).",
-    metavar="DAYS",
-)
-def collector(
-    config_file: str | None,
-    db: str | None,
-    otlp_http: str | None,
-    otlp_grpc: str | None,
-    http_addr: str | None,
-    canaries: str | None,
-    token_file: str | None,
-    retention_days: str | None,
-) -> None:
+@collector_options
+def collector(config_file: str | None, **params: Any) -> None:
     """Run the OTLP collector: redact, store in DuckDB, export Prometheus metrics.
 
     Precedence: flags > LOOPWATCH_<SECTION>_<FIELD> environment > --config file > defaults.
@@ -76,16 +53,7 @@ def collector(
             err=True,
         )
         raise SystemExit(2) from None
-    overrides = {
-        "server": {
-            "otlp_http": otlp_http,
-            "otlp_grpc": otlp_grpc,
-            "http": http_addr,
-            "token_file": token_file,
-        },
-        "store": {"db": db, "retention_days": retention_days},
-        "redaction": {"canaries_file": canaries},
-    }
+    overrides = collector_overrides(params)
     try:
         config = load_config(config_file, overrides=overrides)
         serve_forever(config)

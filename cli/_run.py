@@ -30,6 +30,8 @@ from typing import Any, Final
 
 import click
 
+from ._options import collector_options, collector_overrides
+
 __all__ = ["demo", "up"]
 
 _MAX_PROBLEM_LINES: Final = 5
@@ -294,6 +296,7 @@ def _companion(
     token: str | None,
     demo_options: dict[str, Any] | None,
     early: threading.Event | None = None,
+    otlp_grpc: str = "",
 ) -> None:
     """After the collector is ready: dashboard, demo, then the URLs (dashboard last).
 
@@ -340,6 +343,8 @@ def _companion(
         return
     click.echo("")
     click.echo(f"OTLP/HTTP:     {otlp_url}")
+    if otlp_grpc:
+        click.echo(f"OTLP/gRPC:     {otlp_grpc}")
     click.echo(f"Runs (API):    {collector_url}/api/v1/runs")
     click.echo(f"Metrics:       {collector_url}/metrics")
     click.echo(
@@ -376,12 +381,8 @@ def _hold_stop_signals_until_serving() -> threading.Event:
 
 
 @click.command("up")
-@click.option("--db", help="DuckDB file (default ./loopwatch.duckdb).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="Collector TOML.")
-@click.option("--otlp-http", help="OTLP/HTTP listen address HOST:PORT (default 127.0.0.1:4318).")
-@click.option(
-    "--http", "http_addr", help="/metrics, /healthz and API address (default 127.0.0.1:9464)."
-)
+@collector_options
 @click.option(
     "--dashboard-port",
     default=8501,
@@ -391,7 +392,6 @@ def _hold_stop_signals_until_serving() -> threading.Event:
     help="Dashboard port (env LOOPWATCH_DASHBOARD_PORT).",
 )
 @click.option("--no-dashboard", is_flag=True, help="Run the collector only.")
-@click.option("--token-file", help="Bearer token required on OTLP and the API.")
 @click.option("--demo", "with_demo", is_flag=True, help="Feed the demo once the collector is up.")
 @click.option("--corpus", multiple=True, type=click.Path(exists=True), help=_CORPUS_HELP)
 @click.option("--policy", help=_POLICY_HELP)
@@ -399,19 +399,16 @@ def _hold_stop_signals_until_serving() -> threading.Event:
 @click.option("--limit", type=click.IntRange(min=0), help="Demo: at most this many runs.")
 @click.option("--run-prefix", help="Demo run-id prefix (default demo-<6 hex digits>).")
 def up(
-    db: str | None,
     config_file: str | None,
-    otlp_http: str | None,
-    http_addr: str | None,
     dashboard_port: int,
     no_dashboard: bool,
-    token_file: str | None,
     with_demo: bool,
     corpus: tuple[str, ...],
     policy: str | None,
     speed: float,
     limit: int | None,
     run_prefix: str | None,
+    **params: Any,
 ) -> None:
     """Collector + dashboard on the embedded DuckDB default; prints the URLs.
 
@@ -434,10 +431,7 @@ def up(
             f"loopwatch up: --dashboard-port must be in 1..65535, got {dashboard_port}", err=True
         )
         raise SystemExit(2)
-    overrides = {
-        "server": {"otlp_http": otlp_http, "http": http_addr, "token_file": token_file},
-        "store": {"db": db},
-    }
+    overrides = collector_overrides(params)
     try:
         config = load_config(config_file, overrides=overrides)
         token = config.token()
@@ -491,6 +485,7 @@ def up(
             "token": token,
             "demo_options": demo_options,
             "early": early,
+            "otlp_grpc": config.server.otlp_grpc,
         },
     )
     code = 0

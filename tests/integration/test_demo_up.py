@@ -400,3 +400,54 @@ def test_up_refuses_a_busy_dashboard_port_before_starting(tmp_path: Path) -> Non
     assert f"127.0.0.1:{port} is in use" in done.stderr
     assert "--dashboard-port" in done.stderr
     assert not (tmp_path / "lw.duckdb").exists(), "the collector started anyway"
+
+
+def test_up_takes_the_collector_flags(tmp_path: Path) -> None:
+    """``up`` runs the same collector as ``loopwatch collector`` and takes the same flags:
+    a gRPC receiver, a canary file and a retention (here 30 days, so nothing is removed)
+    set on ``up`` all reach it. A span sent over gRPC with a canary in its name is stored
+    redacted and counted."""
+    import grpc
+    from loopwatch.collector.grpc_receiver import EXPORT_METHOD
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    canary = "lw-canary-up-5d21f0c9e7"
+    canaries = tmp_path / "canaries.txt"
+    canaries.write_text(f"{canary}\n", encoding="utf-8")
+    grpc_address = f"127.0.0.1:{free_port()}"
+    flags = ("--otlp-grpc", grpc_address, "--canaries", str(canaries), "--retention-days", "30")
+    with start_up(tmp_path, *flags, dashboard=False) as up:
+        poll_until(
+            lambda: f"OTLP/gRPC:     {grpc_address}" in up.output(),
+            timeout_seconds=20,
+            what="the gRPC address in the banner",
+        )
+        request = ExportTraceServiceRequest()
+        span = (
+            request.resource_spans.add()
+            .scope_spans.add()
+            .spans.add(trace_id=bytes.fromhex("5d" * 16), span_id=bytes.fromhex("c9" * 8))
+        )
+        span.name = f"lookup {canary}"
+        span.start_time_unix_nano = span.end_time_unix_nano = 1_700_000_000_000_000_000
+        with grpc.insecure_channel(grpc_address) as channel:
+            channel.unary_unary(EXPORT_METHOD)(request.SerializeToString(), timeout=20)
+        assert up.metrics().total("loopwatch_canary_detections_total") == 1
+        code, _ = up.interrupt(timeout_seconds=20)
+        assert code == 0, up.output()
+    with duckdb.connect(str(up.db_path), read_only=True) as con:
+        stored = con.execute("SELECT count(*) FROM runs").fetchone()
+    assert stored is not None and stored[0] == 1
+    assert canary.encode() not in up.db_path.read_bytes()
+
+
+def test_up_refuses_a_bad_collector_flag_with_one_line(tmp_path: Path) -> None:
+    done = run_loopwatch(
+        "up", "--db", str(tmp_path / "never.duckdb"), "--retention-days", "forever", cwd=tmp_path
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert len(lines) == 1 and "store.retention_days" in lines[0], done.stderr
+    assert not (tmp_path / "never.duckdb").exists()
