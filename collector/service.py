@@ -355,12 +355,6 @@ def restore_stop_totals(
     return histograms, detections
 
 
-def restore_canary_totals(reader: StoreReader) -> dict[str, int]:
-    """Canary hits by location, summed from the store."""
-    rows, _ = reader._query("SELECT location, sum(hits) AS n FROM canary_hits GROUP BY ALL", [])
-    return {row["location"]: int(row["n"]) for row in rows}
-
-
 _K = TypeVar("_K", bound=tuple[Any, ...])
 
 
@@ -466,7 +460,7 @@ class Collector:
                 stops=_unknown_agent_merged(histograms),
                 tool_calls=_unknown_agent_merged(tool_call_totals),
                 detections=_unknown_agent_merged(detections),
-                canaries=restore_canary_totals(reader),
+                canaries=reader.restore_canary_hits(),
             )
         )
 

@@ -2249,15 +2249,23 @@ class StoreReader:
             self._owned = None
 
     def _query(
-        self, sql: str, params: Sequence[Any], *, max_rows: int | None = None
+        self,
+        sql: str,
+        params: Sequence[Any],
+        *,
+        max_rows: int | None = None,
+        time_limit: bool = True,
     ) -> tuple[list[dict[str, Any]], bool]:
         # An explicit cap wins: the restore reads at start need every key, not a page.
+        # They run without the time limit too: it guards the API against slow requests,
+        # and a collector whose restore timed out could not start on its own file.
         cap = self.max_rows if max_rows is None else max_rows
         with self._lock:
             cursor = self._factory()
         timer = threading.Timer(self.timeout_seconds, cursor.interrupt)
         timer.daemon = True
-        timer.start()
+        if time_limit:
+            timer.start()
         try:
             cursor.execute(sql, list(params))
             names = [d[0] for d in cursor.description or ()]
@@ -2408,25 +2416,42 @@ class StoreReader:
         )
         return Stats(by_reason, loops, t1 or t2)
 
+    # The restore reads at start: every key (up to _RESTORE_MAX_KEYS, not the API's row
+    # cap) and no time limit (a store of ten million runs takes seconds to sum).
+
     def restore_tool_calls(self) -> tuple[dict[tuple[str, str, str], int], bool]:
         """Tool calls as counted live (:data:`TOOL_CALL_TOTALS`), ``{(agent, tool,
         outcome): n}`` with agent ``""`` when unknown, and whether
-        :data:`_RESTORE_MAX_KEYS` cut it."""
+        :data:`_RESTORE_MAX_KEYS` cut it. Not subject to ``timeout_seconds``."""
         rows, truncated = self._query(
             f"SELECT agent, tool, outcome, sum(calls) AS n FROM {TOOL_CALL_TOTALS} "
             "GROUP BY ALL HAVING sum(calls) <> 0",
             [],
             max_rows=_RESTORE_MAX_KEYS,
+            time_limit=False,
         )
         return {(r["agent"], r["tool"], r["outcome"]): int(r["n"]) for r in rows}, truncated
 
     def restore_stops(self) -> tuple[list[dict[str, Any]], bool]:
         """Stops as counted live (:data:`STOP_TOTALS`), one row per key of
         ``agent, reason, step, steps_since_progress, observe_reason, loop_tool``
-        with their count ``n``, and whether :data:`_RESTORE_MAX_KEYS` cut it."""
+        with their count ``n``, and whether :data:`_RESTORE_MAX_KEYS` cut it. Not
+        subject to ``timeout_seconds``."""
         return self._query(
             "SELECT agent, reason, step, steps_since_progress, observe_reason, loop_tool, "
             f"sum(stops) AS n FROM {STOP_TOTALS} GROUP BY ALL",
             [],
             max_rows=_RESTORE_MAX_KEYS,
+            time_limit=False,
         )
+
+    def restore_canary_hits(self) -> dict[str, int]:
+        """Canary hits counted live, ``{location: n}`` (``canary_hits``, folded rows
+        included). Not subject to ``timeout_seconds``."""
+        rows, _ = self._query(
+            "SELECT location, sum(hits) AS n FROM canary_hits GROUP BY ALL",
+            [],
+            max_rows=_RESTORE_MAX_KEYS,
+            time_limit=False,
+        )
+        return {row["location"]: int(row["n"]) for row in rows}

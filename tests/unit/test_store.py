@@ -41,7 +41,7 @@ from loopwatch.collector.sampling import (
     SamplingConfig,
     run_fraction,
 )
-from loopwatch.collector.service import restore_canary_totals, restore_stop_totals
+from loopwatch.collector.service import restore_stop_totals
 from loopwatch.collector.store import (
     SCHEMA_VERSION,
     CommitResult,
@@ -1155,6 +1155,45 @@ def test_restore_reads_every_key_past_the_read_row_cap(make_store: Any) -> None:
     assert len(store.reader().list_runs(limit=2).items) == 2
 
 
+def test_restore_reads_have_no_time_limit(tmp_path: Path) -> None:
+    """The read time limit guards the API; the restore at start ran under it too, so a
+    collector whose store took longer to sum than the limit (5 s by default: about ten
+    million runs here) could not start on its own file. Here the limit is 10 ms and the
+    sums take far longer."""
+    runs = 300_000
+    path = tmp_path / "big.duckdb"
+    Store(path).close()
+    with duckdb.connect(str(path)) as con:
+        con.execute(
+            "INSERT INTO stops BY NAME SELECT i::UBIGINT AS run_key, 'r' || i AS run_id, "
+            "'t' || i AS trace_id, 's' || i AS span_id, 'loopwatch' AS source, "
+            "'guard' AS origin, false AS stop_inferred, 'repeated_action' AS reason, "
+            "0 AS time_unix_nano, i % 40 AS step, i % 12 AS steps_since_progress, "
+            "'agent-' || (i % 50) AS agent, true AS counted, 0 AS received_unix_nano, "
+            "'tool-' || (i % 30) AS loop_tool FROM range(?) t(i)",
+            [runs],
+        )
+        con.execute(
+            "INSERT INTO run_tools BY NAME SELECT i::UBIGINT AS run_key, "
+            "'tool-' || (i % 30) AS tool, 'ok' AS outcome, 2 AS calls, "
+            "'agent-' || (i % 50) AS agent FROM range(?) t(i)",
+            [runs],
+        )
+        con.execute("INSERT INTO canary_hits SELECT 'attribute', 1, i FROM range(?) t(i)", [runs])
+    store = Store(path, config=StoreConfig(read_timeout_seconds=0.01))
+    try:
+        reader = store.reader()
+        rows, truncated = reader.restore_stops()
+        assert not truncated and sum(int(r["n"]) for r in rows) == runs
+        calls, truncated = reader.restore_tool_calls()
+        assert not truncated and sum(calls.values()) == 2 * runs
+        assert reader.restore_canary_hits() == {"attribute": runs}
+        histograms, detections = restore_stop_totals(reader)
+        assert sum(histograms.values()) == sum(detections.values()) == runs
+    finally:
+        store.close()
+
+
 # ----------------------------------------------------------------------------- retention
 
 _RUN_TABLES = ("runs", "steps", "staged_steps", "stops", "stop_anomalies", "run_tools")
@@ -1167,7 +1206,7 @@ def _restored(store: Store) -> dict[str, Any]:
         "stops": histograms,
         "detections": detections,
         "tool_calls": tool_call_totals(store),
-        "canaries": restore_canary_totals(store.reader()),
+        "canaries": store.reader().restore_canary_hits(),
     }
 
 
