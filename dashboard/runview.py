@@ -347,9 +347,11 @@ def progress_ceased(
     if not steps:
         return None
     candidates = [s.step for s in steps if s.progress]
-    counted = [s for s in steps if s.steps_since_progress is not None]
+    counted = [
+        s.step - 1 - s.steps_since_progress for s in steps if s.steps_since_progress is not None
+    ]
     if counted:
-        candidates.append(counted[-1].step - 1 - counted[-1].steps_since_progress)
+        candidates.append(counted[-1])
     last = max(candidates, default=0)
     if last <= 0:
         return ProgressMark(steps[0].step, 0, "steps")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ __all__ = [
     "cached_runs",
     "cached_tools",
     "call",
+    "code_md",
     "empty_state",
     "escape_md",
     "footer",
@@ -307,14 +309,69 @@ def run_link(run_id: str, *, label: str | None = None) -> None:
     """A link to the run view of ``run_id``: in-app when the app routes, else a URL."""
     text = label or f"Open run view: {run_id}"
     try:
-        st.page_link(str(RUN_VIEW_PAGE), label=text, query_params={"run_id": run_id})
+        st.page_link(str(RUN_VIEW_PAGE), label=escape_md(text), query_params={"run_id": run_id})
     except StreamlitAPIException:
         st.markdown(f"[{escape_md(text)}]({run_url(run_id)})")
 
 
-def escape_md(text: str) -> str:
-    """``text`` with Markdown syntax characters escaped (for free text from the store)."""
-    return "".join(f"\\{c}" if c in "\\`*_{}[]()#+-.!<>|~" else c for c in text)
+# Every ASCII punctuation character: CommonMark lets a backslash escape any of them, and
+# each can open a construct (emphasis, links, images, HTML, entities, autolinks, GFM
+# tables and strikethrough, remark-math's $...$, remark-directive's :name[...]).
+_MD_PUNCTUATION: Final = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+# Line and paragraph breaks end a paragraph or start a block (setext headings, lists,
+# indented code): the text is folded to one line. Other C0/C1 controls go too.
+_MD_BREAKS: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+# Shortcodes (``:warning:``, ``:material/icon:``) and GFM autolink literals (``http://``,
+# ``mailto:``, ``www.``, ``user@host.tld``) are found in the parsed text, where
+# backslash escapes are already undone: a word joiner (U+2060, invisible) breaks them.
+_MD_AUTOLINK: Final = frozenset(":@")
+_MD_WWW: Final = re.compile(r"(?i)www(?=\.)")
+
+
+def escape_md(text: object) -> str:
+    """Client text made inert for any element that renders Markdown; ``str -> str``.
+
+    Streamlit renders Markdown, with its GFM, math, emoji, colour and icon extensions,
+    in ``st.markdown``/``write``/``caption``/``subheader``/``info``..., in metric values
+    and labels, expander and page-link labels. Every name, reason, message or id read
+    from the store is client-controlled (whoever can post OTLP), and rendered as
+    Markdown it could load a remote image in the viewer's browser, show a phishing link
+    or a fake heading inside the stop card. Here every ASCII punctuation character is
+    backslash-escaped (CommonMark section 2.4) and line breaks and control characters
+    fold to one space, so the text renders as itself on one line. Shortcodes
+    (``:warning:``, ``:material/verified:``) and autolink literals (``http://``,
+    ``www.``, ``user@host``) are replaced in the parsed text, where escapes are already
+    undone: a word joiner (U+2060, invisible) after each ``:`` and ``@`` and after
+    ``www`` before a dot breaks them. ``None`` renders as ``""``.
+
+    Checked in Chromium against Streamlit 1.67 (``tests/e2e/test_dashboard_hostile.py``):
+    no image, link, heading, emphasis, table, KaTeX, icon, emoji or colour comes from
+    escaped text.
+    """
+    if text is None:
+        return ""
+    out = []
+    for c in _MD_WWW.sub("\\g<0>\u2060", _MD_BREAKS.sub(" ", str(text))):
+        if c in _MD_AUTOLINK:
+            out.append(f"\\{c}\u2060")
+        elif c in _MD_PUNCTUATION:
+            out.append("\\" + c)
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def code_md(value: object) -> str:
+    """``value`` as inline Markdown code (``?`` for ``None``), inert as :func:`escape_md`.
+
+    One line, and a backtick in it cannot end the span: backslash escapes do not work
+    inside code spans, so backticks become ``'``, and line breaks, which would end the
+    paragraph and with it the span, fold to a space. Shortcodes are broken with a word
+    joiner as in :func:`escape_md` (Streamlit's icon pass rewrote them inside code too).
+    """
+    text = _MD_BREAKS.sub(" ", "?" if value is None else str(value)).replace("`", "'")
+    text = _MD_WWW.sub("\\g<0>\u2060", text)
+    return "`" + "".join(f"{c}\u2060" if c in _MD_AUTOLINK else c for c in text) + "`"
 
 
 _TABLE_COLUMNS: Final = (

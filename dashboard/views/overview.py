@@ -48,7 +48,7 @@ if agent is not None:
         agent,
     )
 if overview.runs_by_agent.empty and overview.total_stops == 0:
-    scope = f" for agent {agent}" if agent else ""
+    scope = f" for agent {ui.escape_md(agent)}" if agent else ""
     ui.empty_state(f"No runs in the selected time range ({window.label.lower()}){scope}.")
     ui.footer(src)
     st.stop()
@@ -84,7 +84,7 @@ st.altair_chart(
     charts.stops_over_time_chart(overview.stops, bucket_seconds=window.bucket_seconds),
     width="stretch",
 )
-st.caption(stops_text)
+st.caption(ui.escape_md(stops_text))
 with st.expander("Stops by reason (table)"):
     st.dataframe(
         charts.stops_table(overview.stops),
@@ -96,17 +96,17 @@ by_agent, by_tool = st.columns(2)
 with by_agent:
     agent_text = charts.runs_by_agent_text(overview.runs_by_agent)
     st.altair_chart(charts.runs_by_agent_chart(overview.runs_by_agent), width="stretch")
-    st.caption(agent_text)
+    st.caption(ui.escape_md(agent_text))
     with st.expander("Runs by agent (table)"):
         st.dataframe(charts.runs_by_agent_table(overview.runs_by_agent), hide_index=True)
 with by_tool:
     loops_text = charts.loops_text(overview.loops_by_tool)
     if overview.loops_by_tool.empty:
         st.subheader("Top tools by loop detections")
-        st.caption(loops_text)
+        st.caption(ui.escape_md(loops_text))
     else:
         st.altair_chart(charts.loops_by_tool_chart(overview.loops_by_tool), width="stretch")
-        st.caption(loops_text)
+        st.caption(ui.escape_md(loops_text))
         with st.expander("Loop detections by tool (table)"):
             st.dataframe(charts.loops_table(overview.loops_by_tool), hide_index=True)
 

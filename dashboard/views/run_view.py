@@ -13,11 +13,6 @@ import streamlit as st
 from loopwatch.dashboard import charts, runview, ui
 
 
-def _code(value: object) -> str:
-    """Inline code for a stored value (backticks inside cannot end it)."""
-    return "`" + str(value if value is not None else "?").replace("`", "'") + "`"
-
-
 def _when(ns: object) -> str:
     if not isinstance(ns, int | float) or pd.isna(ns):
         return "unknown time"
@@ -49,7 +44,9 @@ if not run_id:
 detail = ui.call(ui.cached_run, key, src, run_id)
 if detail is None:
     ui.sync_query_params({"run_id": run_id}, {})
-    st.warning(f"No run with id {_code(run_id)} in this source. Check the id, or the source below.")
+    st.warning(
+        f"No run with id {ui.code_md(run_id)} in this source. Check the id, or the source below."
+    )
     ui.footer(src)
     st.stop()
 
@@ -61,10 +58,10 @@ stopped_at = card.step if card is not None and card.step else (steps[-1].step if
 
 
 st.caption(
-    f"Agent **{ui.escape_md(str(run.get('agent') or '(unnamed)'))}** · policy "
-    f"{_code(run.get('policy_name'))} version {_code(run.get('policy_version'))} · "
-    f"mode {_code(run.get('mode'))} · {_when(run.get('time_unix_nano'))} · "
-    f"source {_code(run.get('source'))}"
+    f"Agent **{ui.escape_md(run.get('agent') or '(unnamed)')}** · policy "
+    f"{ui.code_md(run.get('policy_name'))} version {ui.code_md(run.get('policy_version'))} · "
+    f"mode {ui.code_md(run.get('mode'))} · {_when(run.get('time_unix_nano'))} · "
+    f"source {ui.code_md(run.get('source'))}"
     + (" · canary flagged" if run.get("canary_detected") else "")
 )
 
@@ -77,24 +74,28 @@ with st.container(border=True):
             "was lost). Counts below are what arrived so far."
         )
     else:
-        st.subheader(f"Stop: {card.reason}")
+        st.subheader(f"Stop: {ui.escape_md(card.reason)}")
         if card.message:
-            st.write(card.message)
+            st.markdown(ui.escape_md(card.message))
         # Two columns, two rows: four metrics in a row cut long values at 1280 px.
         s1, s2 = st.columns(2)
         s3, s4 = st.columns(2)
-        s1.metric("Stop reason", card.reason)
+        s1.metric("Stop reason", ui.escape_md(card.reason))
         s2.metric("Stopped at step", "–" if card.step is None else str(card.step))
         # The basis goes in the label: "observed 1 > limit 0 (projected)" was cut short.
-        basis = f" ({card.basis})" if card.basis and card.crossing else ""
-        s3.metric(f"Limit vs observed{basis}", card.crossing or "–")
+        basis = f" ({ui.escape_md(card.basis)})" if card.basis and card.crossing else ""
+        s3.metric(f"Limit vs observed{basis}", ui.escape_md(card.crossing) or "–")
         s4.metric(
             "Steps since progress",
             "–" if card.steps_since_progress is None else str(card.steps_since_progress),
         )
         more = card.facts(headline=False)
         if more:
-            st.markdown("\n".join(f"- **{label}**: {_code(value)}" for label, value in more))
+            st.markdown(
+                "\n".join(
+                    f"- **{ui.escape_md(label)}**: {ui.code_md(value)}" for label, value in more
+                )
+            )
     if detail.anomalies:
         st.warning(runview.anomaly_summary(detail.anomalies))
         st.dataframe(pd.DataFrame(detail.anomalies), hide_index=True)
@@ -152,7 +153,7 @@ if steps:
         st.caption(f"Details below for the last {MAX_EXPANDERS} rows.")
 
     for group in shown[-MAX_EXPANDERS:]:
-        title = group.title + "".join(f" · {m}" for m in group.marks)
+        title = ui.escape_md(group.title + "".join(f" · {m}" for m in group.marks))
         with st.expander(title, expanded=not group.collapsed and bool(group.marks)):
             first = group.steps[0]
             if group.collapsed:
@@ -177,26 +178,26 @@ if steps:
                     ),
                     hide_index=True,
                 )
-            st.write(
-                f"Decision: `{first.decision_type or 'unknown'}`"
+            st.markdown(
+                f"Decision: {ui.code_md(first.decision_type or 'unknown')}"
                 + (f", {first.tokens:,} tokens" if first.tokens else "")
             )
             for call in first.calls:
-                facts = [f"outcome `{call.outcome or '?'}`"]
+                facts = [f"outcome {ui.code_md(call.outcome)}"]
                 if call.blocked_by:
-                    facts.append(f"blocked by `{call.blocked_by}`")
+                    facts.append(f"blocked by {ui.code_md(call.blocked_by)}")
                 if call.error_type:
-                    facts.append(f"error `{call.error_type}`")
+                    facts.append(f"error {ui.code_md(call.error_type)}")
                 if call.failure_class:
-                    facts.append(f"failure class `{call.failure_class}`")
+                    facts.append(f"failure class {ui.code_md(call.failure_class)}")
                 facts.append("progress" if call.progress else "no progress")
-                st.markdown(f"**{call.tool}**: " + ", ".join(facts))
+                st.markdown(f"**{ui.escape_md(call.tool)}**: " + ", ".join(facts))
                 for label, value in (("arguments", call.arguments), ("result", call.result)):
                     folded = runview.fold(value)
                     if not folded.full:
                         st.caption(f"{label}: not captured")
                     elif folded.folded:
-                        st.caption(f"{label} (folded): {folded.short}")
+                        st.caption(f"{label} (folded): {ui.escape_md(folded.short)}")
                         st.code(folded.full, language="json")
                     else:
                         st.caption(f"{label}:")

@@ -67,7 +67,7 @@ if data.tools is not None and not data.tools.empty:
     calls_text = charts.tool_calls_text(data.tools, top=15)
     st.caption(
         "Loop stops count each loop-stopped run under the tool it called most (as the "
-        "loopwatch_loop_detections_total metric does). " + calls_text
+        "loopwatch_loop_detections_total metric does). " + ui.escape_md(calls_text)
     )
     st.altair_chart(charts.tool_calls_chart(data.tools), width="stretch")
     tool_names = data.tools["tool"].astype(str).tolist()
@@ -78,7 +78,7 @@ else:
 loops_text = charts.loops_text(data.loops)
 if not data.loops.empty:
     st.altair_chart(charts.loops_by_tool_chart(data.loops), width="stretch")
-st.caption(loops_text)
+st.caption(ui.escape_md(loops_text))
 
 st.subheader("Runs that looped on a tool")
 looping = [t for t in loops["tool"].astype(str) if t != "(no tool)"]
@@ -92,11 +92,13 @@ else:
         ui.cached_looped_runs, key, src, str(tool), window.since_unix_nano, window.until_unix_nano
     )
     if runs.empty:
-        st.caption(f"No run that called {tool} was stopped by a loop detector in this range.")
+        st.caption(
+            f"No run that called {ui.escape_md(tool)} was stopped by a loop detector in this range."
+        )
     else:
         st.caption(
-            f"{len(runs)} run(s) that called {tool} and were stopped by a loop detector, "
-            "newest first."
+            f"{len(runs)} run(s) that called {ui.escape_md(tool)} and were stopped by a loop "
+            "detector, newest first."
         )
         ui.runs_table(runs, key="looped")
 

@@ -19,6 +19,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.integration.services import free_port, poll_until
 
+from .hostile import rendered
 from .scenarios import ALL_REASONS, DASHBOARD, LOOP_RUN, PAGES, Fed, empty_database
 
 PAGE_NAMES = ("overview", "stopped_runs", "run_view", "tools")
@@ -38,15 +39,16 @@ def no_failure(at: AppTest) -> None:
 
 
 def texts(at: AppTest) -> str:
-    """Every caption, markdown, info and warning text of the page, joined."""
+    """Every caption, markdown, info and warning text of the page as a reader sees it
+    (stored text is escaped Markdown), joined."""
     parts: list[str] = []
     for kind in ("caption", "markdown", "info", "warning", "subheader", "title"):
-        parts += [str(e.value) for e in getattr(at, kind)]
+        parts += [rendered(str(e.value)) for e in getattr(at, kind)]
     return "\n".join(parts)
 
 
 def metrics(at: AppTest) -> dict[str, str]:
-    return {m.label: m.value for m in at.metric}
+    return {rendered(m.label): rendered(m.value) for m in at.metric}
 
 
 def frame(at: AppTest, index: int = 0) -> Any:
@@ -182,7 +184,7 @@ def test_run_view_of_the_95_step_loop(fed_source: str) -> None:
     assert "**step indices**: `1–95`" in card
     assert "**tool**: `get_details_by_id`" in card
     assert "**stop reason**" not in card  # shown once, as a metric
-    labels = [e.label for e in at.expander]
+    labels = [rendered(e.label) for e in at.expander]
     assert labels == [
         "get_details_by_id ×95 · steps 1–95 · 1 blocked, 94 ok · progress ceased at step 2"
         " · stopped at step 95"
@@ -250,7 +252,7 @@ def test_run_view_without_or_with_an_unknown_id(fed_source: str) -> None:
     assert "No run selected" in texts(empty)
     unknown = page("run_view", run_id="not-a-run")
     no_failure(unknown)
-    assert "No run with id `not-a-run`" in texts(unknown)
+    assert "No run with id not-a-run in this source" in texts(unknown)
 
 
 # ---------------------------------------------------------------------- tools
