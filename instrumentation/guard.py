@@ -10,9 +10,10 @@ DESIGN section 3:
   parent's remaining budget, then success slots held by calls in flight: refused without
   a stop), retries per action (keyed by a loose fingerprint and the
   previous failure class; :mod:`.failures` decides the allowance), repeated action
-  (same fingerprint and unchanged observation, in a row; for writes, the same *intent*
-  anywhere in the window), action cycle (periods ``2..cycle_max_period`` repeated
-  ``cycle_repetitions`` times with unchanged observations).
+  (same fingerprint and unchanged observation, in a row, with no progress evidence from
+  the environment in between; for writes, the same *intent* anywhere in the window),
+  action cycle (periods ``2..cycle_max_period`` repeated ``cycle_repetitions`` times
+  with unchanged observations).
 - After each step, in order: goal check, ceilings (tokens and cost as observed), then
   no progress (``no_progress_patience`` steps without progress evidence).
 - Progress evidence comes from the environment only: a tool observation not seen before
@@ -1657,13 +1658,16 @@ class Guard:
     def progress(self, note: str | None = None) -> None:
         """Record explicit progress evidence from the environment for the current step.
 
-        Use it for evidence the guard cannot see (a file written, a ticket state changed).
-        Never call it on the model's say-so.
+        Use it for evidence the guard cannot see (a file written, a ticket state changed,
+        a new user turn). Never call it on the model's say-so. It also ends the current
+        run of identical actions: re-reading after something changed is not a repeat.
         """
         with self._lock:
             if self._stop is None:
                 self._step_progress = True
                 self._steps_since_progress = 0
+                self._streak = None
+                self._streak_steps.clear()
 
     # ---------------------------------------------------------------- steps
 

@@ -155,10 +155,11 @@ class Policy:
       ``max_tokens`` (input + output), ``max_cost_usd``.
 
     Detector settings: ``repeat_limit`` (identical action with unchanged observation, in a
-    row: the N-th is refused), ``cycle_max_period`` and ``cycle_repetitions`` (periods
-    2..k repeated r times with unchanged observations), ``no_progress_patience`` (steps
-    without progress evidence), ``repeated_decision_limit`` (same non-tool decision N
-    times in the window), ``detector_window`` (steps of history kept; bounds memory).
+    row with no :meth:`Guard.progress` in between: the N-th is refused),
+    ``cycle_max_period`` and ``cycle_repetitions`` (periods 2..k repeated r times with
+    unchanged observations), ``no_progress_patience`` (steps without progress evidence),
+    ``repeated_decision_limit`` (same non-tool decision N times in the window),
+    ``detector_window`` (steps of history kept; bounds memory).
 
     ``tool_timeout_seconds`` bounds one tool call. ``strict_tools``: a tool not listed in
     ``tools`` is an unknown tool (never dispatched).

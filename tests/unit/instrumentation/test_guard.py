@@ -325,6 +325,32 @@ def test_empty_valid_result_is_not_a_failure_but_repeats_are_loops() -> None:
     assert stop is not None and stop.reason is StopReason.REPEATED_ACTION
 
 
+@pytest.mark.parametrize("between", ["nothing", "a chat turn", "progress"])
+def test_a_re_read_after_new_information_is_not_a_repeat(between: str) -> None:
+    """``repeated_action`` is the same action with an unchanged result, in a row, with
+    nothing learned in between. A re-read after explicit progress (a new user turn: the
+    user changed something on their side) starts a new count; chat alone does not. Four
+    successful tau2 telecom runs re-read the same line after each user turn and were
+    stopped at the third read (replay corpus, 2026-12-01)."""
+    g = guard(repeat_limit=3, no_progress_patience=100, repeated_decision_limit=100)
+    stops = []
+    for i in range(6):
+        stops.append(step_tool(g, "get_details_by_id", {"id": "L1"}, result={"status": "on"}))
+        if stops[-1] is not None:
+            break
+        g.before_model_call()
+        g.record_decision(Decision.message(f"please try step {i}"))
+        if between == "progress":
+            g.progress("the user changed a setting")
+        g.end_step()
+    if between == "progress":
+        assert stops == [None] * 6
+    else:
+        assert stops[:2] == [None, None]
+        assert stops[2] is not None and stops[2].reason is StopReason.REPEATED_ACTION
+        assert stops[2].evidence is not None and stops[2].evidence.repetitions == 3
+
+
 # ---------------------------------------------------------------- deadline
 
 

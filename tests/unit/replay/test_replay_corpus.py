@@ -148,10 +148,12 @@ def test_false_stops_at_most_two_percent(results: list[ReplayResult]) -> None:
     (summary,) = summarize(results)
     assert summary.successful_runs >= 400
     assert summary.false_stop_rate is not None and summary.false_stop_rate <= 0.02
-    # The near misses the tau2 README names (3-7 identical lookups, reward 1) are at most
-    # the only repeat false stops, with one ToolBench path.
+    # The near misses the tau2 README names (3-7 identical lookups, reward 1) re-read the
+    # line after each user turn: a new count each time, so no stop. One ToolBench path
+    # (the cocktail list 3 times in a row) is the only repeat false stop.
     repeat_false = [r for r in results if r.false_stop and r.stop_reason == "repeated_action"]
-    assert {r.format for r in repeat_false} <= {"tau2", "toolbench"}
+    assert {r.format for r in repeat_false} <= {"toolbench"}
+    assert len(repeat_false) <= 1
 
 
 def test_every_recorded_loop_is_caught(results: list[ReplayResult]) -> None:
