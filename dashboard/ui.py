@@ -227,11 +227,12 @@ def text_param(
     on_change: Callable[[], None] | None = None,
     help: str | None = None,
 ) -> str:
-    """A text input whose initial value is the query parameter ``param``; stripped."""
+    """A text input whose initial value is the query parameter ``param``; stripped, and
+    without word joiners (U+2060), which text copied from an escaped page can carry."""
     value = st.text_input(
         label, value=st.query_params.get(param, ""), key=key, on_change=on_change, help=help
     )
-    return (value or "").strip()
+    return (value or "").replace(_WORD_JOINER, "").strip()
 
 
 def sync_query_params(values: Mapping[str, str | None], defaults: Mapping[str, str]) -> None:
@@ -321,11 +322,28 @@ _MD_PUNCTUATION: Final = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 # Line and paragraph breaks end a paragraph or start a block (setext headings, lists,
 # indented code): the text is folded to one line. Other C0/C1 controls go too.
 _MD_BREAKS: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-# Shortcodes (``:warning:``, ``:material/icon:``) and GFM autolink literals (``http://``,
-# ``mailto:``, ``www.``, ``user@host.tld``) are found in the parsed text, where
-# backslash escapes are already undone: a word joiner (U+2060, invisible) breaks them.
-_MD_AUTOLINK: Final = frozenset(":@")
-_MD_WWW: Final = re.compile(r"(?i)www(?=\.)")
+# Bidirectional controls reorder the text after them (a name ending in U+202E showed the
+# rest of a caption reversed, figures included): each becomes U+FFFD, visibly.
+_BIDI: Final = re.compile(r"[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_WORD_JOINER: Final = "\u2060"
+# Shortcodes (``:warning:``, ``:material/icon:``), colour directives (``:red[``) and GFM
+# autolink literals (``http://``, ``www.``, ``user@host.tld``, ``mailto:``) are found in
+# the parsed text, where backslash escapes are already undone: a word joiner (U+2060,
+# invisible) breaks each where it could start, and nowhere else, since it is copied
+# with the text.
+_MD_JOIN: Final = re.compile(
+    r"(?i):(?=//|[\w/+-]+[:\[])"  # scheme://, :shortcode:, :directive[
+    r"|@(?=[\w-]+\.)"  # user@host.tld
+    r"|\bwww(?=\.)"  # www.host
+)
+
+
+def _plain(text: object, *, spaces: bool) -> str:
+    """``text`` on one line, bidi controls shown as U+FFFD, U+2060 removed (it is ours to
+    place); with ``spaces``, runs of white space as one space and no leading or trailing
+    space (a label starting with four spaces is a code block)."""
+    one_line = _BIDI.sub("\ufffd", _MD_BREAKS.sub(" ", str(text))).replace(_WORD_JOINER, "")
+    return " ".join(one_line.split()) if spaces else one_line
 
 
 def escape_md(text: object) -> str:
@@ -336,29 +354,32 @@ def escape_md(text: object) -> str:
     and labels, expander and page-link labels. Every name, reason, message or id read
     from the store is client-controlled (whoever can post OTLP), and rendered as
     Markdown it could load a remote image in the viewer's browser, show a phishing link
-    or a fake heading inside the stop card. Here every ASCII punctuation character is
-    backslash-escaped (CommonMark section 2.4) and line breaks and control characters
-    fold to one space, so the text renders as itself on one line. Shortcodes
-    (``:warning:``, ``:material/verified:``) and autolink literals (``http://``,
-    ``www.``, ``user@host``) are replaced in the parsed text, where escapes are already
-    undone: a word joiner (U+2060, invisible) after each ``:`` and ``@`` and after
-    ``www`` before a dot breaks them. ``None`` renders as ``""``.
+    or a fake heading inside the stop card. Here:
 
-    Checked in Chromium against Streamlit 1.67 (``tests/e2e/test_dashboard_hostile.py``):
-    no image, link, heading, emphasis, table, KaTeX, icon, emoji or colour comes from
-    escaped text.
+    - every ASCII punctuation character is backslash-escaped (CommonMark section 2.4);
+    - line breaks and control characters fold to a space, white space runs to one
+      space, and the ends are stripped, so the text renders as itself on one line;
+    - bidirectional controls (U+202A..U+202E, U+2066..U+2069, marks) become U+FFFD;
+    - shortcodes, colour directives and autolink literals, which Streamlit finds in the
+      parsed text where escapes are already undone, get a word joiner (U+2060,
+      invisible) where they would start: after ``:`` before ``//``, ``name:`` or
+      ``name[``, after ``@`` before ``host.``, and in ``www.``. Text without such a
+      pattern is copied from the page as it was stored.
+
+    ``None`` renders as ``""``. Checked in Chromium against Streamlit 1.67
+    (``tests/e2e/test_dashboard_hostile.py``): no image, link, heading, code block,
+    emphasis, table, KaTeX, icon, emoji or colour comes from escaped text.
     """
     if text is None:
         return ""
     out = []
-    for c in _MD_WWW.sub("\\g<0>\u2060", _MD_BREAKS.sub(" ", str(text))):
-        if c in _MD_AUTOLINK:
-            out.append(f"\\{c}\u2060")
-        elif c in _MD_PUNCTUATION:
-            out.append("\\" + c)
-        else:
-            out.append(c)
+    for c in _MD_JOIN.sub(_joined, _plain(text, spaces=True)):
+        out.append("\\" + c if c in _MD_PUNCTUATION else c)
     return "".join(out)
+
+
+def _joined(match: re.Match[str]) -> str:
+    return match.group() + _WORD_JOINER
 
 
 def code_md(value: object) -> str:
@@ -366,12 +387,12 @@ def code_md(value: object) -> str:
 
     One line, and a backtick in it cannot end the span: backslash escapes do not work
     inside code spans, so backticks become ``'``, and line breaks, which would end the
-    paragraph and with it the span, fold to a space. Shortcodes are broken with a word
-    joiner as in :func:`escape_md` (Streamlit's icon pass rewrote them inside code too).
+    paragraph and with it the span, fold to a space. Bidi controls and the patterns
+    Streamlit rewrites in parsed text are handled as in :func:`escape_md` (its icon pass
+    rewrote ``:material/...:`` inside code too).
     """
-    text = _MD_BREAKS.sub(" ", "?" if value is None else str(value)).replace("`", "'")
-    text = _MD_WWW.sub("\\g<0>\u2060", text)
-    return "`" + "".join(f"{c}\u2060" if c in _MD_AUTOLINK else c for c in text) + "`"
+    text = _plain("?" if value is None else value, spaces=False).replace("`", "'")
+    return "`" + _MD_JOIN.sub(_joined, text) + "`"
 
 
 _TABLE_COLUMNS: Final = (

@@ -48,12 +48,17 @@ _DOM_CHECK = """
   for (const e of main.querySelectorAll('a[href]')) {
     const host = new URL(e.href, location.href).host;
     if (host !== location.host && !ours.includes(host)) out.push('link ' + e.href);
+    else if (/HOSTILE|PHISH/.test(e.textContent)) out.push('data link ' + e.href);
   }
   for (const e of main.querySelectorAll('h1,h2,h3,h4,h5,h6')) {
     if (/^\\s*(HEAD-|Stop reason: completed)/.test(e.textContent)) out.push('heading ' + e.textContent.slice(0, 80));
   }
   for (const e of main.querySelectorAll('strong,em,b,i,del,s')) {
-    if (/BOLD-|EM-/.test(e.textContent)) out.push('emphasis ' + e.textContent.slice(0, 80));
+    if (/^\\s*(BOLD-|EM-)/.test(e.textContent)) out.push('emphasis ' + e.textContent.slice(0, 80));
+  }
+  // Code blocks only where the pages put them (st.code); a label or caption never.
+  for (const e of main.querySelectorAll('pre')) {
+    if (!e.closest('[data-testid="stCode"]')) out.push('code block ' + e.textContent.slice(0, 60));
   }
   for (const e of main.querySelectorAll('.katex, math')) out.push('katex ' + e.textContent.slice(0, 40));
   for (const e of main.querySelectorAll('[data-testid="stIconMaterial"]')) {
@@ -62,7 +67,17 @@ _DOM_CHECK = """
   for (const e of main.querySelectorAll('span[style*="color"]')) {
     if (/RED-/.test(e.textContent)) out.push('colour ' + e.textContent.slice(0, 60));
   }
-  if (main.innerText.includes('\\u26a0')) out.push('emoji');
+  const emoji = main.innerText.match(/[\\u2600-\\u27bf\\u{1f300}-\\u{1faff}]/u);
+  if (emoji) out.push('emoji ' + emoji[0]);
+  // A bidi control in Markdown text reorders the page's own text after it; in a table
+  // cell, chart label or input it stays within that value.
+  const walker = document.createTreeWalker(main, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (/[\\u202a-\\u202e\\u2066-\\u2069]/.test(n.textContent)
+        && n.parentElement.closest('[data-testid="stMarkdownContainer"], [data-testid="stMetric"], summary, h1, h2, h3')) {
+      out.push('bidi control in text: ' + n.textContent.slice(0, 40));
+    }
+  }
   return {found: out, text: main.innerText};
 }
 """

@@ -1,8 +1,10 @@
 """Hostile stored text for the dashboard tests: runs whose every client string is Markdown.
 
 Whoever can post OTLP chooses every name, reason, message and id the dashboard shows. Each
-string field of these runs holds :func:`payload`: a backtick and a blank line (to leave an
-inline code span or a paragraph the page opened), an image on a tracker URL (a request
+string field of these runs holds :func:`payload`: four leading spaces (a code block where
+a label starts with them), a right-to-left override (it reverses the text after it), a
+backtick and a blank line (to leave an inline code span or a paragraph the page opened),
+an image on a tracker URL (a request
 from the viewer's browser), a link, a heading, emphasis, a GFM table row, a colour
 directive, an icon and an emoji shortcode, LaTeX, an entity, a bare URL, a ``www.`` and an
 e-mail autolink. Rendered as Markdown, any of them shows as something other than text.
@@ -60,7 +62,7 @@ def rendered(source: str) -> str:
 def payload(field: str, tracker: str) -> str:
     """The hostile value of one field; ``tracker`` is ``HOST:PORT`` of an image server."""
     return (
-        f"{MARK}-{field}` \n\n![IMG-{field}](http://{tracker}/{field}.png) "
+        f"    {MARK}-{field}\u202e` \n\n![IMG-{field}](http://{tracker}/{field}.png) "
         f"[PHISH-{field}](http://evil.example/{field}) **BOLD-{field}** _EM-{field}_ "
         f"| a | b | :red[RED-{field}] :material/verified: :warning: $x^2$ &copy; "
         f"https://evil.example/{field} www.evil.example bob@evil.example\n\n# HEAD-{field}\n"

@@ -35,12 +35,13 @@ from .hostile import rendered
 from .scenarios import PAGES
 
 _BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+_BIDI = re.compile(r"[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 # What Streamlit's extensions find in parsed text, where escapes are already undone:
 # GFM autolink literals, emoji and icon shortcodes, colour directives.
 _EXTENSION_PATTERNS = {
     "url": re.compile(r"(?i)\b(?:https?|ftp)://"),
-    "mailto": re.compile(r"(?i)\b(?:mailto|xmpp):[\w.+-]+@"),
+    "mailto": re.compile(r"(?i)\b(?:mailto|xmpp):[\w.+-]+@[\w-]+\."),
     "www": re.compile(r"(?i)\bwww\."),
     "email": re.compile(r"[\w.+-]@[\w-]+\."),
     "shortcode": re.compile(r":(?!\d+:)[\w/+-]+:"),  # not a time of day
@@ -66,6 +67,8 @@ _FORBIDDEN_TOKENS = {
 def problems(source: str) -> list[str]:
     """What in ``source`` (a Markdown body) is not plain text made from stored data."""
     found = []
+    if _BIDI.search(source):
+        found.append("bidi control")
     for token in _tokens(source):
         if token.type in _FORBIDDEN_TOKENS:
             found.append(token.type)
@@ -74,16 +77,13 @@ def problems(source: str) -> list[str]:
             found += [name for name, rx in _EXTENSION_PATTERNS.items() if rx.search(content)]
     if _bare_dollar(source):
         found.append("math")  # remark-math reads the source: an unescaped $ opens it
-    strong = False
+    # Emphasis the data opened: its first text is the payload's BOLD-/EM- word (a label
+    # the page itself sets in bold may hold data, escaped).
+    previous = ""
     for token in _tokens(source):
-        if token.type in ("strong_open", "em_open"):
-            strong = True
-        elif token.type in ("strong_close", "em_close"):
-            strong = False
-        elif (
-            strong and token.type == "text" and ("BOLD-" in token.content or "EM-" in token.content)
-        ):
+        if previous in ("strong_open", "em_open") and token.content.startswith(("BOLD-", "EM-")):
             found.append("data-made emphasis")
+        previous = token.type
     return found
 
 
@@ -217,15 +217,23 @@ def test_a_line_break_in_a_name_cannot_make_a_heading(
 # ---------------------------------------------------------------- the escapers
 
 
+def _shown(text: str) -> str:
+    """What a reader should see of stored ``text``: one line, bidi controls as U+FFFD."""
+    return _BIDI.sub("\ufffd", _BREAKS.sub(" ", text)).replace(_WJ, "")
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text())
 def test_escaped_text_parses_to_itself_on_one_line(text: str) -> None:
-    tokens = _MD.parseInline(escape_md(text))[0].children or []
-    assert all(t.type == "text" for t in tokens), [t.type for t in tokens]
-    shown = "".join(t.content for t in tokens).replace(_WJ, "")
-    expected = _BREAKS.sub(" ", text).replace(_WJ, "")
-    # A paragraph drops the spaces it starts and ends with; nothing else changes.
-    assert shown in (expected, expected.strip(" "))
+    blocks = _MD.parse(escape_md(text))
+    assert [b.type for b in blocks] in (
+        [],
+        ["paragraph_open", "inline", "paragraph_close"],
+    ), [b.type for b in blocks]
+    inline = blocks[1].children if blocks else []
+    assert all(t.type == "text" for t in inline or ()), [t.type for t in inline or ()]
+    shown = "".join(t.content for t in inline or ()).replace(_WJ, "")
+    assert shown == " ".join(_shown(text).split())
 
 
 @settings(max_examples=300, deadline=None)
@@ -234,10 +242,21 @@ def test_code_span_holds_the_whole_value(text: str) -> None:
     tokens = _MD.parseInline(code_md(text))[0].children or []
     assert [t.type for t in tokens] == ["code_inline"], [t.type for t in tokens]
     shown = tokens[0].content.replace(_WJ, "")
-    expected = _BREAKS.sub(" ", text).replace("`", "'").replace(_WJ, "")
+    expected = _shown(text).replace("`", "'")
     # CommonMark strips one space from both ends of a span that has one on each side.
     assert shown in (expected, expected[1:-1])
     assert not any(rx.search(tokens[0].content) for rx in _EXTENSION_PATTERNS.values())
+
+
+@pytest.mark.parametrize(
+    "name", ["mcp:files/read", "agent@v2", "ns::lookup", "a/b:c", "db.query", "email@"]
+)
+def test_names_without_a_markdown_pattern_copy_as_stored(name: str) -> None:
+    """The word joiner is copied with the text (and pasted into a filter, it matched
+    nothing); it goes only where a shortcode, directive or autolink could start."""
+    assert _WJ not in escape_md(name) and _WJ not in code_md(name)
+    assert rendered(escape_md(name)) == name
+    assert rendered(code_md(name)) == name
 
 
 @pytest.mark.parametrize(
@@ -249,6 +268,8 @@ def test_code_span_holds_the_whole_value(text: str) -> None:
         ":warning: :material/verified: :red[x] :rainbow[y] $x^2$ $$y$$",
         "&copy; &#91; <b>x</b> <img src=x onerror=alert(1)>",
         "a\r\nb\u2028c\u0085d\te\x00f",
+        "    four leading spaces make a code block",
+        "support-bot\u202e reversed \u2066isolate\u2069 \u200fmark",
     ],
 )
 def test_escaped_text_opens_nothing(text: str) -> None:
@@ -263,5 +284,17 @@ def test_problems_finds_what_unescaped_text_opens() -> None:
     assert {"image", "link_open", "heading_open", "data-made emphasis"} <= found
     assert {"url", "www", "email", "shortcode", "directive", "math"} <= found
     assert "mailto" in problems("write to mailto:bob@evil.example")
+    assert "data-made emphasis" in problems("a **BOLD-x** b")
+    assert "data-made emphasis" not in problems(f"**label {escape_md('**BOLD-x**')}**")
     assert "heading_open" in problems(hostile.setext_agent())
     assert "code_block" in problems(hostile.setext_agent())
+
+
+def test_a_run_id_pasted_with_word_joiners_still_opens(
+    hostile_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Text copied from an escaped page can carry U+2060; the run id box drops it."""
+    pasted = hostile.RUNS["main"].replace("-", "-" + _WJ)
+    at = _render(hostile_api, monkeypatch, "run_view", run_id=pasted)
+    assert not at.warning or all("No run with id" not in w.value for w in at.warning)
+    assert any(s.value.startswith("Stop: ") for s in at.subheader)
