@@ -10,7 +10,7 @@ parameterized SQL through its ``_query``, with the reader's time limit and row c
   to run rows (``None`` for a run without a stop).
 - :func:`tools`: per tool, calls by outcome, runs that called it, runs among those stopped
   by ``repeated_action``.
-- :func:`loops_by_tool`: loop stops per tool (the run's most called tool) and reason.
+- :func:`loops_by_tool`: loop stops per tool (the tool the detection named) and reason.
 - :func:`stats`: stops by reason per time bucket, loop stops per tool, runs per agent and
   stop reason, canary-flagged runs, optionally for one agent.
 
@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .store import _TOP_TOOLS_OF_LOOPS, LOOP_STOP_REASONS, StoreReader, _run_key
+from .store import LOOP_STOP_REASONS, StoreReader, _run_key
 
 __all__ = [
     "RUN_TIME",
@@ -91,12 +91,14 @@ _SQL_STOPS: Final = (
     "GROUP BY ALL ORDER BY ALL"
 )
 _SQL_LOOPS: Final = (
-    "WITH loops AS (SELECT run_key, reason FROM stops WHERE reason IN (SELECT unnest(?)) "
-    "AND time_unix_nano >= ? AND time_unix_nano < ?{agent}), "
-    + _TOP_TOOLS_OF_LOOPS
-    + " SELECT COALESCE(tt.tool, '') AS tool, loops.reason AS stop_reason, count(*) AS stops "
-    "FROM loops LEFT JOIN tt USING (run_key) GROUP BY ALL ORDER BY stops DESC, tool, stop_reason"
+    "SELECT COALESCE(loop_tool, '') AS tool, reason AS stop_reason, count(*) AS stops "
+    "FROM stops WHERE reason IN (SELECT unnest(?)) "
+    "AND time_unix_nano >= ? AND time_unix_nano < ?{agent} "
+    "GROUP BY ALL ORDER BY stops DESC, tool, stop_reason"
 )
+"""Loop stops per tool and reason; the tool is the one the detection's evidence names
+(``stops.loop_tool``, the ``tool`` label ``loopwatch_loop_detections_total`` counted the
+stop under), ``""`` for none (``no_progress``)."""
 _SQL_BY_AGENT: Final = (
     "SELECT COALESCE(agent, '') AS agent, COALESCE(stop_reason, '') AS stop_reason, "
     f"count(*) AS runs FROM runs WHERE {RUN_TIME} >= ? AND {RUN_TIME} < ?{{agent}} "
@@ -118,8 +120,8 @@ class Aggregates:
     Attributes:
         stops_by_reason: ``{bucket_unix_nano, stop_reason, stops}`` by bucket, by stop time.
         loops_by_tool: ``{tool, stop_reason, stops}`` for loop stop reasons, most first;
-            the tool is the run's most called one (``""``: none), as the loop-detection
-            metric counts it.
+            the tool is the one the detection named (``""``: none, as for
+            ``no_progress``), the ``tool`` label of ``loopwatch_loop_detections_total``.
         runs_by_agent: ``{agent, stop_reason, runs}`` by run time (``""``: no agent name,
             or no stop yet), most first.
         canary_runs: runs in the window flagged by a canary hit.

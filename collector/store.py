@@ -2184,14 +2184,6 @@ _RUNS_VIEW: Final = (
 )
 
 
-_TOP_TOOLS_OF_LOOPS: Final = (
-    "tt AS (SELECT run_key, first(tool ORDER BY total DESC, tool) AS tool FROM "
-    "(SELECT run_key, tool, sum(calls) AS total FROM run_tools "
-    "WHERE run_key IN (SELECT run_key FROM loops) GROUP BY ALL HAVING sum(calls) > 0) "
-    "GROUP BY run_key)"
-)
-
-
 class StoreReader:
     """Read helpers: parameterized queries with a time limit and a row cap.
 
@@ -2406,11 +2398,11 @@ class StoreReader:
             "GROUP BY ALL ORDER BY ALL",
             [bucket, bucket, since_unix_nano, until_unix_nano],
         )
+        # The tool the detection named, as loopwatch_loop_detections_total counts it.
         loops, t2 = self._query(
-            "WITH loops AS (SELECT run_key, reason FROM stops WHERE list_contains(?, reason) "
-            "AND time_unix_nano >= ? AND time_unix_nano < ?), " + _TOP_TOOLS_OF_LOOPS + " "
-            "SELECT COALESCE(tt.tool, '') AS tool, loops.reason AS stop_reason, "
-            "count(*) AS stops FROM loops LEFT JOIN tt USING (run_key) "
+            "SELECT COALESCE(loop_tool, '') AS tool, reason AS stop_reason, count(*) AS stops "
+            "FROM stops WHERE list_contains(?, reason) "
+            "AND time_unix_nano >= ? AND time_unix_nano < ? "
             "GROUP BY ALL ORDER BY stops DESC, tool, stop_reason",
             [list(LOOP_STOP_REASONS), since_unix_nano, until_unix_nano],
         )

@@ -248,8 +248,9 @@ class Overview:
         stops: ``bucket`` (UTC), ``stop_reason``, ``stops``.
         runs_by_agent: ``agent``, ``stop_reason``, ``runs`` (``stop_reason`` empty for
             runs without a stop yet).
-        loops_by_tool: ``tool``, ``detector``, ``stops``: loop stops by the tool the run
-            called most (``""``: no tool), as the loop-detection metric counts them.
+        loops_by_tool: ``tool``, ``detector``, ``stops``: loop stops by the tool their
+            detection named (``""``: none, as for ``no_progress``), the ``tool`` label of
+            ``loopwatch_loop_detections_total``.
         canary_runs: runs flagged by a canary hit.
         note: set when the figures are partial (which part, and why).
     """

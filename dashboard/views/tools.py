@@ -54,7 +54,7 @@ if data.tools is not None and not data.tools.empty:
         column_config={
             "runs": st.column_config.NumberColumn("runs", help="Runs that called the tool"),
             "loop stops": st.column_config.NumberColumn(
-                "loop stops", help="Loop stops of runs that called this tool most"
+                "loop stops", help="Loop stops whose detection named this tool"
             ),
             "repeated_action_rate": st.column_config.NumberColumn(
                 "repeated-action rate",
@@ -66,8 +66,9 @@ if data.tools is not None and not data.tools.empty:
     )
     calls_text = charts.tool_calls_text(data.tools, top=15)
     st.caption(
-        "Loop stops count each loop-stopped run under the tool it called most (as the "
-        "loopwatch_loop_detections_total metric does). " + ui.escape_md(calls_text)
+        "Loop stops count each loop-stopped run under the tool its detection named (no "
+        "tool for no_progress), as the loopwatch_loop_detections_total metric does. "
+        + ui.escape_md(calls_text)
     )
     st.altair_chart(charts.tool_calls_chart(data.tools), width="stretch")
     tool_names = data.tools["tool"].astype(str).tolist()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import tempfile
 import threading
 import time
@@ -146,6 +147,7 @@ def stop_row(
     origin: str = STOP_ORIGIN_STOP_SPAN,
     time_ns: int = 90,
     step: int | None = 3,
+    evidence: str = '{"repetitions": 3}',
 ) -> StopRow:
     return StopRow(
         trace_id=trace_of(run_id),
@@ -156,7 +158,7 @@ def stop_row(
         reason=reason,
         time_unix_nano=time_ns,
         step=step,
-        evidence='{"repetitions": 3}',
+        evidence=evidence,
     )
 
 
@@ -186,7 +188,15 @@ def full_run(
         rows.append(step_row(run_id, i, kind=KIND_DECISION))
         rows.append(step_row(run_id, i, tool=tool))
     if reason is not None:
-        rows.append(stop_row(run_id, reason, time_ns=stop_ns, step=len(tools)))
+        # A repeat names its tool, as the guard's evidence does; no_progress names none.
+        repeated = max(tools, key=tools.count) if tools else None
+        named = {"tool": repeated} if reason == "repeated_action" and repeated else {}
+        evidence = {"repetitions": 3, **named}
+        rows.append(
+            stop_row(
+                run_id, reason, time_ns=stop_ns, step=len(tools), evidence=json.dumps(evidence)
+            )
+        )
     return batch(*rows)
 
 
@@ -273,7 +283,7 @@ def test_future_resolves_after_commit_and_rows_are_readable(store: Store) -> Non
         (3, KIND_DECISION),
         (3, KIND_TOOL_RESULT),
     ]
-    assert detail.evidence == {"repetitions": 3}
+    assert detail.evidence == {"repetitions": 3, "tool": "search"}
     assert detail.tools == [
         {"tool": "fetch", "outcome": "ok", "calls": 1},
         {"tool": "search", "outcome": "ok", "calls": 2},
@@ -563,7 +573,15 @@ def test_hourly_cap_per_reason_and_most_frequent_tool(make_store: Any, clock: Cl
     assert rows["h-other-reason"]["sampled"] is True
     assert rows["h-next-hour"]["sampled"] is True
     capped = store.reader().get_run("h3")
-    assert capped is not None and capped.steps == [] and capped.evidence == {"repetitions": 3}
+    assert (
+        capped is not None
+        and capped.steps == []
+        and capped.evidence
+        == {
+            "repetitions": 3,
+            "tool": "search",
+        }
+    )
 
 
 def test_run_whose_stop_never_comes_is_decided_after_the_timeout(
@@ -918,8 +936,9 @@ def test_stats_and_restored_totals(browse_store: Store) -> None:
         {"bucket_unix_nano": 3600 * NS, "stop_reason": "budget_exhausted", "stops": 1},
         {"bucket_unix_nano": 3600 * NS, "stop_reason": "no_progress", "stops": 1},
     ]
+    # By the tool the detection named (the loopwatch_loop_detections_total label).
     assert stats.loops_by_tool == [
-        {"tool": "fetch", "stop_reason": "no_progress", "stops": 1},
+        {"tool": "", "stop_reason": "no_progress", "stops": 1},
         {"tool": "fetch", "stop_reason": "repeated_action", "stops": 1},
         {"tool": "search", "stop_reason": "repeated_action", "stops": 1},
     ]

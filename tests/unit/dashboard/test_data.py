@@ -22,7 +22,7 @@ from loopwatch.dashboard.data import (
     SourceUnavailable,
 )
 
-from tests.integration.services import free_port
+from tests.integration.services import MetricSamples, free_port
 
 from .scenarios import ALL_REASONS, LOOP_RUN, Fed, empty_database, serve_api
 
@@ -155,13 +155,14 @@ def test_overview_agrees_between_sources(fed: Fed) -> None:
                 .equals(right.sort_values(key).reset_index(drop=True))
             ), frame
         loops = views[1].loops_by_tool.set_index(["tool", "detector"])["stops"].to_dict()
-        # A cycle's two tools are called equally often; either may be the one counted.
+        # By the tool the detection named (the metric's label): a cycle names one of its
+        # two tools; no_progress and repeated_decision name none.
         cycle = [t for (t, d) in loops if d == "action_cycle"]
         assert len(cycle) == 1 and cycle[0] in ("open_ticket", "close_ticket")
         assert {k: v for k, v in loops.items() if k[1] != "action_cycle"} == {
             ("get_details_by_id", "repeated_action"): 1,
             ("lookup_order", "repeated_action"): 1,
-            ("toggle_state", "no_progress"): 1,
+            ("", "no_progress"): 1,
             ("", "repeated_decision"): 1,
         }
         billing = [s.overview(**WINDOW, bucket_seconds=3600, agent="billing") for s in (api, db)]
@@ -386,3 +387,28 @@ def test_api_source_uses_the_aggregates_the_lead_adds() -> None:
     tools = src.tools(**WINDOW)
     assert tools.tools is not None and tools.note is None
     assert tools.tools.iloc[0]["repeated_action_rate"] == 0.25
+
+
+def test_loop_stops_by_tool_equal_the_loop_detection_metric(fed: Fed) -> None:
+    """The Tools and Overview pages count loop stops under the same tool as
+    ``loopwatch_loop_detections_total`` (the tool the detection named, ``none`` when it
+    named none), so Grafana and the dashboard agree. They once counted under the run's
+    most called tool (a new user's trial, 2026-12-01: no_progress was ``toggle_state``
+    on the page and ``none`` on the metric)."""
+    metric: dict[tuple[str, str], float] = {}
+    samples = MetricSamples.parse(httpx.get(f"{fed.api_url}/metrics", timeout=10).text)
+    for labels, value in samples.series("loopwatch_loop_detections_total").items():
+        named = dict(labels)
+        key = (named["tool"], named["detector"])
+        metric[key] = metric.get(key, 0) + value
+    api = ApiSource(fed.api_url)
+    try:
+        loops = api.overview(**WINDOW, bucket_seconds=3600).loops_by_tool
+    finally:
+        api.close()
+    page = {
+        (tool or "none", detector): float(stops)
+        for tool, detector, stops in loops[["tool", "detector", "stops"]].itertuples(index=False)
+    }
+    assert page == {k: v for k, v in metric.items() if v}
+    assert ("none", "no_progress") in page

@@ -142,7 +142,7 @@ def _render(api: str, monkeypatch: pytest.MonkeyPatch, name: str, **query: str) 
 
 PAYLOAD = hostile.payload("url", "127.0.0.1:9")
 VIEWS = [
-    ("overview", {"range": "all"}, ("agent", "agent2", "reason", "loop_tool")),
+    ("overview", {"range": "all"}, ("agent", "agent2", "reason", "ev_tool")),
     ("overview", {"range": "all", "agent": PAYLOAD}, ("url",)),
     ("tools", {"range": "all"}, ("tool", "loop_tool")),
     ("stopped_runs", {"range": "all"}, ()),
