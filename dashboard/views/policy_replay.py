@@ -228,13 +228,14 @@ if page.runs.empty:
     ui.footer(src)
     st.stop()
 
-trajectories, without_steps = _trajectories(src, key, page.runs)
+# Reading every run's steps and replaying them takes seconds for a hundred runs: say so.
+with st.spinner(f"Reading the stored steps of {len(page.runs)} run(s) and replaying them..."):
+    trajectories, without_steps = _trajectories(src, key, page.runs)
+    results = replay(trajectories, policies) if trajectories else []
 if not trajectories:
     st.info("None of these runs has stored steps to replay.")
     ui.footer(src)
     st.stop()
-
-results = replay(trajectories, policies)
 labels = [p.label for p in policies]
 
 m = st.columns(4)
