@@ -24,8 +24,9 @@ numbers in results and evidence are 1-based agent-step numbers):
   so it is recorded as progress evidence (``Guard.progress``) for the agent's current
   step. Without it, every chat turn that asks the user for something would count as a
   step without progress and ``no_progress`` would fire on ordinary conversations; an
-  identical user message repeated is not progress. Loop detectors are unaffected: the
-  same action with the same observation is a repeat whatever the user said in between.
+  identical user message repeated is not progress. The repeat detector counts identical
+  actions since the last progress, so re-reading after the user changed something is
+  not a repeat; the cycle detector is unaffected.
 * clock: a fake monotonic clock set from the recorded timestamps (the step's
   ``timestamp``, a call's ``started_at`` / ``ended_at``), relative to the first
   timestamp of the run and never going back; a value that is not finite Unix seconds
