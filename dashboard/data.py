@@ -55,6 +55,7 @@ __all__ = [
     "ABNORMAL_STOP_REASONS",
     "DEFAULT_COLLECTOR_URL",
     "DEFAULT_OTLP_URL",
+    "LOOPED_RUNS_LIMIT",
     "LOOP_DETECTORS",
     "RUN_COLUMNS",
     "STOP_REASONS",
@@ -895,13 +896,17 @@ def _open_error(path: Path, exc: Exception) -> SourceUnavailable:
 # ------------------------------------------------------------------ helpers
 
 
+LOOPED_RUNS_LIMIT: Final = 50
+"""Most runs :func:`looped_runs` returns (the Tools page's table of looped runs)."""
+
+
 def looped_runs(
     source: DataSource,
     tool: str,
     *,
     since_unix_nano: int,
     until_unix_nano: int,
-    limit: int = 50,
+    limit: int = LOOPED_RUNS_LIMIT,
 ) -> pd.DataFrame:
     """Runs that called ``tool`` and were stopped by a loop detector, newest first.
 

@@ -178,8 +178,10 @@ def cached_tools(key: str, _src: DataSource, since: int, until: int) -> ToolsDat
 def cached_looped_runs(
     key: str, _src: DataSource, tool: str, since: int, until: int
 ) -> pd.DataFrame:
-    """:func:`~loopwatch.dashboard.data.looped_runs`."""
-    return data.looped_runs(_src, tool, since_unix_nano=since, until_unix_nano=until)
+    """:func:`~loopwatch.dashboard.data.looped_runs`, :data:`~.data.LOOPED_RUNS_LIMIT` rows."""
+    return data.looped_runs(
+        _src, tool, since_unix_nano=since, until_unix_nano=until, limit=data.LOOPED_RUNS_LIMIT
+    )
 
 
 # ----------------------------------------------------------- query params

@@ -424,11 +424,14 @@ def tools() -> db.Dashboard:
         .with_panel(
             _timeseries(
                 "Error rate by tool",
-                "Share of a tool's calls that ended with outcome error.",
+                "Share of a tool's calls that ended with outcome error (0 when none did).",
                 [
+                    # A tool without errors has no error series: `or ... * 0` shows it at
+                    # 0 rather than leaving the panel on "No data".
                     _query(
-                        f"sum by (tool) (rate(loopwatch_tool_calls_total{{{AGENT_TOOL}, "
-                        'outcome="error"}[$__rate_interval])) / '
+                        f"(sum by (tool) (rate(loopwatch_tool_calls_total{{{AGENT_TOOL}, "
+                        'outcome="error"}[$__rate_interval])) '
+                        f"or sum by (tool) (rate({calls}[$__rate_interval])) * 0) / "
                         f"sum by (tool) (rate({calls}[$__rate_interval]))",
                         "{{tool}}",
                     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 from loopwatch.dashboard import charts, ui
+from loopwatch.dashboard import data as source_data
 from loopwatch.dashboard.data import LOOP_DETECTORS
 
 ui.setup_page("Tools")
@@ -97,9 +98,11 @@ else:
             f"No run that called {ui.escape_md(tool)} was stopped by a loop detector in this range."
         )
     else:
+        capped = len(runs) >= source_data.LOOPED_RUNS_LIMIT
         st.caption(
-            f"{len(runs)} run(s) that called {ui.escape_md(tool)} and were stopped by a loop "
-            "detector, newest first."
+            (f"The {len(runs)} newest runs" if capped else f"{len(runs)} run(s)")
+            + f" that called {ui.escape_md(tool)} and were stopped by a loop detector, newest "
+            "first" + ("; the table above counts them all." if capped else ".")
         )
         ui.runs_table(runs, key="looped")
 

@@ -17,6 +17,7 @@ data; and the data is on the page, as text. Needs the browser as
 from __future__ import annotations
 
 import http.server
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,8 +124,8 @@ def test_hostile_stored_text_is_only_text_in_chromium(
     # stopped-runs page is checked for what it must not draw only.
     shown: dict[str, str | None] = {"stopped runs": None}
     pages = {
-        "overview": "overview?range=all",
-        "overview, agent from the URL": f"overview?range=all&agent={reflected}",
+        "overview": "?range=all",
+        "overview, agent from the URL": f"?range=all&agent={reflected}",
         "tools": "tools?range=all",
         "stopped runs": "runs?range=all",
         "run view": f"run?run_id={hostile.RUNS['main']}&all=1",
@@ -155,7 +156,8 @@ def test_hostile_stored_text_is_only_text_in_chromium(
                     if found:
                         failures[name] = found
                         ARTIFACTS.mkdir(exist_ok=True)
-                        shot = ARTIFACTS / f"dashboard-hostile-{urlsplit(path).path}.png"
+                        slug = re.sub(r"[^a-z]+", "-", name)
+                        shot = ARTIFACTS / f"dashboard-hostile-{slug}.png"
                         page.screenshot(path=str(shot), full_page=True)
             finally:
                 browser.close()

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from loopwatch.dashboard import cli
+from loopwatch.dashboard import cli, data
 from streamlit.testing.v1 import AppTest
 
 from tests.integration.services import free_port, poll_until
@@ -273,6 +273,19 @@ def test_tools(fed_source: str) -> None:
     at.selectbox(key="tools_tool").set_value("toggle_state").run()
     assert list(frame(at, -1)["run_id"]) == ["dash-no-progress"]
     assert at.query_params == {"range": "all", "tool": "toggle_state"}
+
+
+def test_tools_says_when_the_looped_runs_list_is_cut(
+    fed_source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The looped-runs list is capped; the caption said "50 run(s)" when there were 615
+    (an on-call trial, 2026-12-01)."""
+    at = page("tools", range="all", tool="get_details_by_id")
+    assert "1 run(s) that called get_details_by_id" in texts(at)
+    monkeypatch.setattr(data, "LOOPED_RUNS_LIMIT", 1)
+    at = page("tools", range="all", tool="get_details_by_id")
+    assert "The 1 newest runs that called get_details_by_id" in texts(at)
+    assert "the table above counts them all" in texts(at)
 
 
 # --------------------------------------------------------------------- router
