@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .store import LOOP_STOP_REASONS, StoreReader, _run_key
+from .store import LOOP_STOP_REASONS, SQL_LOOPS_BY_TOOL, StoreReader, _run_key
 
 __all__ = [
     "RUN_TIME",
@@ -90,15 +90,6 @@ _SQL_STOPS: Final = (
     "count(*) AS stops FROM stops WHERE time_unix_nano >= ? AND time_unix_nano < ?{agent} "
     "GROUP BY ALL ORDER BY ALL"
 )
-_SQL_LOOPS: Final = (
-    "SELECT COALESCE(loop_tool, '') AS tool, reason AS stop_reason, count(*) AS stops "
-    "FROM stops WHERE reason IN (SELECT unnest(?)) "
-    "AND time_unix_nano >= ? AND time_unix_nano < ?{agent} "
-    "GROUP BY ALL ORDER BY stops DESC, tool, stop_reason"
-)
-"""Loop stops per tool and reason; the tool is the one the detection's evidence names
-(``stops.loop_tool``, the ``tool`` label ``loopwatch_loop_detections_total`` counted the
-stop under), ``""`` for none (``no_progress``)."""
 _SQL_BY_AGENT: Final = (
     "SELECT COALESCE(agent, '') AS agent, COALESCE(stop_reason, '') AS stop_reason, "
     f"count(*) AS runs FROM runs WHERE {RUN_TIME} >= ? AND {RUN_TIME} < ?{{agent}} "
@@ -209,7 +200,7 @@ def loops_by_tool(
     if agent is not None:
         params.append(agent)
     rows, truncated = reader._query(
-        _SQL_LOOPS.format(agent="" if agent is None else _AGENT_OF_STOP), params
+        SQL_LOOPS_BY_TOOL.format(agent="" if agent is None else _AGENT_OF_STOP), params
     )
     return [{**r, "stops": int(r["stops"])} for r in rows], truncated
 

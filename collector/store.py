@@ -148,6 +148,7 @@ __all__ = [
     "LOOP_STOP_REASONS",
     "MIGRATIONS",
     "SCHEMA_VERSION",
+    "SQL_LOOPS_BY_TOOL",
     "STOP_TOTALS",
     "TOOL_CALL_TOTALS",
     "CommitResult",
@@ -2184,6 +2185,18 @@ _RUNS_VIEW: Final = (
 )
 
 
+SQL_LOOPS_BY_TOOL: Final = (
+    "SELECT COALESCE(loop_tool, '') AS tool, reason AS stop_reason, count(*) AS stops "
+    "FROM stops WHERE reason IN (SELECT unnest(?)) "
+    "AND time_unix_nano >= ? AND time_unix_nano < ?{agent} "
+    "GROUP BY ALL ORDER BY stops DESC, tool, stop_reason"
+)
+"""Loop stops per tool and reason in a time range; parameters: the loop reasons, since,
+until (then the ``{agent}`` filter's). The tool is the one the detection's evidence named
+(``stops.loop_tool``: the ``tool`` label ``loopwatch_loop_detections_total`` counted the
+stop under), ``""`` for none (``no_progress``)."""
+
+
 class StoreReader:
     """Read helpers: parameterized queries with a time limit and a row cap.
 
@@ -2398,12 +2411,8 @@ class StoreReader:
             "GROUP BY ALL ORDER BY ALL",
             [bucket, bucket, since_unix_nano, until_unix_nano],
         )
-        # The tool the detection named, as loopwatch_loop_detections_total counts it.
         loops, t2 = self._query(
-            "SELECT COALESCE(loop_tool, '') AS tool, reason AS stop_reason, count(*) AS stops "
-            "FROM stops WHERE list_contains(?, reason) "
-            "AND time_unix_nano >= ? AND time_unix_nano < ? "
-            "GROUP BY ALL ORDER BY stops DESC, tool, stop_reason",
+            SQL_LOOPS_BY_TOOL.format(agent=""),
             [list(LOOP_STOP_REASONS), since_unix_nano, until_unix_nano],
         )
         return Stats(by_reason, loops, t1 or t2)
