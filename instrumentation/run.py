@@ -286,7 +286,9 @@ class Run:
             raise StopRun(verdict_stop)
 
     def progress(self, note: str | None = None) -> None:
-        """Record explicit progress evidence from the environment (never the model's)."""
+        """Record explicit progress evidence from the environment (never the model's): a
+        user reply, a changed ticket. Resets the no-progress count and ends the current
+        run of identical actions (see :meth:`Guard.progress`)."""
         self.guard.progress(note)
 
     def provided(self, *fields: str) -> None:
