@@ -15,9 +15,13 @@ import streamlit as st
 # "Page not found" (tests/e2e/test_dashboard_browser.py).
 PAGES = Path(__file__).resolve().parent / "views"
 
+# The default page is served at "/" only, yet reserves its own pathname: "/overview" (the
+# name a user types, and the one the other pages suggest) showed "Page not found". The
+# default page gets another pathname, and a hidden page serves the overview at /overview.
 st.navigation(
     [
-        st.Page(PAGES / "overview.py", title="Overview", url_path="overview", default=True),
+        st.Page(PAGES / "overview.py", title="Overview", url_path="home", default=True),
+        st.Page(PAGES / "overview.py", title="Overview", url_path="overview", visibility="hidden"),
         st.Page(PAGES / "stopped_runs.py", title="Stopped runs", url_path="runs"),
         st.Page(PAGES / "run_view.py", title="Run view", url_path="run"),
         st.Page(PAGES / "tools.py", title="Tools", url_path="tools"),

@@ -204,6 +204,12 @@ def test_stopped_runs_to_run_view_in_chromium(tmp_path: Path) -> None:
 
 
 def _walk(page: Any, base: str, expect: Any) -> None:
+    # The overview is the default page, served at "/"; "/overview" showed Streamlit's
+    # "Page not found" dialog until a hidden page took that pathname.
+    page.goto(f"{base}/overview?range=all")
+    expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+    page.get_by_text("Figures are refreshed every").wait_for()
+    expect(page.get_by_text("Page not found")).to_have_count(0)
     page.goto(f"{base}/runs")
     expect(page.get_by_role("heading", name="Stopped runs")).to_be_visible()
     expect(page.get_by_text(re.compile(r"^Runs 1–4, newest first"))).to_be_visible()

@@ -124,8 +124,8 @@ def test_hostile_stored_text_is_only_text_in_chromium(
     # stopped-runs page is checked for what it must not draw only.
     shown: dict[str, str | None] = {"stopped runs": None}
     pages = {
-        "overview": "?range=all",
-        "overview, agent from the URL": f"?range=all&agent={reflected}",
+        "overview": "overview?range=all",
+        "overview, agent from the URL": f"overview?range=all&agent={reflected}",
         "tools": "tools?range=all",
         "stopped runs": "runs?range=all",
         "run view": f"run?run_id={hostile.RUNS['main']}&all=1",
