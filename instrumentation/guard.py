@@ -11,7 +11,8 @@ DESIGN section 3:
   a stop), retries per action (keyed by a loose fingerprint and the
   previous failure class; :mod:`.failures` decides the allowance), repeated action
   (same fingerprint and unchanged observation, in a row, with no progress evidence from
-  the environment in between; for writes, the same *intent* anywhere in the window),
+  the environment in between, or :data:`REPEAT_ACROSS_PROGRESS_FACTOR` times as many in
+  a row whatever came between; for writes, the same *intent* anywhere in the window),
   action cycle (periods ``2..cycle_max_period`` repeated ``cycle_repetitions`` times
   with unchanged observations).
 - After each step, in order: goal check, ceilings (tokens and cost as observed), then
@@ -77,6 +78,7 @@ from .fingerprint import (
 from .policy import DEFAULT_VOLATILE_FIELDS, Policy
 
 __all__ = [
+    "REPEAT_ACROSS_PROGRESS_FACTOR",
     "Decision",
     "DecisionType",
     "Dimension",
@@ -97,6 +99,13 @@ Basis = Literal["projected", "observed"]
 _SNAPSHOT_FORMAT: Final = "loopwatch.guard/1"
 _MAX_OBSERVED_STOPS: Final = 32
 _ERROR_MESSAGE_CHARS: Final = 200
+REPEAT_ACROSS_PROGRESS_FACTOR: Final = 3
+"""Progress from the environment (:meth:`Guard.progress`) starts a new count of
+identical actions; this many times the repeat limit in a row is refused all the same
+(``repeated_action`` with ``detail.across_progress``), so an environment that reports
+something new every turn cannot switch the detector off. 3: the successful tau2 runs of
+the corpus re-read a line up to 6 times in a row, each after a user turn (2 stopped one
+of them); with 3, replaying the corpus stops the same runs as with no cap at all."""
 
 
 class StopReason(StrEnum):
@@ -671,7 +680,10 @@ class Guard:
         self._provided: set[str] = set()
         self._actions: deque[_Action] = deque(maxlen=window)
         self._streak: _Action | None = None
+        # Steps of the current run of identical actions (same fingerprint, same
+        # observation): since the last progress, and in all (progress does not end it).
         self._streak_steps: deque[int] = deque(maxlen=window)
+        self._streak_all: deque[int] = deque(maxlen=window)
         self._last_failure = _LRU(window)
         self._retries = _LRU(window)
         self._writes = _LRU(window)
@@ -1432,19 +1444,28 @@ class Guard:
             # replays is a loop, judged by the profile's (read) repeat limit.
             limit = max(limit, self.policy.repeat_limit, 2)
         if streak is not None and streak.fingerprint == ticket.fingerprint:
-            count = len(self._streak_steps)
-            if count + 1 >= limit:
+            # The N-th in a row since the last progress, or the (cap x N)-th in a row
+            # whatever progress came in between (an environment that reports something
+            # new every turn must not switch the detector off).
+            since = len(self._streak_steps)
+            cap = limit * REPEAT_ACROSS_PROGRESS_FACTOR
+            across = since + 1 < limit and len(self._streak_all) + 1 >= cap
+            if since + 1 >= limit or across:
+                repeats = self._streak_all if across else self._streak_steps
+                detail: dict[str, Any] = {"observation": streak.observation[:12]}
+                if across:
+                    detail["across_progress"] = True
                 return self._make_stop(
                     StopReason.REPEATED_ACTION,
-                    limit=limit,
-                    observed=count + 1,
+                    limit=cap if across else limit,
+                    observed=len(repeats) + 1,
                     evidence=Evidence(
                         detector="repeated_action",
                         tool=ticket.tool,
-                        repetitions=count + 1,
-                        step_indices=(*self._streak_steps, ticket.step),
+                        repetitions=len(repeats) + 1,
+                        step_indices=(*repeats, ticket.step),
                         fingerprint_previews=(preview(ticket.tool, ticket.fingerprint),),
-                        detail={"observation": streak.observation[:12]},
+                        detail=detail,
                     ),
                 )
         return None
@@ -1607,10 +1628,13 @@ class Guard:
                 and streak.observation == obs
             ):
                 self._streak_steps.append(ticket.step)
+                self._streak_all.append(ticket.step)
             else:
                 self._streak = action
                 self._streak_steps.clear()
                 self._streak_steps.append(ticket.step)
+                self._streak_all.clear()
+                self._streak_all.append(ticket.step)
             if progress:
                 self._step_progress = True
                 self._steps_since_progress = 0
@@ -1659,14 +1683,14 @@ class Guard:
         """Record explicit progress evidence from the environment for the current step.
 
         Use it for evidence the guard cannot see (a file written, a ticket state changed,
-        a new user turn). Never call it on the model's say-so. It also ends the current
-        run of identical actions: re-reading after something changed is not a repeat.
+        a new user turn). Never call it on the model's say-so. It also starts a new count
+        of identical actions: re-reading after something changed is not a repeat, up to
+        :data:`REPEAT_ACROSS_PROGRESS_FACTOR` times the repeat limit in a row.
         """
         with self._lock:
             if self._stop is None:
                 self._step_progress = True
                 self._steps_since_progress = 0
-                self._streak = None
                 self._streak_steps.clear()
 
     # ---------------------------------------------------------------- steps
@@ -1815,6 +1839,7 @@ class Guard:
                     for a in self._actions
                 ],
                 "streak_steps": list(self._streak_steps),
+                "streak_all": list(self._streak_all),
                 "last_failure": [
                     [k, v.value if v else None] for k, v in self._last_failure.items()
                 ],
@@ -1902,6 +1927,8 @@ class Guard:
         if g._actions:
             g._streak = g._actions[-1]
         g._streak_steps.extend(int(s) for s in state["streak_steps"])
+        # Snapshots before the count across progress: the same steps.
+        g._streak_all.extend(int(s) for s in state.get("streak_all", state["streak_steps"]))
         for k, v in state["last_failure"]:
             g._last_failure.set(k, FailureClass(v) if v else None)
         for k, n in state["retries"]:

@@ -287,8 +287,8 @@ class Run:
 
     def progress(self, note: str | None = None) -> None:
         """Record explicit progress evidence from the environment (never the model's): a
-        user reply, a changed ticket. Resets the no-progress count and ends the current
-        run of identical actions (see :meth:`Guard.progress`)."""
+        user reply, a changed ticket. Resets the no-progress count and starts a new count of
+        identical actions (see :meth:`Guard.progress`)."""
         self.guard.progress(note)
 
     def provided(self, *fields: str) -> None:

@@ -26,7 +26,7 @@ numbers in results and evidence are 1-based agent-step numbers):
   step without progress and ``no_progress`` would fire on ordinary conversations; an
   identical user message repeated is not progress. The repeat detector counts identical
   actions since the last progress, so re-reading after the user changed something is
-  not a repeat; the cycle detector is unaffected.
+  not a repeat (up to three times its limit in a row); the cycle detector is unaffected.
 * clock: a fake monotonic clock set from the recorded timestamps (the step's
   ``timestamp``, a call's ``started_at`` / ``ended_at``), relative to the first
   timestamp of the run and never going back; a value that is not finite Unix seconds

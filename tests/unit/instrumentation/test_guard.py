@@ -19,6 +19,7 @@ from loopwatch.instrumentation import (
     ToolFailure,
     ToolPolicy,
 )
+from loopwatch.instrumentation.guard import REPEAT_ACROSS_PROGRESS_FACTOR
 from loopwatch.instrumentation.testing import FakeClock
 
 
@@ -334,7 +335,7 @@ def test_a_re_read_after_new_information_is_not_a_repeat(between: str) -> None:
     stopped at the third read (replay corpus, 2026-12-01)."""
     g = guard(repeat_limit=3, no_progress_patience=100, repeated_decision_limit=100)
     stops = []
-    for i in range(6):
+    for i in range(12):
         stops.append(step_tool(g, "get_details_by_id", {"id": "L1"}, result={"status": "on"}))
         if stops[-1] is not None:
             break
@@ -344,7 +345,15 @@ def test_a_re_read_after_new_information_is_not_a_repeat(between: str) -> None:
             g.progress("the user changed a setting")
         g.end_step()
     if between == "progress":
-        assert stops == [None] * 6
+        # A new count after each progress, but twice the limit in a row is a loop all
+        # the same: an environment reporting something new every turn (REPEAT_ACROSS_
+        # PROGRESS_FACTOR) cannot switch the detector off.
+        cap = 3 * REPEAT_ACROSS_PROGRESS_FACTOR
+        assert stops[: cap - 1] == [None] * (cap - 1)
+        stop = stops[cap - 1]
+        assert stop is not None and stop.reason is StopReason.REPEATED_ACTION
+        assert stop.evidence is not None and stop.evidence.repetitions == cap
+        assert stop.evidence.detail["across_progress"] is True and stop.limit == cap
     else:
         assert stops[:2] == [None, None]
         assert stops[2] is not None and stops[2].reason is StopReason.REPEATED_ACTION
