@@ -474,6 +474,8 @@ def _scan_overview(
         key = ((when // bucket) * bucket, reason)
         stops[key] = stops.get(key, 0) + 1
         if reason in LOOP_DETECTORS:
+            # Run rows carry no loop tool: the run's top tool stands in (only for a
+            # collector without /api/v1/stats, which counts by the detection's tool).
             tool_key = (item.get("top_tool") or "", reason)
             loops[tool_key] = loops.get(tool_key, 0) + 1
     stops_rows = [

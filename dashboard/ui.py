@@ -394,6 +394,8 @@ def code_md(value: object) -> str:
     rewrote ``:material/...:`` inside code too).
     """
     text = _plain("?" if value is None else value, spaces=False).replace("`", "'")
+    if not text:
+        return '`""`'  # an empty span is two backticks, which pair with the next span
     return "`" + _MD_JOIN.sub(_joined, text) + "`"
 
 

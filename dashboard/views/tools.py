@@ -102,7 +102,7 @@ else:
         st.caption(
             (f"The {len(runs)} newest runs" if capped else f"{len(runs)} run(s)")
             + f" that called {ui.escape_md(tool)} and were stopped by a loop detector, newest "
-            "first" + ("; the table above counts them all." if capped else ".")
+            "first" + ("; the Stopped runs page lists them all." if capped else ".")
         )
         ui.runs_table(runs, key="looped")
 

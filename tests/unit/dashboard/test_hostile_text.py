@@ -298,3 +298,12 @@ def test_a_run_id_pasted_with_word_joiners_still_opens(
     at = _render(hostile_api, monkeypatch, "run_view", run_id=pasted)
     assert not at.warning or all("No run with id" not in w.value for w in at.warning)
     assert any(s.value.startswith("Stop: ") for s in at.subheader)
+
+
+def test_an_empty_value_is_its_own_code_span() -> None:
+    """Two backticks are not an empty span: they paired with the next span and swallowed
+    the text between (an empty policy name ate "version" in the run header)."""
+    line = f"policy {code_md('')} version {code_md('')} mode {code_md(None)}"
+    tokens = _MD.parseInline(line)[0].children or []
+    assert [t.content for t in tokens if t.type == "code_inline"] == ['""', '""', "?"]
+    assert rendered(line) == 'policy "" version "" mode ?'

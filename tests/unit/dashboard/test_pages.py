@@ -285,7 +285,7 @@ def test_tools_says_when_the_looped_runs_list_is_cut(
     monkeypatch.setattr(data, "LOOPED_RUNS_LIMIT", 1)
     at = page("tools", range="all", tool="get_details_by_id")
     assert "The 1 newest runs that called get_details_by_id" in texts(at)
-    assert "the table above counts them all" in texts(at)
+    assert "the Stopped runs page lists them all" in texts(at)
 
 
 # --------------------------------------------------------------------- router
