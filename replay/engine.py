@@ -98,7 +98,7 @@ from loopwatch.instrumentation.guard import Decision, Guard, Stop, StopReason
 from loopwatch.instrumentation.guard import ToolCall as GuardCall
 from loopwatch.instrumentation.policy import DEFAULT_VOLATILE_FIELDS, Policy, load_policies
 
-from .trajectory import AGENT, FAILURE, SUCCESS, UNKNOWN, Step, Trajectory
+from .trajectory import AGENT, ENVIRONMENT, FAILURE, SUCCESS, UNKNOWN, Step, Trajectory
 from .trajectory import ToolCall as RecordedCall
 
 __all__ = [
@@ -1147,6 +1147,13 @@ def _seconds(value: Any) -> float | None:
     return float(value) / _NS_PER_SECOND if _present(value) else None
 
 
+def _recorded_progress(decision: Mapping[str, Any]) -> bool:
+    """Whether a stored decision row says the recording guard counted progress just
+    before it (``steps_since_progress`` 0)."""
+    value: Any = decision.get("steps_since_progress")
+    return _present(value) and float(value) == 0
+
+
 def trajectory_from_stored(
     run_id: str,
     steps: Sequence[Mapping[str, Any]],
@@ -1176,7 +1183,10 @@ def trajectory_from_stored(
     observations stay identical (per-tool ``volatile`` settings of the replayed policy
     cannot apply then). A non-tool decision's text is its stored fingerprint, so repeated
     decisions stay repeated. Calls the recording guard blocked are kept (the agent
-    attempted them) without an observation.
+    attempted them) without an observation. Where a decision row's
+    ``steps_since_progress`` is 0 after the first step, the recording guard saw progress
+    after the previous step; an environment turn is inserted there, so the replay counts
+    it too (explicit progress, ``Run.progress``, is in no other stored field).
     """
     by_step: dict[int, list[Mapping[str, Any]]] = {}
     for row in steps:
@@ -1229,6 +1239,18 @@ def trajectory_from_stored(
             kind = "message"
         first = decision if decision is not None else rows[0]
         text = first.get("decision_fingerprint") if decision is not None else None
+        if out and decision is not None and _recorded_progress(decision):
+            # The recording guard saw progress after the last step: a new observation
+            # (the replay sees that itself) or explicit progress from the environment
+            # (Run.progress: a user reply), which no stored row holds otherwise.
+            out.append(
+                Step(
+                    index=len(out),
+                    actor=ENVIRONMENT,
+                    decision="message",
+                    text=f"progress recorded before step {number}",
+                )
+            )
         out.append(
             Step(
                 index=len(out),

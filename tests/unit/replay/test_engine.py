@@ -14,6 +14,7 @@ from loopwatch.replay.engine import (
     CSV_COLUMNS,
     DEFAULT_POLICY_FILE,
     NamedPolicy,
+    ReplayResult,
     classify_recorded_error,
     compare,
     default_policy,
@@ -550,3 +551,27 @@ def test_recorded_loop_is_the_earliest(sequence: str, expected: tuple[Any, ...] 
     loop = find_recorded_loop(run(*[agent(call(c, {}, "same")) for c in sequence]))
     got = None if loop is None else (loop.kind, loop.onset_step, loop.actions, loop.period)
     assert got == expected
+
+
+def test_progress_the_recording_guard_counted_is_replayed() -> None:
+    """A stored run holds no row for explicit progress (``Run.progress``: a user reply),
+    but each decision row holds the recording guard's ``steps_since_progress``. Where it
+    is 0, the replay counts progress too, so Policy replay of stored runs agrees with the
+    live guard: re-reads after each user reply are not a repeat (a review, 2026-12-01)."""
+
+    def run(counts: list[int]) -> ReplayResult:
+        rows: list[dict[str, Any]] = []
+        for step, count in enumerate(counts, start=1):
+            rows += [
+                {**stored_decision(step), "steps_since_progress": count},
+                stored_call(step, args=None, result=None),
+            ]
+        return replay_run(trajectory_from_stored("r", rows), policy(repeat_limit=3))
+
+    live_progress = run([0, 0, 0, 0])
+    assert live_progress.stop_reason is None
+    none = run([0, 1, 2, 3])
+    assert (none.stop_reason, none.stop_step) == ("repeated_action", 3)
+    # Three times the limit in a row stays a loop, progress or not.
+    many = run([0] * 12)
+    assert (many.stop_reason, many.stop_step) == ("repeated_action", 9)
