@@ -1184,9 +1184,10 @@ def trajectory_from_stored(
     cannot apply then). A non-tool decision's text is its stored fingerprint, so repeated
     decisions stay repeated. Calls the recording guard blocked are kept (the agent
     attempted them) without an observation. Where a decision row's
-    ``steps_since_progress`` is 0 after the first step, the recording guard saw progress
-    after the previous step; an environment turn is inserted there, so the replay counts
-    it too (explicit progress, ``Run.progress``, is in no other stored field).
+    ``steps_since_progress`` is 0 after the first step and no tool result of the step
+    before was ``progress``, the recording guard counted explicit progress
+    (``Run.progress``, in no other stored field); an environment turn is inserted there,
+    so the replay counts it too.
     """
     by_step: dict[int, list[Mapping[str, Any]]] = {}
     for row in steps:
@@ -1195,6 +1196,7 @@ def trajectory_from_stored(
             continue
         by_step.setdefault(int(value), []).append(row)
     out: list[Step] = []
+    tool_progress = False  # a tool result of the previous step was progress
     for number in sorted(by_step):
         rows = by_step[number]
         decision = next((r for r in rows if r.get("kind") == "decision"), None)
@@ -1239,9 +1241,10 @@ def trajectory_from_stored(
             kind = "message"
         first = decision if decision is not None else rows[0]
         text = first.get("decision_fingerprint") if decision is not None else None
-        if out and decision is not None and _recorded_progress(decision):
-            # The recording guard saw progress after the last step: a new observation
-            # (the replay sees that itself) or explicit progress from the environment
+        if out and decision is not None and _recorded_progress(decision) and not tool_progress:
+            # The recording guard counted progress after the last step, and none of that
+            # step's tool results brought it (those the replay sees, and they do not end
+            # a run of identical actions): explicit progress from the environment
             # (Run.progress: a user reply), which no stored row holds otherwise.
             out.append(
                 Step(
@@ -1251,6 +1254,10 @@ def trajectory_from_stored(
                     text=f"progress recorded before step {number}",
                 )
             )
+        tool_progress = any(
+            r.get("kind") == "tool_result" and _present(r.get("progress")) and bool(r["progress"])
+            for r in rows
+        )
         out.append(
             Step(
                 index=len(out),

@@ -564,13 +564,16 @@ def test_progress_the_recording_guard_counted_is_replayed() -> None:
         for step, count in enumerate(counts, start=1):
             rows += [
                 {**stored_decision(step), "steps_since_progress": count},
-                stored_call(step, args=None, result=None),
+                # The first read's observation was new: progress the replay sees itself.
+                {**stored_call(step, args=None, result=None), "progress": step == 1},
             ]
         return replay_run(trajectory_from_stored("r", rows), policy(repeat_limit=3))
 
     live_progress = run([0, 0, 0, 0])
     assert live_progress.stop_reason is None
-    none = run([0, 1, 2, 3])
+    # Progress after step 1 came from its tool result: no explicit progress to replay,
+    # and the repeat count still starts at step 1.
+    none = run([0, 0, 1, 2])
     assert (none.stop_reason, none.stop_step) == ("repeated_action", 3)
     # Three times the limit in a row stays a loop, progress or not.
     many = run([0] * 12)
