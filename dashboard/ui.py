@@ -317,10 +317,10 @@ def run_link(run_id: str, *, label: str | None = None) -> None:
         st.markdown(f"[{escape_md(text)}]({run_url(run_id)})")
 
 
-# Every ASCII punctuation character: CommonMark lets a backslash escape any of them, and
+# Every ASCII punctuation character, backslash-escaped: CommonMark allows it for each, and
 # each can open a construct (emphasis, links, images, HTML, entities, autolinks, GFM
 # tables and strikethrough, remark-math's $...$, remark-directive's :name[...]).
-_MD_PUNCTUATION: Final = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+_MD_ESCAPES: Final = str.maketrans({c: "\\" + c for c in "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"})
 # Line and paragraph breaks end a paragraph or start a block (setext headings, lists,
 # indented code): the text is folded to one line. Other C0/C1 controls go too.
 _MD_BREAKS: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
@@ -374,10 +374,7 @@ def escape_md(text: object) -> str:
     """
     if text is None:
         return ""
-    out = []
-    for c in _MD_JOIN.sub(_joined, _plain(text, spaces=True)):
-        out.append("\\" + c if c in _MD_PUNCTUATION else c)
-    return "".join(out)
+    return _MD_JOIN.sub(_joined, _plain(text, spaces=True)).translate(_MD_ESCAPES)
 
 
 def _joined(match: re.Match[str]) -> str:
