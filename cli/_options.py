@@ -18,57 +18,67 @@ __all__ = ["COLLECTOR_FLAGS", "collector_options", "collector_overrides"]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 COLLECTOR_FLAGS: Final = (
-    # (parameter name, config section, config field)
-    ("db", "store", "db"),
-    ("otlp_http", "server", "otlp_http"),
-    ("otlp_grpc", "server", "otlp_grpc"),
-    ("http_addr", "server", "http"),
-    ("canaries", "redaction", "canaries_file"),
-    ("token_file", "server", "token_file"),
-    ("retention_days", "store", "retention_days"),
-)
-"""Each collector flag's click parameter name and the configuration setting it overrides."""
-
-_OPTIONS: Final = (
-    click.option("--db", metavar="FILE", help="DuckDB file (default ./loopwatch.duckdb)."),
-    click.option(
+    # (flag, click parameter, config section, config field, metavar, help)
+    ("--db", "db", "store", "db", "FILE", "DuckDB file (default ./loopwatch.duckdb)."),
+    (
         "--otlp-http",
-        metavar="HOST:PORT",
-        help="OTLP/HTTP listen address HOST:PORT (default 127.0.0.1:4318).",
+        "otlp_http",
+        "server",
+        "otlp_http",
+        "HOST:PORT",
+        "OTLP/HTTP listen address HOST:PORT (default 127.0.0.1:4318).",
     ),
-    click.option(
+    (
         "--otlp-grpc",
-        metavar="HOST:PORT",
-        help="Also receive OTLP/gRPC on HOST:PORT (usually 127.0.0.1:4317; default: off).",
+        "otlp_grpc",
+        "server",
+        "otlp_grpc",
+        "HOST:PORT",
+        "Also receive OTLP/gRPC on HOST:PORT (usually 127.0.0.1:4317; default: off).",
     ),
-    click.option(
+    (
         "--http",
         "http_addr",
-        metavar="HOST:PORT",
-        help="/metrics, /healthz and API address HOST:PORT (default 127.0.0.1:9464).",
+        "server",
+        "http",
+        "HOST:PORT",
+        "/metrics, /healthz and API address HOST:PORT (default 127.0.0.1:9464).",
     ),
-    click.option(
-        "--canaries", metavar="FILE", help="Canary file: one value per line, '#' comments."
+    (
+        "--canaries",
+        "canaries",
+        "redaction",
+        "canaries_file",
+        "FILE",
+        "Canary file: one value per line, '#' comments.",
     ),
-    click.option(
+    (
         "--token-file",
-        metavar="FILE",
-        help="File holding the bearer token required on OTLP and the API.",
+        "token_file",
+        "server",
+        "token_file",
+        "FILE",
+        "File holding the bearer token required on OTLP and the API.",
     ),
-    click.option(
+    (
         "--retention-days",
-        help="Remove runs whose last span arrived more than DAYS ago; counter totals stay "
+        "retention_days",
+        "store",
+        "retention_days",
+        "DAYS",
+        "Remove runs whose last span arrived more than DAYS ago; counter totals stay "
         "(default 0: keep everything).",
-        metavar="DAYS",
     ),
 )
+"""Each collector flag: its name, click parameter, the configuration setting it
+overrides (section and field), metavar and help text."""
 
 
 def collector_options(command: _F) -> _F:
     """Decorate a click command with the collector flags of :data:`COLLECTOR_FLAGS`
     (each a string option, ``None`` when not given)."""
-    for option in reversed(_OPTIONS):
-        command = option(command)
+    for flag, param, _section, _field, metavar, help_text in reversed(COLLECTOR_FLAGS):
+        command = click.option(flag, param, metavar=metavar, help=help_text)(command)
     return command
 
 
@@ -76,6 +86,6 @@ def collector_overrides(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """``{section: {field: value}}`` for ``load_config(overrides=...)`` from a command's
     parsed parameters (``params`` must hold every name of :data:`COLLECTOR_FLAGS`)."""
     overrides: dict[str, dict[str, Any]] = {}
-    for name, section, field in COLLECTOR_FLAGS:
-        overrides.setdefault(section, {})[field] = params[name]
+    for _flag, param, section, field, _metavar, _help in COLLECTOR_FLAGS:
+        overrides.setdefault(section, {})[field] = params[param]
     return overrides
