@@ -7,18 +7,24 @@ Every error, on every endpoint, uses one JSON envelope (STYLE rule 11)::
 Read endpoints (JSON; times in nanoseconds since the Unix epoch):
 
 - ``GET /api/v1/runs``: filters ``stop_reason``, ``agent``, ``tool``, ``since``, ``until``
-  (ns), ``canary`` and ``sampled`` (``true``/``false``); paging ``limit`` (1..max rows)
-  and ``offset``. Answers ``{"items": [...], "next_offset": int | null}``; each item has
+  (ns; no default window: all runs), ``canary`` and ``sampled`` (``true``/``false``),
+  ``detector`` (a loop detector that stopped the run or that observe mode recorded on
+  it); paging ``limit`` (1..max rows) and ``offset`` (newest first: runs that arrive
+  between two pages shift later pages, so a row can show twice). Answers
+  ``{"items": [...], "next_offset": int | null}``; each item has
   ``steps_since_progress`` of its stop (``null`` without one).
 - ``GET /api/v1/runs/{run_id}``: the run (with its effective ``limits``, parsed, and
   ``detector_version``), its steps, its stop and parsed evidence, stop anomalies, tool
   call counts.
 - ``GET /api/v1/stats``: ``since``, ``until`` (default: the last 24 h), ``bucket_seconds``
-  (default 3600), ``agent``. Stops by reason per bucket, loop stops per tool, runs per
+  (default 3600), ``agent``. Stops by reason per bucket, loop detections per tool
+  (observe mode's included, as ``loopwatch_loop_detections_total`` counts them), runs per
   agent and stop reason (``runs_by_agent``), canary-flagged runs (``canary_runs``) and
   ``truncated``.
 - ``GET /api/v1/tools``: ``since``, ``until`` (default: the last 24 h). ``{"items":
-  [{tool, calls, ok, errors, blocked, runs, repeated_action_runs}], "truncated": bool}``.
+  [{tool, calls, ok, errors, blocked, runs, repeated_action_runs}], "truncated": bool}``
+  (``repeated_action_runs``: stopped for it or, in observe mode, detected).
+- Integer parameters outside the signed 64-bit range are refused (400).
 
 The SQL beyond :class:`StoreReader`'s is in :mod:`loopwatch.collector.queries`. Queries
 are parameterized and run on a worker thread with the store's time limit and row
@@ -41,6 +47,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import queries
+from .detect import LOOP_DETECTORS
 from .http import token_matches
 from .store import ReadTimeout, RunDetail, RunsPage, StoreReader
 
@@ -77,6 +84,10 @@ def error_response(
     )
 
 
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+
+
 def _int_param(
     request: Request, name: str, default: int | None = None, *, minimum: int | None = None
 ) -> int | None:
@@ -87,6 +98,8 @@ def _int_param(
         value = int(raw)
     except ValueError:
         raise ApiError(400, "bad_parameter", f"{name} must be an integer") from None
+    if not _INT64_MIN <= value <= _INT64_MAX:  # DuckDB binds BIGINT; past it, a 500
+        raise ApiError(400, "bad_parameter", f"{name} must fit in a signed 64-bit integer")
     if minimum is not None and value < minimum:
         raise ApiError(400, "bad_parameter", f"{name} must be >= {minimum}")
     return value
@@ -201,6 +214,13 @@ def create_api_app(
                 "bad_parameter",
                 "stop_reason must be one of: " + ", ".join(sorted(_STOP_REASONS)),
             )
+        detector = _str_param(request, "detector")
+        if detector is not None and detector not in LOOP_DETECTORS:
+            raise ApiError(
+                400,
+                "bad_parameter",
+                "detector must be one of: " + ", ".join(sorted(LOOP_DETECTORS)),
+            )
         page = await run_in_threadpool(
             _list_runs,
             reader,
@@ -211,6 +231,7 @@ def create_api_app(
             until_unix_nano=_int_param(request, "until"),
             canary=_bool_param(request, "canary"),
             sampled=_bool_param(request, "sampled"),
+            detector=detector,
             limit=min(_int_param(request, "limit", 50, minimum=1) or 50, max_rows),
             offset=_int_param(request, "offset", 0, minimum=0) or 0,
         )

@@ -1,15 +1,31 @@
 """Server-side loop detection for agents with no loopwatch code (``observe`` mode).
 
 Third-party GenAI and OpenInference tool spans carry arguments and results but no
-fingerprints. This stage replays them, per run and in step order, through the same
+fingerprints. This stage replays them through the same
 :class:`~loopwatch.instrumentation.Guard` the agent side uses, in ``observe`` mode: it
 fills each step's action fingerprint, observation digest, progress flag and steps since
 progress, and records what the guard would have stopped (``observe_reason``) on the
 run's inferred stop. The inferred stop reason itself stays what happened (``completed``
 or ``error``): the agent was not stopped, and the record says so.
 
+Rules (each one a fault found by a review of observe mode, 2026-12-01):
+
+- One guard per *run*, not per trace: a trace may hold several agents (nested or side by
+  side), and each agent's calls are judged alone. A call filed under its trace before
+  its agent span arrived (spans export when they end, children first) moves to the agent
+  run with the map stage's :class:`~loopwatch.collector.events.RunReassignment`.
+- Calls are replayed in span start-time order, not arrival order: a request retried
+  after a later one succeeded must not turn A-B-A-B into A-A-B-B.
+- The verdict is taken when the run's stop is inferred, over all of its calls seen by
+  then. A run's guard is fed incrementally while calls arrive in order, and rebuilt
+  from its calls when one arrives out of order or moves away.
+- Evidence step indices and ``observe_step`` are the steps as stored (numbered per
+  trace by the map stage), so they point at the rows the run view shows.
+
 State is bounded: at most ``max_open_runs`` runs are tracked (least recently seen runs
-are forgotten first), and each run's guard keeps its own fixed detector window.
+are forgotten first), each keeping at most :data:`MAX_CALLS_PER_RUN` calls, and each
+run's guard keeps its own fixed detector window. Kept in memory only: a collector
+restarted in the middle of a run judges the calls it sees after the restart.
 """
 
 from __future__ import annotations
@@ -17,15 +33,23 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from loopwatch.instrumentation import Decision, FailureClass, Guard, Policy, Stop, ToolFailure
 
-from .events import STOP_ORIGIN_INFERRED, MappedBatch, StepRow, StopRow
+from .events import (
+    KIND_TOOL_RESULT,
+    SOURCE_LOOPWATCH,
+    STOP_ORIGIN_INFERRED,
+    MappedBatch,
+    StepRow,
+    StopRow,
+)
 
 __all__ = [
     "LOOP_DETECTORS",
+    "MAX_CALLS_PER_RUN",
     "DetectStage",
     "Detection",
     "collector_policy",
@@ -37,6 +61,9 @@ LOOP_DETECTORS: Final = frozenset(
     {"repeated_action", "action_cycle", "repeated_decision", "no_progress"}
 )
 _MAX_ARG_CHARS: Final = 1_000_000
+MAX_CALLS_PER_RUN: Final = 4096
+"""Tool calls kept per run for the replay; later calls of a longer run are stored without
+fingerprints and left out of its verdict."""
 
 
 def loop_detector(stop: StopRow) -> str | None:
@@ -70,10 +97,12 @@ def loop_tool(stop: StopRow) -> str | None:
 
 
 def collector_policy() -> Policy:
-    """The server-side observe policy: the default detector settings, no budgets.
+    """The server-side observe policy: the default detector settings, no usage budgets.
 
-    Budgets are the agent's business (the collector cannot know them); loops are
-    detected with the documented defaults of :class:`Policy`.
+    Usage budgets (turns, calls, tokens, cost, time) are the agent's business (the
+    collector cannot know them); loops are detected with the documented defaults of
+    :class:`Policy`, and so are retries: the same failing call retried past
+    ``max_retries_per_action`` is recorded as ``budget_exhausted`` (``retry_rule``).
     """
     big = 10**12
     return Policy.build(
@@ -98,17 +127,125 @@ class Detection:
     step: int
 
 
-@dataclass
-class _RunState:
-    guard: Guard
-    last_step: int | None = None
-    seen: dict[str, StepRow] = field(default_factory=dict)
-    detected: set[str] = field(default_factory=set)
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A third-party tool call as the replay needs it (what it was, not how it arrived)."""
+
+    order: tuple[int, str]  # (start_unix_nano, span_id): replay order
+    step: int | None
+    tool: str
+    arguments: str | None
+    result: str | None
+    failed: bool
+    error_type: str | None
+    call_id: str | None
+
+    @classmethod
+    def of(cls, row: StepRow) -> _Call:
+        return cls(
+            (row.start_unix_nano, row.span_id),
+            row.step,
+            row.tool or "unknown",
+            row.arguments,
+            row.result,
+            row.outcome == "error",
+            row.error_type,
+            row.tool_call_id,
+        )
 
 
-def _detector_of(stop: Stop) -> str | None:
-    reason = stop.reason.value
-    return reason if reason in LOOP_DETECTORS else None
+@dataclass(frozen=True, slots=True)
+class _Annotation:
+    action_fingerprint: str
+    observation_digest: str | None
+    progress: bool
+    steps_since_progress: int
+
+
+class _RunReplay:
+    """One run's calls and the guard fed with them in start-time order."""
+
+    __slots__ = (
+        "annotations",
+        "calls",
+        "fed",
+        "guard",
+        "last_step",
+        "policy",
+        "run_id",
+        "turn_steps",
+    )
+
+    def __init__(self, policy: Policy, run_id: str) -> None:
+        self.policy = policy
+        self.run_id = run_id
+        self.calls: dict[str, _Call] = {}
+        self.guard: Guard | None = None
+        self.fed: tuple[int, str] | None = None  # order of the last call fed
+        self.last_step: int | None = None
+        self.turn_steps: list[int | None] = []  # stored step of each guard model turn
+        self.annotations: dict[str, _Annotation] = {}
+
+    def add(self, call: _Call) -> None:
+        if call.order[1] in self.calls or len(self.calls) >= MAX_CALLS_PER_RUN:
+            return
+        self.calls[call.order[1]] = call
+        if self.fed is not None and call.order < self.fed:
+            self.guard = None  # out of order: replay from the start
+
+    def remove(self, span_id: str) -> _Call | None:
+        call = self.calls.pop(span_id, None)
+        if call is not None:
+            self.guard = None
+            self.annotations.pop(span_id, None)
+        return call
+
+    def bring_up_to_date(self) -> Guard:
+        """Feed the calls not yet fed (all of them after a reset); return the guard."""
+        guard = self.guard
+        if guard is None:
+            guard = self.guard = Guard(
+                self.policy, clock=lambda: 0.0, mode="observe", run_id=self.run_id
+            )
+            self.fed, self.last_step, self.turn_steps = None, None, []
+            self.annotations = {}
+        pending = sorted(
+            (c for c in self.calls.values() if self.fed is None or c.order > self.fed),
+            key=lambda c: c.order,
+        )
+        for call in pending:
+            self._feed(guard, call)
+            self.fed = call.order
+        return guard
+
+    def _feed(self, guard: Guard, call: _Call) -> None:
+        if self.last_step is None or call.step != self.last_step:
+            guard.before_model_call()
+            guard.record_decision(Decision.tool())
+            self.turn_steps.append(call.step)
+            self.last_step = call.step
+        args = _parse(call.arguments)
+        arguments = args if isinstance(args, dict) else ({} if args is None else {"input": args})
+        ticket = guard.before_tool_call(call.tool, arguments, call_id=call.call_id)
+        if call.failed:
+            failure = ToolFailure(call.error_type or "error", FailureClass.TRANSIENT)
+            record = guard.record_tool_result(ticket, error=failure)
+        else:
+            record = guard.record_tool_result(ticket, result=_parse(call.result))
+        self.annotations[call.order[1]] = _Annotation(
+            ticket.fingerprint,
+            record.observation_digest or None,
+            record.progress,
+            record.steps_since_progress,
+        )
+
+    def stored_step(self, guard_step: int) -> int:
+        """The stored step of the guard's (1-based) model turn ``guard_step``."""
+        if 1 <= guard_step <= len(self.turn_steps):
+            stored = self.turn_steps[guard_step - 1]
+            if stored is not None:
+                return stored
+        return guard_step
 
 
 def _parse(text: str | None) -> Any:
@@ -122,12 +259,17 @@ def _parse(text: str | None) -> Any:
         return text
 
 
+def _is_third_party_call(row: StepRow) -> bool:
+    return row.kind == KIND_TOOL_RESULT and row.source != SOURCE_LOOPWATCH
+
+
 class DetectStage:
-    """Fill fingerprints and detections for third-party runs.
+    """Fill fingerprints and detections for third-party runs (see the module rules).
 
     Args:
         policy: the observe policy (:func:`collector_policy` when None).
-        max_open_runs: runs tracked at once (bounded memory).
+        max_open_runs: runs tracked at once (bounded memory; least recently seen first
+            out).
 
     Thread-safety: ``process`` takes a lock; batches are processed one at a time.
     """
@@ -135,7 +277,7 @@ class DetectStage:
     def __init__(self, policy: Policy | None = None, *, max_open_runs: int = 10_000) -> None:
         self.policy = policy or collector_policy()
         self._max_runs = max_open_runs
-        self._runs: OrderedDict[str, _RunState] = OrderedDict()
+        self._runs: OrderedDict[tuple[str, str], _RunReplay] = OrderedDict()
         self._lock = threading.Lock()
         self.detections: list[Detection] = []
 
@@ -144,20 +286,24 @@ class DetectStage:
         """Runs currently tracked."""
         return len(self._runs)
 
-    def _state(self, trace_id: str) -> _RunState:
-        state = self._runs.get(trace_id)
-        if state is None:
-            guard = Guard(self.policy, clock=lambda: 0.0, mode="observe", run_id=trace_id)
-            state = _RunState(guard)
-            self._runs[trace_id] = state
+    def _replay(self, trace_id: str, run_id: str) -> _RunReplay:
+        key = (trace_id, run_id)
+        replay = self._runs.get(key)
+        if replay is None:
+            replay = self._runs[key] = _RunReplay(self.policy, run_id)
             while len(self._runs) > self._max_runs:
                 self._runs.popitem(last=False)
         else:
-            self._runs.move_to_end(trace_id)
-        return state
+            self._runs.move_to_end(key)
+        return replay
 
     def process(self, batch: MappedBatch) -> MappedBatch:
         """Annotate third-party tool steps and inferred stops in place.
+
+        Order within a batch: the map stage's reassignments move earlier calls to their
+        agent run; the batch's calls join their runs; each touched run's guard is
+        brought up to date and the batch's calls get its annotations; each inferred stop
+        takes its run's verdict and ends the run's state.
 
         Returns:
             The same batch. :attr:`detections` holds the loop detections of the last
@@ -165,77 +311,78 @@ class DetectStage:
         """
         detections: list[Detection] = []
         with self._lock:
-            for steps in batch.third_party_tool_steps().values():
-                for row in steps:
-                    # Keyed by trace: steps filed under the trace id before the agent span
-                    # arrived belong to the same run as the later ones.
-                    state = self._state(row.trace_id)
-                    batch.replace_step(row, self._step(state, row, detections))
-            for stop in list(batch.stops):
-                if stop.origin != STOP_ORIGIN_INFERRED:
+            for move in batch.reassignments:
+                source = self._runs.get((move.trace_id, move.from_run_id))
+                if source is None:
                     continue
-                ended = self._runs.pop(stop.trace_id, None)
-                if ended is None:
-                    continue
-                outcome = ended.guard.finish(stop.reason)
-                for observed in outcome.observed_stops:
-                    self._note(ended, stop.run_id, observed, detections)
-                if not outcome.observed_stops:
-                    continue
-                first = outcome.observed_stops[0]
-                batch.replace_stop(
-                    stop,
-                    replace(
-                        stop,
-                        observe_reason=first.reason.value,
-                        observe_step=first.step,
-                        observe_evidence=json.dumps(
-                            first.evidence.to_dict(), separators=(",", ":"), sort_keys=True
+                target = None
+                if move.to_run_id is not None:
+                    target = self._replay(move.trace_id, move.to_run_id)
+                for span_id in move.span_ids:
+                    call = source.remove(span_id)
+                    if call is not None and target is not None:
+                        target.add(call)
+                if not source.calls:
+                    self._runs.pop((move.trace_id, move.from_run_id), None)
+            touched: dict[tuple[str, str], _RunReplay] = {}
+            calls = [row for row in batch.steps if _is_third_party_call(row)]
+            for row in calls:
+                replay = self._replay(row.trace_id, row.run_id)
+                replay.add(_Call.of(row))
+                touched[(row.trace_id, row.run_id)] = replay
+            for replay in touched.values():
+                replay.bring_up_to_date()
+            for row in calls:
+                note = touched[(row.trace_id, row.run_id)].annotations.get(row.span_id)
+                if note is not None:
+                    batch.replace_step(
+                        row,
+                        replace(
+                            row,
+                            action_fingerprint=note.action_fingerprint,
+                            observation_digest=note.observation_digest,
+                            progress=note.progress,
+                            steps_since_progress=note.steps_since_progress,
                         ),
-                        steps_since_progress=outcome.usage.steps_since_progress,
-                        usage_tool_attempts=outcome.usage.tool_attempts,
-                        usage_tool_successes=outcome.usage.tool_successes,
-                    ),
-                )
+                    )
+            for stop in list(batch.stops):
+                if stop.origin == STOP_ORIGIN_INFERRED:
+                    self._judge(batch, stop, detections)
         self.detections = detections
         return batch
 
-    def _note(self, state: _RunState, run_id: str, stop: Stop, out: list[Detection]) -> None:
-        detector = _detector_of(stop)
-        if detector is None or detector in state.detected:
+    def _judge(self, batch: MappedBatch, stop: StopRow, detections: list[Detection]) -> None:
+        replay = self._runs.pop((stop.trace_id, stop.run_id), None)
+        if replay is None or not replay.calls:
             return
-        state.detected.add(detector)
-        out.append(Detection(run_id, stop.evidence.tool, detector, stop.step))
-
-    def _step(self, state: _RunState, row: StepRow, detections: list[Detection]) -> StepRow:
-        previous = state.seen.get(row.span_id)
-        if previous is not None:
-            return previous
-        guard = state.guard
-        if row.step != state.last_step or state.last_step is None:
-            verdict = guard.before_model_call()
-            if verdict.would_stop is not None:
-                self._note(state, row.run_id, verdict.would_stop, detections)
-            guard.record_decision(Decision.tool())
-            state.last_step = row.step
-        tool = row.tool or "unknown"
-        args = _parse(row.arguments)
-        arguments = args if isinstance(args, dict) else ({} if args is None else {"input": args})
-        ticket = guard.before_tool_call(tool, arguments, call_id=row.tool_call_id)
-        if ticket.would_stop is not None:
-            self._note(state, row.run_id, ticket.would_stop, detections)
-        if row.outcome == "error":
-            failure = ToolFailure(row.error_type or "error", FailureClass.TRANSIENT)
-            record = guard.record_tool_result(ticket, error=failure)
-        else:
-            record = guard.record_tool_result(ticket, result=_parse(row.result))
-        annotated = replace(
-            row,
-            action_fingerprint=ticket.fingerprint,
-            observation_digest=record.observation_digest or None,
-            progress=record.progress,
-            steps_since_progress=record.steps_since_progress,
+        outcome = replay.bring_up_to_date().finish(stop.reason)
+        seen: set[str] = set()
+        for observed in outcome.observed_stops:
+            detector = _detector_of(observed)
+            if detector is not None and detector not in seen:
+                seen.add(detector)
+                step = replay.stored_step(observed.step)
+                detections.append(Detection(stop.run_id, observed.evidence.tool, detector, step))
+        if not outcome.observed_stops:
+            return
+        first = outcome.observed_stops[0]
+        evidence = first.evidence.to_dict()
+        if "step_indices" in evidence:
+            evidence["step_indices"] = [replay.stored_step(i) for i in evidence["step_indices"]]
+        batch.replace_stop(
+            stop,
+            replace(
+                stop,
+                observe_reason=first.reason.value,
+                observe_step=replay.stored_step(first.step),
+                observe_evidence=json.dumps(evidence, separators=(",", ":"), sort_keys=True),
+                steps_since_progress=outcome.usage.steps_since_progress,
+                usage_tool_attempts=outcome.usage.tool_attempts,
+                usage_tool_successes=outcome.usage.tool_successes,
+            ),
         )
-        if len(state.seen) < 4096:
-            state.seen[row.span_id] = annotated
-        return annotated
+
+
+def _detector_of(stop: Stop) -> str | None:
+    reason = stop.reason.value
+    return reason if reason in LOOP_DETECTORS else None

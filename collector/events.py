@@ -37,9 +37,10 @@ Third-party runs (``source`` ``genai`` or ``openinference``):
   Spans export when they end, so children arrive before their agent span, often in an
   earlier request. Such a step is filed under the trace id and, when the agent span
   arrives, a :class:`RunReassignment` moves it to the agent run.
-- Steps are numbered per trace in span start-time order across requests: each model call
-  opens a step and the tool calls after it share that step; with no model-call span in
-  the trace, each tool call is its own step.
+- Steps are numbered per trace in span start-time order within a request and in arrival
+  order across requests: each model call opens a step and the tool calls after it share
+  that step; with no model-call span in the trace, each tool call is its own step. A
+  resent span keeps its number. (The detect stage judges calls in start-time order.)
 - The stop is inferred when the agent span (or, for trace-level runs, the root span) ends:
   ``stop_inferred=True``, reason ``completed``, or ``error`` when the span's status is
   ERROR. A later ``detect`` stage may replace it (:meth:`MappedBatch.replace_stop`).
@@ -51,7 +52,8 @@ Third-party runs (``source`` ``genai`` or ``openinference``):
 
 State and bounds: third-party numbering and ancestry need memory across requests, kept
 per trace in an LRU of ``max_open_traces`` traces, each remembering at most
-``max_spans_per_trace`` span parents; a trace's state is dropped when its root span ends.
+``max_spans_per_trace`` span parents and step numbers; a trace's state is dropped when its
+root span ends.
 An evicted trace restarts its numbering and cannot reassign its earlier steps. Per-span
 work is constant; :meth:`MapStage.process` is thread-safe (one lock per call).
 """
@@ -420,6 +422,7 @@ class _TraceState:
     provisional: set[str] = field(default_factory=set)
     step: int = 0
     saw_model_call: bool = False
+    numbered: dict[str, int] = field(default_factory=dict)  # step of each span mapped
 
 
 class MapStage:
@@ -428,7 +431,7 @@ class MapStage:
     Args:
         max_open_traces: third-party traces whose ancestry and step numbering are
             remembered across requests (LRU); also bounds the loopwatch-trace memory.
-        max_spans_per_trace: span parents remembered per open trace.
+        max_spans_per_trace: span parents (and step numbers) remembered per open trace.
 
     Raises:
         ValueError: a bound is not a positive integer.
@@ -546,14 +549,23 @@ class MapStage:
                 if run_id is None:
                     run_id = trace_id
                     state.provisional.add(span.span_id)
+                # A resent span (a client retry) keeps its number: the store drops it as a
+                # duplicate, and a new number would leave a gap in the run's steps.
+                step = state.numbered.get(span.span_id)
                 if kind == _MODEL:
-                    state.step += 1
                     state.saw_model_call = True
-                    out.steps.append(_third_party_decision(span, run_id, source, state.step))
-                else:
-                    if not state.saw_model_call or state.step == 0:
+                    if step is None:
                         state.step += 1
-                    out.steps.append(_third_party_tool(span, run_id, source, state.step))
+                        step = state.step
+                    out.steps.append(_third_party_decision(span, run_id, source, step))
+                else:
+                    if step is None:
+                        if not state.saw_model_call or state.step == 0:
+                            state.step += 1
+                        step = state.step
+                    out.steps.append(_third_party_tool(span, run_id, source, step))
+                if len(state.numbered) < self._max_spans:
+                    state.numbered[span.span_id] = step
             elif kind == _OTHER and span.parent_span_id:
                 unmapped += 1
         if root is not None:
@@ -663,9 +675,18 @@ def _third_party_decision(span: SpanRecord, run_id: str, source: str, step: int)
         end_unix_nano=span.end_unix_nano,
         status_code=span.status_code,
         error_type=_str(attrs, sc.ERROR_TYPE),
-        input_tokens=_int(attrs, sc.GEN_AI_USAGE_INPUT_TOKENS),
-        output_tokens=_int(attrs, sc.GEN_AI_USAGE_OUTPUT_TOKENS),
+        input_tokens=_first_int(
+            attrs, sc.GEN_AI_USAGE_INPUT_TOKENS, sc.OPENINFERENCE_LLM_TOKEN_COUNT_PROMPT
+        ),
+        output_tokens=_first_int(
+            attrs, sc.GEN_AI_USAGE_OUTPUT_TOKENS, sc.OPENINFERENCE_LLM_TOKEN_COUNT_COMPLETION
+        ),
     )
+
+
+def _first_int(attrs: Attributes, key: str, fallback: str) -> int | None:
+    value = _int(attrs, key)
+    return _int(attrs, fallback) if value is None else value
 
 
 def _third_party_tool(span: SpanRecord, run_id: str, source: str, step: int) -> StepRow:

@@ -66,23 +66,26 @@ _SQL_STEPS_SINCE_PROGRESS: Final = (
     "SELECT run_id, steps_since_progress FROM stops WHERE run_key IN (SELECT unnest(?::UBIGINT[]))"
 )
 SQL_TOOLS: Final = (
-    f"WITH r AS (SELECT run_key, stop_reason FROM runs WHERE {RUN_TIME} >= ? "
-    f"AND {RUN_TIME} < ?), "
+    f"WITH r AS (SELECT run_key, stop_reason = $3 OR run_key IN "
+    "(SELECT run_key FROM stops WHERE observe_reason = $3) AS looped "
+    f"FROM runs WHERE {RUN_TIME} >= $1 AND {RUN_TIME} < $2), "
     "c AS (SELECT t.run_key, t.tool, t.outcome, sum(t.calls) AS calls, "
-    "any_value(r.stop_reason) AS stop_reason FROM run_tools t JOIN r USING (run_key) "
+    "any_value(r.looped) AS looped FROM run_tools t JOIN r USING (run_key) "
     "GROUP BY t.run_key, t.tool, t.outcome) "
     "SELECT tool, sum(calls) AS calls, "
     "COALESCE(sum(calls) FILTER (WHERE outcome = 'ok'), 0) AS ok, "
     "COALESCE(sum(calls) FILTER (WHERE outcome = 'error'), 0) AS errors, "
     "COALESCE(sum(calls) FILTER (WHERE outcome = 'blocked'), 0) AS blocked, "
     "count(DISTINCT run_key) FILTER (WHERE calls > 0) AS runs, "
-    "count(DISTINCT run_key) FILTER (WHERE calls > 0 AND stop_reason = ?) "
-    "AS repeated_action_runs "
+    "count(DISTINCT run_key) FILTER (WHERE calls > 0 AND looped) AS repeated_action_runs "
     "FROM c GROUP BY tool HAVING sum(calls) > 0 ORDER BY calls DESC, tool"
 )
-"""Parameters: since, until, the ``repeated_action`` reason."""
+"""Parameters: since, until, the ``repeated_action`` reason. A run counts as a
+``repeated_action`` run when it was stopped for it or observe mode detected it (a
+third-party agent is not stopped: its stop stays ``completed``)."""
 
 _AGENT_OF_STOP: Final = " AND run_key IN (SELECT run_key FROM runs WHERE agent = ?)"
+_AGENT_OF_LOOP_STOP: Final = " AND run_key IN (SELECT run_key FROM runs WHERE agent = $4)"
 _AGENT_OF_RUN: Final = " AND agent = ?"
 
 _SQL_STOPS: Final = (
@@ -200,7 +203,7 @@ def loops_by_tool(
     if agent is not None:
         params.append(agent)
     rows, truncated = reader._query(
-        SQL_LOOPS_BY_TOOL.format(agent="" if agent is None else _AGENT_OF_STOP), params
+        SQL_LOOPS_BY_TOOL.format(agent="" if agent is None else _AGENT_OF_LOOP_STOP), params
     )
     return [{**r, "stops": int(r["stops"])} for r in rows], truncated
 

@@ -2186,15 +2186,20 @@ _RUNS_VIEW: Final = (
 
 
 SQL_LOOPS_BY_TOOL: Final = (
-    "SELECT COALESCE(loop_tool, '') AS tool, reason AS stop_reason, count(*) AS stops "
-    "FROM stops WHERE reason IN (SELECT unnest(?)) "
-    "AND time_unix_nano >= ? AND time_unix_nano < ?{agent} "
+    "SELECT COALESCE(loop_tool, '') AS tool, "
+    "CASE WHEN reason IN (SELECT unnest($1)) THEN reason ELSE observe_reason END "
+    "AS stop_reason, count(*) AS stops "
+    "FROM stops WHERE (reason IN (SELECT unnest($1)) OR observe_reason IN (SELECT unnest($1))) "
+    "AND time_unix_nano >= $2 AND time_unix_nano < $3{agent} "
     "GROUP BY ALL ORDER BY stops DESC, tool, stop_reason"
 )
-"""Loop stops per tool and reason in a time range; parameters: the loop reasons, since,
-until (then the ``{agent}`` filter's). The tool is the one the detection's evidence named
-(``stops.loop_tool``: the ``tool`` label ``loopwatch_loop_detections_total`` counted the
-stop under), ``""`` for none (``no_progress``)."""
+"""Loop detections per tool and detector in a time range, as
+``loopwatch_loop_detections_total`` counts them (:func:`~loopwatch.collector.detect.
+loop_detector`): a stop whose reason is a loop detector, else the detector observe mode
+recorded on it (a third-party agent is not stopped: its stop stays ``completed``).
+Parameters: the loop reasons, since, until (then the ``{agent}`` filter's, as ``$4``).
+The tool is the one the detection's evidence named (``stops.loop_tool``: the ``tool``
+label the metric counted the stop under), ``""`` for none (``no_progress``)."""
 
 
 class StoreReader:
@@ -2293,6 +2298,7 @@ class StoreReader:
         until_unix_nano: int | None = None,
         canary: bool | None = None,
         sampled: bool | None = None,
+        detector: str | None = None,
         limit: int = 50,
         offset: int = 0,
     ) -> RunsPage:
@@ -2300,6 +2306,9 @@ class StoreReader:
 
         Args:
             stop_reason / agent: exact match. tool: the run called this tool.
+            detector: the run was stopped by this loop detector, or observe mode
+                detected it (a third-party run's stop stays ``completed``; see
+                :func:`~loopwatch.collector.detect.loop_detector`).
             since_unix_nano / until_unix_nano: half-open time range ``[since, until)``.
             canary: only flagged (``True``) or unflagged (``False``) runs.
             sampled: ``True``/``False`` for decided runs; undecided runs match neither.
@@ -2328,6 +2337,12 @@ class StoreReader:
             if value is not None:
                 where.append(clause)
                 params.append(value)
+        if detector is not None:
+            where.append(
+                "(stop_reason = ? OR run_key IN "
+                "(SELECT run_key FROM stops WHERE observe_reason = ?))"
+            )
+            params += [detector, detector]
         sql = f"SELECT * FROM ({_RUNS_VIEW}) v"
         if where:
             sql += " WHERE " + " AND ".join(where)

@@ -538,7 +538,7 @@ def test_invalid_bounds_fail_at_construction(kwargs: dict[str, int]) -> None:
 
 
 CORPUS_CASES = [
-    ("testdata__openinference__in.json", SOURCE_OPENINFERENCE, "ChatCompletion", None),
+    ("testdata__openinference__in.json", SOURCE_OPENINFERENCE, "ChatCompletion", 412),
     ("testdata__openllmetry__in.json", SOURCE_GENAI, "support_triage.workflow", 412),
 ]
 

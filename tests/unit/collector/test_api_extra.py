@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from loopwatch.collector.config import load_config
+from loopwatch.collector.records import SpanBatch, SpanRecord
 from loopwatch.collector.service import Collector
 from loopwatch.instrumentation import Policy
 from starlette.testclient import TestClient
@@ -200,6 +201,10 @@ def test_stats_without_agent_matches_the_store_reader(
         ("/api/v1/stats", {"agent": "a" * 513}, 400),
         ("/api/v1/stats", {"since": "10", "until": "5"}, 400),
         ("/api/v1/runs/" + "r" * 600, {}, 400),
+        ("/api/v1/runs", {"offset": str(10**20)}, 400),
+        ("/api/v1/runs", {"since": str(-(2**63) - 1)}, 400),
+        ("/api/v1/stats", {"until": str(2**63)}, 400),
+        ("/api/v1/runs", {"detector": "completed"}, 400),
         ("/api/v1/tools/extra", {}, 404),
     ],
 )
@@ -250,3 +255,69 @@ def test_docs_list_every_read_endpoint(collector: Collector) -> None:
     section = docs.split("## Read API", 1)[1].split("\n## ", 1)[0]
     paths = [r.path.replace("{run_id:str}", "{run_id}") for r in collector.api_app().routes]
     assert paths and all(f"`GET {p}`" in section for p in paths if p != "/metrics")
+
+
+def third_party_loop(trace_id: str, calls: int) -> SpanBatch:
+    """An OpenTelemetry GenAI agent (no loopwatch code) calling one tool ``calls`` times
+    with the same arguments and result, then its agent span."""
+    agent = "a" * 16
+    now = 1_700_000_000_000_000_000
+    spans = [
+        SpanRecord(
+            trace_id,
+            f"{i + 1:016x}",
+            agent,
+            "execute_tool poll_status",
+            1,
+            now + i * 1000,
+            now + i * 1000 + 10,
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "poll_status",
+                "gen_ai.tool.call.arguments": '{"job": 7}',
+                "gen_ai.tool.call.result": '{"state": "running"}',
+            },
+        )
+        for i in range(calls)
+    ]
+    agent_attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "watcher"}
+    spans.append(
+        SpanRecord(
+            trace_id, agent, "", "invoke_agent watcher", 1, now - 1, now + 10**6, agent_attrs
+        )
+    )
+    return SpanBatch(spans)
+
+
+def test_observe_mode_detections_are_in_the_api_as_in_the_metric(
+    collector: Collector, fed: dict[str, str]
+) -> None:
+    """A third-party agent is not stopped (its stop stays ``completed``), so the API once
+    showed none of the loops ``loopwatch_loop_detections_total`` counted for it (a review
+    of observe mode, 2026-12-01): stats, tools and the runs filter now count them too."""
+    asyncio.run(collector.submit(third_party_loop("7" * 32, 5)))
+    client = api(collector)
+    run = client.get("/api/v1/runs/" + "a" * 16).json()
+    assert run["stop"]["reason"] == "completed"
+    assert run["stop"]["observe_reason"] == "repeated_action"
+    metric: dict[tuple[str, str], float] = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("loopwatch_loop_detections_total{"):
+            labels = dict(
+                part.split("=", 1)
+                for part in line[line.index("{") + 1 : line.index("}")].split(",")
+            )
+            key = (labels["tool"].strip('"'), labels["detector"].strip('"'))
+            metric[key] = metric.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    loops = client.get("/api/v1/stats", params=WINDOW).json()["loops_by_tool"]
+    assert {(r["tool"] or "none", r["stop_reason"]): float(r["stops"]) for r in loops} == {
+        k: v for k, v in metric.items() if v
+    }
+    assert ("poll_status", "repeated_action") in metric
+    tools = {t["tool"]: t for t in client.get("/api/v1/tools", params=WINDOW).json()["items"]}
+    assert tools["poll_status"]["repeated_action_runs"] == 1
+    listed = client.get("/api/v1/runs", params={"detector": "repeated_action"}).json()["items"]
+    assert {r["run_id"] for r in listed} == {fed["loop"], "a" * 16}
+    assert client.get("/api/v1/runs", params={"stop_reason": "repeated_action"}).json()[
+        "items"
+    ] == [r for r in listed if r["run_id"] == fed["loop"]]

@@ -132,3 +132,138 @@ def test_corpus_interlingua_files_map_and_pass_detection(corpus_dir: Path) -> No
         mapped = DetectStage().process(MapStage().process(batch))
         assert mapped.runs, path.name
         assert any(s.kind == "decision" for s in mapped.steps), path.name
+
+
+# --------------------------------------------- several agents, arrival order (review 2026-12-01)
+
+
+def tool_span(
+    span_id: str, parent: str, start: int, tool: str, args: dict, result: dict
+) -> SpanRecord:
+    attrs = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool,
+        "gen_ai.tool.call.arguments": json.dumps(args),
+        "gen_ai.tool.call.result": json.dumps(result),
+    }
+    return span(span_id, f"execute_tool {tool}", attrs, parent=parent, start=start)
+
+
+def agent_span(span_id: str, name: str, parent: str = "", start: int = 0) -> SpanRecord:
+    attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name}
+    return span(span_id, f"invoke_agent {name}", attrs, parent=parent, start=start)
+
+
+def run_batches(*batches: list[SpanRecord]) -> tuple[dict[str, object], list[object]]:
+    """Map and detect each request in turn; return the inferred stops by run id and all
+    stored steps."""
+    mapper, stage = MapStage(), DetectStage()
+    stops: dict[str, object] = {}
+    steps: list[object] = []
+    for spans in batches:
+        mapped = stage.process(mapper.process(SpanBatch(list(spans))))
+        stops.update({s.run_id: s for s in mapped.stops if s.stop_inferred})
+        steps += mapped.steps
+    return stops, steps
+
+
+@pytest.mark.parametrize("one_request", [False, True])
+def test_a_nested_agents_loop_is_its_own_not_its_parents(one_request: bool) -> None:
+    """One guard per trace once filed the child's five identical calls under the parent,
+    which never called that tool (the child got no detection)."""
+    parent, child = "p" * 16, "c" * 16
+    loop = [
+        tool_span(f"{i + 1:016x}", child, 100 + i, "lookup_order", {"id": 1}, {"s": "pending"})
+        for i in range(5)
+    ]
+    other = tool_span("e" * 16, parent, 50, "plan", {"q": "x"}, {"plan": "ok"})
+    batches = [loop, [agent_span(child, "loopy_child", parent, 90), other]]
+    batches.append([agent_span(parent, "clean")])
+    stops, _ = run_batches(*([[s for b in batches for s in b]] if one_request else batches))
+    assert stops[child].observe_reason == "repeated_action"
+    assert json.loads(stops[child].observe_evidence)["tool"] == "lookup_order"
+    assert stops[parent].observe_reason is None
+
+
+def test_sibling_agents_are_judged_apart() -> None:
+    """Two agents side by side, each calling the same tool twice (under the limit of 3):
+    no loop. Their four calls together once made one of them a repeated_action."""
+    root, x, y = "r" * 16, "a" * 16, "b" * 16
+    calls = [
+        tool_span(f"{i + 1:016x}", (x, y)[i % 2], 100 + i, "get", {"id": 7}, {"v": 1})
+        for i in range(4)
+    ]
+    root_span = span(root, "workflow", {}, start=0)
+    stops, _ = run_batches(
+        [*calls, agent_span(x, "sib_x", root, 10), agent_span(y, "sib_y", root, 20), root_span]
+    )
+    assert stops[x].observe_reason is None and stops[y].observe_reason is None
+
+
+def test_calls_are_judged_in_start_order_not_arrival_order() -> None:
+    """A-B-A-B-A-B whose B calls arrive first (a retried request) is a cycle, not a
+    repeated B then a repeated A."""
+    agent = "g" * 16
+    calls = [
+        tool_span(f"{i + 1:016x}", agent, 100 + i, "ab"[i % 2], {"k": 1}, {"v": "same"})
+        for i in range(6)
+    ]
+    stops, _ = run_batches(calls[1::2], calls[0::2], [agent_span(agent, "pingpong")])
+    assert stops[agent].observe_reason == "action_cycle"
+
+
+def test_evidence_points_at_the_steps_as_stored() -> None:
+    """The second agent of a trace has steps numbered after the first's; its evidence
+    names those stored steps, not the guard's own count from 1."""
+    root, x, y = "r" * 16, "a" * 16, "b" * 16
+    first = [tool_span(f"{i + 1:016x}", x, 100 + i, "read", {"n": i}, {"v": i}) for i in range(2)]
+    second = [
+        tool_span(f"{i + 11:016x}", y, 200 + i, "poll", {"id": 3}, {"state": "wait"})
+        for i in range(3)
+    ]
+    stops, steps = run_batches(
+        [*first, agent_span(x, "reader", root, 90)],
+        [*second, agent_span(y, "poller", root, 190), span(root, "workflow", {}, start=0)],
+    )
+    stored = sorted(s.step for s in steps if s.run_id == y)
+    evidence = json.loads(stops[y].observe_evidence)
+    assert stops[y].observe_reason == "repeated_action"
+    assert evidence["step_indices"] == stored and stops[y].observe_step == stored[-1]
+    assert stored[0] > 1
+
+
+def test_a_resent_request_keeps_the_step_numbers() -> None:
+    """A client retry of a tool-only request mid-run once took new step numbers (stored
+    steps 1, 2, 5, 6 for four calls): the resent spans now keep theirs."""
+    agent = "g" * 16
+    calls = [
+        tool_span(f"{i + 1:016x}", agent, 100 + i, "read", {"n": i}, {"v": i}) for i in range(4)
+    ]
+    mapper = MapStage()
+    numbers = []
+    for spans in (calls[:2], calls[:2], calls[2:], [agent_span(agent, "reader")]):
+        mapped = mapper.process(SpanBatch(list(spans)))
+        numbers.append([s.step for s in mapped.steps])
+    assert numbers == [[1, 2], [1, 2], [3, 4], []]
+
+
+def test_openinference_model_calls_carry_their_token_counts(corpus_dir: Path) -> None:
+    """``llm.token_count.prompt``/``.completion`` are OpenInference's token counts; the
+    run once showed 0 tokens for the corpus's OpenInference trace."""
+    path = corpus_dir / "otlp-genai-interlingua" / "testdata__openinference__in.json"
+    raw = json.loads(path.read_text())
+    expected = {}
+    for rs in raw["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for sp in ss["spans"]:
+                attrs = {a["key"]: a["value"] for a in sp.get("attributes", [])}
+                if "llm.token_count.prompt" in attrs:
+                    expected[sp["spanId"].lower()] = (
+                        int(attrs["llm.token_count.prompt"]["intValue"]),
+                        int(attrs["llm.token_count.completion"]["intValue"]),
+                    )
+    mapped = MapStage().process(decode_json(path.read_bytes()))
+    got = {
+        s.span_id: (s.input_tokens, s.output_tokens) for s in mapped.steps if s.span_id in expected
+    }
+    assert expected and got == expected and all(sum(v) > 0 for v in got.values())
