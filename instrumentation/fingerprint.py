@@ -47,6 +47,61 @@ _sha256: Final = hashlib.sha256
 # Canonical scalars no redaction rule can change (only strings and containers are scanned).
 _UNSCRUBBED: Final = frozenset({int, bool, float})
 _MAX_DEPTH: Final = 64
+_MAX_INT_BITS: Final = 13_000
+"""Larger ints are canonical as ``"int:0x..."``: Python refuses to turn an int of more
+than 4,300 decimal digits (about 14,284 bits) into text (``sys.set_int_max_str_digits``),
+so JSON of ``3**10000`` raised inside the agent's tool call. Hex has no such limit."""
+_ADDRESS: Final = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _big_int(value: int) -> str:
+    return f"int:{value:#x}"
+
+
+def _safe_str(value: Any) -> str:
+    """``str(value)`` without memory addresses (``<Foo object at 0x7f...>`` differs for
+    equal objects and between runs), or the type name when ``__str__`` raises."""
+    try:
+        text = str(value)
+    except Exception:  # a hostile __str__ must not break the agent
+        return f"<{type(value).__name__}>"
+    return _ADDRESS.sub("", text) if " at 0x" in text else text
+
+
+_SCALARS: Final = (str, int, float, bool, type(None))
+
+
+def _object_state(value: Any) -> dict[str, Any] | None:
+    """The fields of a plain object (default ``__repr__`` and ``__str__``), one level:
+    ``{"__type__": qualname, field: value}``, a field that is not a scalar given as its
+    :func:`_safe_str` (an object graph with back references would otherwise be walked
+    again at every level). None for other objects.
+
+    Such an object's ``str`` holds its address, so two calls returning the same state
+    looked like new observations every time and no loop was ever seen.
+    """
+    kind = type(value)
+    default = object.__dict__
+    if getattr(kind, "__repr__", None) is not default["__repr__"]:
+        return None
+    if getattr(kind, "__str__", None) is not default["__str__"]:
+        return None
+    fields: dict[str, Any] = {}
+    try:
+        for klass in reversed(kind.__mro__):
+            slots = klass.__dict__.get("__slots__", ())
+            for slot in (slots,) if isinstance(slots, str) else slots:
+                if slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
+                    fields[slot] = getattr(value, slot)
+        fields.update(getattr(value, "__dict__", None) or {})
+    except Exception:  # a hostile __getattr__ or __dict__: fall back to str()
+        return None
+    state: dict[str, Any] = {"__type__": kind.__qualname__}
+    for name, field_value in fields.items():
+        if type(name) is str:
+            scalar = isinstance(field_value, _SCALARS)
+            state[name] = field_value if scalar else _safe_str(field_value)
+    return state
 
 
 def canonicalize(
@@ -76,14 +131,16 @@ def _canon(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
     if kind is str:
         s = value.strip()
         return _WS.sub(" ", s).casefold() if loose else s
-    if kind is int or kind is bool or value is None:
+    if kind is int:
+        return value if value.bit_length() <= _MAX_INT_BITS else _big_int(value)
+    if kind is bool or value is None:
         return value
     if depth > _MAX_DEPTH:
         return f"<{kind.__name__}>"
     if kind is dict:
         out: dict[str, Any] = {}
         for k, v in value.items():
-            key = k if type(k) is str else str(k)
+            key = k if type(k) is str else _safe_str(k)
             if drop and key.lower() in drop:
                 continue
             vkind = type(v)
@@ -91,7 +148,7 @@ def _canon(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
             # was a third of the guard's per-step cost.
             if vkind is str and not loose:
                 out[key] = v.strip()
-            elif vkind is int or vkind is bool or v is None:
+            elif vkind is bool or v is None or (vkind is int and v.bit_length() <= _MAX_INT_BITS):
                 out[key] = v
             else:
                 out[key] = _canon(v, drop, loose, depth + 1)
@@ -103,7 +160,7 @@ def _canon(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
             vkind = type(v)
             if vkind is str and not loose:
                 append(v.strip())
-            elif vkind is int or vkind is bool or v is None:
+            elif vkind is bool or v is None or (vkind is int and v.bit_length() <= _MAX_INT_BITS):
                 append(v)
             else:
                 append(_canon(v, drop, loose, depth + 1))
@@ -142,7 +199,10 @@ def _plain(  # noqa: PLR0917 - positional on purpose: recursive hot path
             if vkind is str:
                 if v.strip() is not v or (clean is not None and v not in clean):
                     return False
-            elif vkind is int or vkind is bool or v is None:
+            elif vkind is int:
+                if v.bit_length() > _MAX_INT_BITS:
+                    return False
+            elif vkind is bool or v is None:
                 continue
             elif vkind is float:
                 if not math.isfinite(v):
@@ -158,7 +218,10 @@ def _plain(  # noqa: PLR0917 - positional on purpose: recursive hot path
             if vkind is str:
                 if v.strip() is not v or (clean is not None and v not in clean):
                     return False
-            elif vkind is int or vkind is bool or v is None:
+            elif vkind is int:
+                if v.bit_length() > _MAX_INT_BITS:
+                    return False
+            elif vkind is bool or v is None:
                 continue
             elif vkind is float:
                 if not math.isfinite(v):
@@ -168,7 +231,9 @@ def _plain(  # noqa: PLR0917 - positional on purpose: recursive hot path
         return True
     if kind is str:
         return value.strip() is value and (clean is None or value in clean)
-    if kind is int or kind is bool or value is None:
+    if kind is int:
+        return bool(value.bit_length() <= _MAX_INT_BITS)
+    if kind is bool or value is None:
         return True
     return kind is float and math.isfinite(value)
 
@@ -177,7 +242,7 @@ def _canon_other(value: Any, drop: frozenset[str], loose: bool, depth: int) -> A
     if isinstance(value, str):
         return _canon(str(value), drop, loose, depth)
     if isinstance(value, bool | int):
-        return int(value)
+        return _canon(int(value), drop, loose, depth)
     if isinstance(value, float):
         return _canon(float(value), drop, loose, depth)
     if isinstance(value, Mapping):
@@ -193,10 +258,10 @@ def _canon_other(value: Any, drop: frozenset[str], loose: bool, depth: int) -> A
         # Field by field: ``asdict`` deep-copies, which fails on locks, files, sockets.
         fields_ = {f.name: getattr(value, f.name, None) for f in dataclass_fields(value)}
         return _canon(fields_, drop, loose, depth + 1)
-    try:
-        return str(value)
-    except Exception:  # a hostile __str__ must not break the agent
-        return f"<{type(value).__name__}>"
+    state = _object_state(value)
+    if state is not None:
+        return _canon(state, drop, loose, depth + 1)
+    return _safe_str(value)
 
 
 _ENCODER: Final = json.JSONEncoder(

@@ -78,6 +78,7 @@ from .fingerprint import (
 from .policy import DEFAULT_VOLATILE_FIELDS, Policy
 
 __all__ = [
+    "MAX_LOOKBACK",
     "REPEAT_ACROSS_PROGRESS_FACTOR",
     "Decision",
     "DecisionType",
@@ -97,6 +98,16 @@ __all__ = [
 Mode = Literal["enforce", "observe"]
 Basis = Literal["projected", "observed"]
 _SNAPSHOT_FORMAT: Final = "loopwatch.guard/1"
+MAX_LOOKBACK: Final = 4096
+"""The longest look-back a limit can ask for (the largest ``detector_window``); a
+``repeated_decision_limit`` or a cycle span (period x repetitions) beyond it can never
+fire, which is how a policy switches those detectors off."""
+
+
+def _lookback(window: int, needed: int) -> int:
+    return max(window, min(needed, MAX_LOOKBACK))
+
+
 _MAX_OBSERVED_STOPS: Final = 32
 _ERROR_MESSAGE_CHARS: Final = 200
 REPEAT_ACROSS_PROGRESS_FACTOR: Final = 3
@@ -162,7 +173,7 @@ _MESSAGES: Final[dict[StopReason, str]] = {
     StopReason.FINAL_UNVERIFIED: "The run gave a final answer that failed the goal check.",
     StopReason.REFUSED: "The model refused the task.",
     StopReason.BUDGET_EXHAUSTED: (
-        "Stopped: the {dimension} budget is exhausted ({observed} > {limit})."
+        "Stopped: the {dimension} budget is exhausted ({observed} of {limit})."
     ),
     StopReason.DEADLINE_EXCEEDED: "Stopped: the wall-clock deadline of {limit} s was reached.",
     StopReason.REPEATED_ACTION: "Stopped: the same action repeated with an unchanged result.",
@@ -172,6 +183,23 @@ _MESSAGES: Final[dict[StopReason, str]] = {
     StopReason.CANCELLED: "The run was cancelled.",
     StopReason.ERROR: "The run failed with an unexpected error.",
 }
+
+
+COST_DECIMALS: Final = 9
+"""Accumulated cost is kept rounded to 1e-9 US dollars, so that ten calls of $0.1 make
+exactly the $1.0 a budget names (in binary floating point the sum is 0.9999999999999999,
+and three of $0.1 are 0.30000000000000004, which crossed a $0.3 budget after the third
+call instead of refusing the fourth)."""
+
+
+def _add_dollars(total: float, amount: float) -> float:
+    return round(total + amount, COST_DECIMALS)
+
+
+def _usage_tokens(value: Any) -> int:
+    """A reported token count as a non-negative int; ``None`` (providers that report no
+    usage, streaming responses) counts as 0."""
+    return max(int(value), 0) if value is not None else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +229,10 @@ class Decision:
         answer: the final answer of a ``final`` decision.
         asks_for: fields a clarification asks for; a re-ask of the same fields is the same
             decision however it is worded.
-        input_tokens / output_tokens: usage reported by the model call.
-        cost_usd: cost of the model call in US dollars.
+        input_tokens / output_tokens: usage reported by the model call (``None``
+            counts as 0, as providers send when they report none).
+        cost_usd: cost of the model call in US dollars (``None``, NaN and negative
+            values count as 0).
     """
 
     type: DecisionType
@@ -678,12 +708,21 @@ class Guard:
         self._has_answer = False
         self._partial: str | None = None
         self._provided: set[str] = set()
-        self._actions: deque[_Action] = deque(maxlen=window)
+        # The look-back of the cycle and repeated-decision detectors is at least what
+        # their limits need (up to MAX_LOOKBACK): a limit past the window once switched
+        # its detector off without a word (a review, 2026-12-01: repeated_decision_limit
+        # 10 with a window of 8 let 50 identical messages through).
+        cycle_span = policy.cycle_max_period * policy.cycle_repetitions
+        self._actions: deque[_Action] = deque(maxlen=_lookback(window, cycle_span))
         self._streak: _Action | None = None
         # Steps of the current run of identical actions (same fingerprint, same
         # observation): since the last progress, and in all (progress does not end it).
+        # Identical actions in a row: counted without bound (a repeat limit may exceed the
+        # window), their steps kept for evidence within the window.
         self._streak_steps: deque[int] = deque(maxlen=window)
         self._streak_all: deque[int] = deque(maxlen=window)
+        self._streak_count = 0  # since the last progress
+        self._streak_all_count = 0  # whatever progress came in between
         self._last_failure = _LRU(window)
         self._retries = _LRU(window)
         self._writes = _LRU(window)
@@ -692,7 +731,9 @@ class Guard:
         # field seen before" is one lookup instead of a scan of the window.
         self._progress_fields: Counter[tuple[Any, ...]] = Counter()
         self._progress_values = _LRU(window, self._forget_progress_value)
-        self._decisions: deque[tuple[str, int]] = deque(maxlen=window)
+        self._decisions: deque[tuple[str, int]] = deque(
+            maxlen=_lookback(window, policy.repeated_decision_limit)
+        )
         self._decision_counts: Counter[str] = Counter()
         self._call_ids = itertools.count(1)
         self._tool_cache: dict[str, _ToolSettings] = {}
@@ -908,7 +949,7 @@ class Guard:
                 node._successes += int(amounts.get("successes", 0))
                 node._input_tokens += int(amounts.get("input_tokens", 0))
                 node._output_tokens += int(amounts.get("output_tokens", 0))
-                node._cost += float(amounts.get("cost", 0.0))
+                node._cost = _add_dollars(node._cost, float(amounts.get("cost", 0.0)))
                 node._in_flight += int(amounts.get("in_flight", 0))
             node = node.parent
 
@@ -1063,15 +1104,16 @@ class Guard:
                 self._step += 1
                 self._step_open = True
                 self._step_progress = False
-            self._input_tokens += max(int(decision.input_tokens), 0)
-            self._output_tokens += max(int(decision.output_tokens), 0)
-            cost = float(decision.cost_usd)
-            self._cost += cost if cost > 0 else 0.0
+            input_tokens = _usage_tokens(decision.input_tokens)
+            output_tokens = _usage_tokens(decision.output_tokens)
+            cost = float(decision.cost_usd or 0.0)
+            cost = cost if cost > 0 else 0.0  # NaN and negative costs count as nothing
+            self._input_tokens += input_tokens
+            self._output_tokens += output_tokens
+            self._cost = _add_dollars(self._cost, cost)
             if self.parent is not None:
                 self._charge_parents(
-                    input_tokens=max(int(decision.input_tokens), 0),
-                    output_tokens=max(int(decision.output_tokens), 0),
-                    cost=cost if cost > 0 else 0.0,
+                    input_tokens=input_tokens, output_tokens=output_tokens, cost=cost
                 )
             dtype = decision.type
             if dtype.__class__ is not DecisionType:
@@ -1447,22 +1489,23 @@ class Guard:
             # The N-th in a row since the last progress, or the (cap x N)-th in a row
             # whatever progress came in between (an environment that reports something
             # new every turn must not switch the detector off).
-            since = len(self._streak_steps)
+            since = self._streak_count
             cap = limit * REPEAT_ACROSS_PROGRESS_FACTOR
-            across = since + 1 < limit and len(self._streak_all) + 1 >= cap
+            across = since + 1 < limit and self._streak_all_count + 1 >= cap
             if since + 1 >= limit or across:
                 repeats = self._streak_all if across else self._streak_steps
+                count = (self._streak_all_count if across else since) + 1
                 detail: dict[str, Any] = {"observation": streak.observation[:12]}
                 if across:
                     detail["across_progress"] = True
                 return self._make_stop(
                     StopReason.REPEATED_ACTION,
                     limit=cap if across else limit,
-                    observed=len(repeats) + 1,
+                    observed=count,
                     evidence=Evidence(
                         detector="repeated_action",
                         tool=ticket.tool,
-                        repetitions=len(repeats) + 1,
+                        repetitions=count,
                         step_indices=(*repeats, ticket.step),
                         fingerprint_previews=(preview(ticket.tool, ticket.fingerprint),),
                         detail=detail,
@@ -1629,12 +1672,15 @@ class Guard:
             ):
                 self._streak_steps.append(ticket.step)
                 self._streak_all.append(ticket.step)
+                self._streak_count += 1
+                self._streak_all_count += 1
             else:
                 self._streak = action
                 self._streak_steps.clear()
                 self._streak_steps.append(ticket.step)
                 self._streak_all.clear()
                 self._streak_all.append(ticket.step)
+                self._streak_count = self._streak_all_count = 1
             if progress:
                 self._step_progress = True
                 self._steps_since_progress = 0
@@ -1692,6 +1738,7 @@ class Guard:
                 self._step_progress = True
                 self._steps_since_progress = 0
                 self._streak_steps.clear()
+                self._streak_count = 0
 
     # ---------------------------------------------------------------- steps
 
@@ -1840,6 +1887,8 @@ class Guard:
                 ],
                 "streak_steps": list(self._streak_steps),
                 "streak_all": list(self._streak_all),
+                "streak_count": self._streak_count,
+                "streak_all_count": self._streak_all_count,
                 "last_failure": [
                     [k, v.value if v else None] for k, v in self._last_failure.items()
                 ],
@@ -1929,6 +1978,9 @@ class Guard:
         g._streak_steps.extend(int(s) for s in state["streak_steps"])
         # Snapshots before the count across progress: the same steps.
         g._streak_all.extend(int(s) for s in state.get("streak_all", state["streak_steps"]))
+        # Snapshots before the unbounded counts: the steps kept were the whole streak.
+        g._streak_count = int(state.get("streak_count", len(g._streak_steps)))
+        g._streak_all_count = int(state.get("streak_all_count", len(g._streak_all)))
         for k, v in state["last_failure"]:
             g._last_failure.set(k, FailureClass(v) if v else None)
         for k, n in state["retries"]:

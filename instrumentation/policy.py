@@ -244,6 +244,9 @@ class Policy:
     def with_env(self, environ: Mapping[str, str] | None = None) -> Policy:
         """Apply ``LOOPWATCH_POLICY_<FIELD>`` overrides from the environment.
 
+        Limits set in code (source ``call``) win over the environment (precedence
+        call > env > file > default); every other limit named there takes its value.
+
         Raises:
             PolicyError: a value that does not parse or validate (all problems listed).
         """
@@ -252,7 +255,7 @@ class Policy:
         problems: list[PolicyProblem] = []
         for name, (kind, *_rest) in _LIMIT_SPEC.items():
             raw = env.get(f"LOOPWATCH_POLICY_{name.upper()}")
-            if raw is None:
+            if raw is None or self.sources.get(name) == "call":
                 continue
             try:
                 values[name] = int(raw) if kind == _INT else float(raw)

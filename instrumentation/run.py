@@ -43,6 +43,7 @@ import inspect
 import os
 import threading
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Literal, ParamSpec, TypeVar, overload
@@ -67,6 +68,29 @@ Mode = Literal["enforce", "observe"]
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("loopwatch_run", default=None)
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
+_open_runs = 0  # runs started and not yet ended, in this process
+_open_runs_lock = threading.Lock()
+
+
+def _count_open(delta: int) -> None:
+    global _open_runs
+    with _open_runs_lock:
+        _open_runs += delta
+
+
+def _warn_outside_run(tool_name: str) -> None:
+    """A ``@tool`` called with no current run while runs are open: most likely a thread
+    (a ``ThreadPoolExecutor`` for parallel tool calls), which does not inherit the run's
+    context, so the call is neither guarded nor traced. Said once per call site."""
+    if _open_runs > 0:
+        warnings.warn(
+            f"loopwatch: tool {tool_name[:80]!r} called outside any run while a run is "
+            "open in this process; it runs unguarded and untraced. A thread does not "
+            "inherit the run: submit the call with contextvars.copy_context().run "
+            "(see the README, 'Parallel tool calls').",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def current_run() -> Run | None:
@@ -85,14 +109,21 @@ def _tool_executor() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _resolve_policy(policy: Policy | str | os.PathLike[str] | None) -> Policy:
+    """The run's policy with ``LOOPWATCH_POLICY_<FIELD>`` applied whatever its origin
+    (a file, a built-in profile, a :class:`Policy` built in code, the defaults); limits
+    set in code keep their value (call > env > file > default).
+
+    Raises:
+        PolicyError: an invalid file, profile or environment value.
+    """
     if policy is None:
-        return Policy()
+        return Policy().with_env()
     if isinstance(policy, Policy):
-        return policy
+        return policy.with_env()
     text = os.fspath(policy)
     builtin = builtin_profiles()
     if text in builtin:
-        return builtin[text]
+        return builtin[text].with_env()
     path, _, profile = (
         text.partition(":") if ":" in text and not os.path.exists(text) else (text, "", "")
     )
@@ -208,6 +239,7 @@ class Run:
         """Start the run span and make this the current run (``with`` does this)."""
         if not self._started:
             self._started = True
+            _count_open(1)
             self._telemetry.start_run(self.mode)
         self._token = _current.set(self)
         ctx = self._telemetry.run_context
@@ -269,6 +301,8 @@ class Run:
         with self._close_lock:
             if self._outcome is None:
                 self._outcome = outcome
+                if self._started:
+                    _count_open(-1)
                 self._telemetry.stop(outcome)
             return self._outcome
 
@@ -492,7 +526,13 @@ class Run:
         future = _tool_executor().submit(ctx.run, invoke)
         try:
             result = future.result(timeout=max(ticket.timeout_seconds, 0.0))
-        except concurrent.futures.TimeoutError:
+        except concurrent.futures.TimeoutError as exc:
+            if future.done() and not future.cancelled() and future.exception() is exc:
+                # The tool raised TimeoutError itself (concurrent.futures.TimeoutError is
+                # the built-in one since Python 3.11): its own error, passed on as is.
+                record = self.guard.record_tool_result(ticket, error=exc)
+                self._telemetry.end_tool(span, record, error=exc)
+                raise
             future.cancel()
             err = TimeoutError(f"tool {name[:80]!r} timed out after {ticket.timeout_seconds:.3g} s")
             record = self.guard.record_tool_result(
@@ -529,6 +569,7 @@ class Run:
         ticket, args_json, started = self._check_tool(name, args, call_id)
         span = self._telemetry.start_tool(ticket, args_json, start_time=started)
         token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
+        began = time.monotonic()
         try:
             if is_async:
                 result = await asyncio.wait_for(invoke(), timeout=ticket.timeout_seconds)
@@ -539,7 +580,15 @@ class Run:
                     loop.run_in_executor(_tool_executor(), functools.partial(ctx.run, invoke)),
                     timeout=ticket.timeout_seconds,
                 )
-        except TimeoutError:
+        except TimeoutError as exc:
+            # asyncio.wait_for's own timeout comes from a cancellation at the deadline; a
+            # TimeoutError the tool raised (or let through) is its own error, passed on.
+            if not isinstance(exc.__cause__, asyncio.CancelledError) or (
+                time.monotonic() - began < ticket.timeout_seconds
+            ):
+                record = self.guard.record_tool_result(ticket, error=exc)
+                self._telemetry.end_tool(span, record, error=exc)
+                raise
             err = TimeoutError(f"tool {name[:80]!r} timed out after {ticket.timeout_seconds:.3g} s")
             record = self.guard.record_tool_result(
                 ticket, error=err, failure_class=FailureClass.TIMEOUT
@@ -841,13 +890,20 @@ def tool(fn: Callable[P, R] | None = None, /, *, name: str | None = None) -> Any
     """Decorate a tool (sync or async). Inside a run, each call is guarded and traced.
 
     The call's arguments are bound to the signature (defaults applied) and fingerprinted
-    by name. Outside a run the tool runs unguarded. The per-call timeout applies (a sync
-    tool runs in a worker thread; an async tool is cancelled at its timeout).
+    by name; a method's ``self`` or ``cls`` is left out of the fingerprint. Outside a run
+    the tool runs unguarded; called so while a run is open in the process (a thread of
+    a pool, which does not inherit the run), it warns once per call site
+    (``RuntimeWarning``): submit such calls with ``contextvars.copy_context().run``. The
+    per-call timeout applies (a sync tool runs in a loopwatch worker thread, so objects
+    bound to the calling thread, such as a ``sqlite3`` connection, do not work in it; an
+    async tool is cancelled at its timeout).
 
     Args:
         name: tool name (default: the function's name).
 
     Raises:
+        TypeError: at decoration, ``fn`` is a generator function (its body would run
+            after the guarded call returned).
         StopRun: refused and the run ended (caught by ``@agent``).
         ToolFailure: unknown tool (``strict_tools`` policy or a ``tools`` registry).
         TimeoutError: the call timed out.
@@ -855,7 +911,24 @@ def tool(fn: Callable[P, R] | None = None, /, *, name: str | None = None) -> Any
 
     def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
         tool_name = name or func.__name__
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            # Calling one only builds the generator: the guard would record a success
+            # before the body ran, and the body would run unguarded, untimed, unrecorded.
+            raise TypeError(
+                f"@tool {tool_name!r} is a generator function: a guarded call must return "
+                "its result (return a list, or decorate a function that consumes it)"
+            )
         sig = inspect.signature(func)
+        params = list(sig.parameters)
+        # A method's receiver is not an argument of the action: its fields (counters,
+        # caches) change on every call and would make identical calls look new.
+        receiver = params[0] if params and params[0] in ("self", "cls") else None
+
+        def arguments(bound: inspect.BoundArguments) -> dict[str, Any]:
+            out = dict(bound.arguments)
+            if receiver is not None:
+                out.pop(receiver, None)
+            return out
 
         if inspect.iscoroutinefunction(func):
 
@@ -863,12 +936,13 @@ def tool(fn: Callable[P, R] | None = None, /, *, name: str | None = None) -> Any
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 run = _current.get()
                 if run is None:
+                    _warn_outside_run(tool_name)
                     return await func(*args, **kwargs)
                 bound = sig.bind(*args, **kwargs)
                 bound.apply_defaults()
                 return await run.acall_tool(
                     tool_name,
-                    dict(bound.arguments),
+                    arguments(bound),
                     _invoke=functools.partial(func, *bound.args, **bound.kwargs),
                     _is_async=True,
                 )
@@ -880,12 +954,13 @@ def tool(fn: Callable[P, R] | None = None, /, *, name: str | None = None) -> Any
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             run = _current.get()
             if run is None:
+                _warn_outside_run(tool_name)
                 return func(*args, **kwargs)
             bound = sig.bind(*args, **kwargs)
             bound.apply_defaults()
             return run.call_tool(
                 tool_name,
-                dict(bound.arguments),
+                arguments(bound),
                 _invoke=functools.partial(func, *bound.args, **bound.kwargs),
             )
 

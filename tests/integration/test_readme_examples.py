@@ -41,12 +41,22 @@ def _run(code: str, cwd: Path) -> str:
 
 def test_readme_has_the_examples_this_test_runs() -> None:
     blocks = _blocks()
-    assert len(blocks) == 3, "update this test with the README's examples"
-    assert "@agent(" in blocks[0] and "with Run(" in blocks[1] and "4317" in blocks[2]
+    assert len(blocks) == 4, "update this test with the README's examples"
+    assert "@agent(" in blocks[0] and "with Run(" in blocks[1]
+    assert "copy_context" in blocks[2] and "4317" in blocks[3]
+
+
+def test_parallel_tool_calls_example_guards_both_calls(tmp_path: Path) -> None:
+    """The README's thread-pool pattern: both calls guarded, and no warning (a warning
+    is raised as an error here: it would mean the calls ran outside the run)."""
+    parallel = _blocks()[2]
+    out = _run("import warnings\nwarnings.simplefilter('error')\n" + parallel, tmp_path)
+    expected = re.search(r"# (\d+): both calls", parallel)
+    assert expected is not None and out.strip() == expected.group(1) == "2"
 
 
 def test_guard_examples_print_what_the_readme_says(tmp_path: Path) -> None:
-    decorated, with_run, _ = _blocks()
+    decorated, with_run, *_ = _blocks()
     with start_collector(tmp_path) as collector:
         code = decorated.replace("http://127.0.0.1:4318/v1/traces", collector.otlp_url)
         assert code != decorated

@@ -19,7 +19,7 @@ from loopwatch.instrumentation import (
     ToolFailure,
     ToolPolicy,
 )
-from loopwatch.instrumentation.guard import REPEAT_ACROSS_PROGRESS_FACTOR
+from loopwatch.instrumentation.guard import MAX_LOOKBACK, REPEAT_ACROSS_PROGRESS_FACTOR
 from loopwatch.instrumentation.testing import FakeClock
 
 
@@ -575,10 +575,14 @@ def test_detector_memory_is_bounded_over_100k_steps() -> None:
                 error=ToolFailure("x", FailureClass.TRANSIENT) if i % 11 == 0 else None,
             )
 
-    tracemalloc.start()
-    run(1_000, 0)
+    # Warm up past the longest look-back: a limit of 10**6 (switched off) sizes the
+    # decision look-back at MAX_LOOKBACK, filled by every 5th step (the messages).
+    warm = 5 * MAX_LOOKBACK + 1_000
+    tracemalloc.start()  # before the windows fill: what they drop later is traced too
+    run(warm, 0)
+    run(1_000, warm)
     before = tracemalloc.take_snapshot()
-    run(3_000, 1_000)
+    run(3_000, warm + 1_000)
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
     grown = sum(
@@ -589,8 +593,8 @@ def test_detector_memory_is_bounded_over_100k_steps() -> None:
     assert grown < 16 * 1024, (
         f"guard state grew by {grown} bytes over 3k steps once its windows were full"
     )
-    run(100_000, 4_000)
-    assert len(g._actions) <= 64 and len(g._seen) <= 256 and len(g._decisions) <= 64
+    run(100_000, warm + 4_000)
+    assert len(g._actions) <= 64 and len(g._seen) <= 256 and len(g._decisions) <= MAX_LOOKBACK
     assert len(g._last_failure) <= 64 and len(g._retries) <= 64 and len(g._writes) <= 64
     assert len(g._progress_values) <= 64 and len(g._decision_counts) <= 64
     assert len(g._streak_steps) <= 64

@@ -233,3 +233,220 @@ def test_nan_cost_is_not_exported() -> None:
         run.decide(lambda: Decision.final("x"))
     assert all("loopwatch.cost.usd" not in s.attributes for s in exporter.get_finished_spans())
     assert run.outcome.usage.cost_usd == 0.0
+
+
+# ------------------------------------- an agent developer's review, 2026-12-01 (one per kind)
+
+
+def _traced() -> tuple[Any, Any]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    return tp, exporter
+
+
+class QueryTimeout(TimeoutError):
+    def __init__(self, query_id: str) -> None:
+        super().__init__(f"query {query_id} timed out")
+        self.query_id = query_id
+
+
+def test_a_tools_own_timeout_error_reaches_the_agent_unchanged() -> None:
+    """concurrent.futures.TimeoutError is the built-in TimeoutError since Python 3.11,
+    so a tool's own TimeoutError was taken for loopwatch's and replaced by it."""
+
+    def query() -> None:
+        raise QueryTimeout("abc123")
+
+    with Run("db", Policy(), clock=FakeClock()) as run:
+        run.decide(lambda: Decision.tool(ToolCall("query")))
+        with pytest.raises(QueryTimeout) as caught:
+            run.call_tool("query", {}, fn=query)
+        assert caught.value.query_id == "abc123"
+
+
+def test_an_async_tools_own_timeout_error_reaches_the_agent_unchanged() -> None:
+    import asyncio
+
+    async def query() -> None:
+        raise QueryTimeout("abc123")
+
+    async def slow() -> None:
+        await asyncio.sleep(5)
+
+    async def model() -> Decision:
+        return Decision.tool(ToolCall("query"))
+
+    policy = Policy.build(tools=(ToolPolicy("slow", timeout_seconds=0.05),))
+
+    async def main() -> None:
+        async with Run("db", policy) as run:
+            await run.adecide(model)
+            with pytest.raises(QueryTimeout):
+                await run.acall_tool("query", {}, fn=query)
+            # loopwatch's own timeout is still a plain TimeoutError with its message
+            with pytest.raises(TimeoutError, match="timed out after") as caught:
+                await run.acall_tool("slow", {}, fn=slow)
+            assert type(caught.value) is TimeoutError
+
+    asyncio.run(main())
+
+
+def test_a_huge_int_result_or_a_hostile_key_does_not_break_the_call() -> None:
+    """JSON of 3**10000 raised ValueError (the 4,300-digit int->str limit) in the guard,
+    after the tool had run; the tool span was never ended."""
+
+    class BadStr:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+        def __hash__(self) -> int:
+            return 1
+
+    tp, exporter = _traced()
+    with Run("calc", Policy(), tracer_provider=tp, clock=FakeClock()) as run:
+        run.decide(lambda: Decision.tool(ToolCall("power")))
+        assert run.call_tool("power", {"e": 10_000}, fn=lambda e: 3**e) == 3**10_000
+        run.call_tool("odd", {}, fn=lambda: {BadStr(): 1})
+        run.call_tool("big_arg", {"n": 7**9000}, fn=lambda n: n % 10)
+        run.decide(lambda: Decision.final("ok"))
+    assert run.outcome.stop.reason is StopReason.COMPLETED
+    assert_trace_invariants(exporter.get_finished_spans())
+
+
+@dataclass
+class _Status:  # has its own repr: compared by fields already
+    state: str
+
+
+class _PlainStatus:  # default repr: "<...PlainStatus object at 0x7f...>"
+    def __init__(self, state: str) -> None:
+        self.state = state
+
+
+def test_plain_objects_are_observed_by_their_fields_not_their_address() -> None:
+    """A result object with the default repr digested as str(obj), which holds its
+    address: the same unchanged result looked new on every call."""
+    g = Guard(Policy.build(no_progress_patience=50), clock=FakeClock())
+    stops = [step_tool(g, "status", {"id": 1}, result=_PlainStatus("pending")) for _ in range(3)]
+    assert stops[:2] == [None, None] and stops[2] is not None
+    assert stops[2].reason is StopReason.REPEATED_ACTION
+    g = Guard(Policy.build(no_progress_patience=50), clock=FakeClock())
+    for i in range(5):  # a changing field is a new observation
+        assert step_tool(g, "status", {"id": 1}, result=_PlainStatus(f"step {i}")) is None
+
+
+def test_tool_methods_and_generators() -> None:
+    """``self`` was part of a method tool's fingerprint (its counters changed every call,
+    so no call repeated); a generator tool's body ran after the guarded call returned."""
+    from loopwatch.instrumentation import tool
+
+    class Client:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        @tool
+        def lookup(self, order_id: int) -> dict[str, str]:
+            self.calls += 1
+            return {"status": "pending"}
+
+    client = Client()
+    with Run("m", Policy.build(no_progress_patience=50), clock=FakeClock()) as run:
+        for _ in range(5):
+            run.decide(lambda: Decision.tool(ToolCall("lookup", {"order_id": 4})))
+            client.lookup(4)
+    assert run.outcome.stop.reason is StopReason.REPEATED_ACTION and client.calls == 2
+
+    with pytest.raises(TypeError, match="generator"):
+
+        @tool
+        def stream() -> Any:
+            yield 1
+
+
+def test_a_tool_called_from_a_thread_pool_warns_and_copy_context_guards_it() -> None:
+    """A pool thread does not inherit the run: the call ran unguarded and untraced with
+    no word. It now warns; the README's copy_context pattern guards it."""
+    import contextvars
+    import warnings
+    from concurrent.futures import ThreadPoolExecutor
+
+    from loopwatch.instrumentation import tool
+
+    @tool
+    def fetch(url: str) -> str:
+        return url
+
+    with Run("pool", Policy(), clock=FakeClock()) as run:
+        run.decide(lambda: Decision.tool(ToolCall("fetch", {"url": "a"})))
+        with ThreadPoolExecutor(2) as pool, pytest.warns(RuntimeWarning, match="outside any run"):
+            pool.submit(fetch, "a").result()
+        assert run.guard.usage().tool_attempts == 0
+        with ThreadPoolExecutor(2) as pool, warnings.catch_warnings():
+            warnings.simplefilter("error")
+            futures = [pool.submit(contextvars.copy_context().run, fetch, u) for u in "bc"]
+            assert [f.result() for f in futures] == ["b", "c"]
+        assert run.guard.usage().tool_attempts == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fetch("d") == "d"  # no run open: plain call, no warning
+
+
+def test_usage_reported_as_none_counts_as_zero() -> None:
+    g = Guard(Policy(), clock=FakeClock())
+    g.before_model_call()
+    g.record_decision(Decision.tool(input_tokens=812, output_tokens=None, cost_usd=None))  # type: ignore[arg-type]
+    assert g.usage().tokens == 812 and g.usage().cost_usd == 0.0
+
+
+def test_ten_cent_calls_reach_a_thirty_cent_budget_exactly() -> None:
+    """0.1 + 0.1 + 0.1 is 0.30000000000000004 in floating point: the third call's tool
+    was refused as over a $0.3 budget; the fourth model call is the one to refuse."""
+    policy = Policy.build(max_cost_usd=0.3, no_progress_patience=50)
+    executed = []
+    with Run("cost", policy, clock=FakeClock()) as run:
+        for i in range(5):
+            run.decide(lambda i=i: Decision.tool(ToolCall("t", {"i": i}), cost_usd=0.1))
+            executed.append(run.call_tool("t", {"i": i}, fn=lambda i: i))
+    stop = run.outcome.stop
+    assert executed == [0, 1, 2] and run.outcome.usage.cost_usd == 0.3
+    assert (stop.reason, stop.basis, stop.observed, stop.limit) == (
+        StopReason.BUDGET_EXHAUSTED,
+        "projected",
+        0.3,
+        0.3,
+    )
+    assert "0.3 of 0.3" in stop.message
+
+
+def test_limits_past_the_detector_window_still_fire() -> None:
+    """The identical-action streak was kept in a window-sized list and the decision
+    look-back was the window: limits past it switched the detectors off."""
+    g = Guard(
+        Policy.build(repeat_limit=10, detector_window=8, no_progress_patience=99), clock=FakeClock()
+    )
+    stops = [step_tool(g, "poll", {"id": 1}, result={"s": 1}) for _ in range(10)]
+    assert stops[:9] == [None] * 9 and stops[9] is not None
+    assert stops[9].reason is StopReason.REPEATED_ACTION and stops[9].evidence.repetitions == 10
+    g = Guard(
+        Policy.build(repeated_decision_limit=10, detector_window=8, no_progress_patience=99),
+        clock=FakeClock(),
+    )
+    reasons = []
+    for _ in range(10):
+        g.before_model_call()
+        reasons.append(g.record_decision(Decision.message("")).stop)
+    assert reasons[-1] is not None and reasons[-1].reason is StopReason.REPEATED_DECISION
+    policy = Policy.build(
+        cycle_max_period=6, cycle_repetitions=2, detector_window=8, no_progress_patience=99
+    )
+    g = Guard(policy, clock=FakeClock())
+    found = None
+    for i in range(13):  # the 13th call would start a third round of a-b-c-d-e-f
+        tool = "abcdef"[i % 6]
+        found = found or step_tool(g, tool, {"k": 1}, result={"v": tool})
+    assert found is not None and found.reason is StopReason.ACTION_CYCLE
