@@ -128,12 +128,11 @@ REJECT_REASONS = (
     REASON_PIPELINE,
     REASON_QUEUE_FULL,
     REASON_SUBMIT_FAILED,
-    REASON_DECODE_ERROR,
-    REASON_PAYLOAD_TOO_LARGE,
-    REASON_UNSUPPORTED_MEDIA_TYPE,
-    REASON_UNAUTHORIZED,
 )
-"""Every ``reason`` value the receiver reports (a bounded metric label set)."""
+"""Every ``reason`` of refused spans (``loopwatch_collector_spans_rejected_total``; a
+bounded metric label set). Whole requests refused before their spans are known count in
+:data:`REQUEST_REJECT_REASONS` only: exporting these reasons at 0 on the span counter
+too left series nothing ever increments (a docs audit, 2026-12-01)."""
 REQUEST_REJECT_REASONS = (
     REASON_QUEUE_FULL,
     REASON_DECODE_ERROR,
@@ -142,7 +141,7 @@ REQUEST_REJECT_REASONS = (
     REASON_UNAUTHORIZED,
 )
 """The reasons a whole request is refused for before its spans are known
-(:meth:`ReceiverCounters.request_refused`)."""
+(:meth:`ReceiverCounters.request_refused`; ``queue_full``: the in-flight bytes limit)."""
 
 _GRPC_INVALID_ARGUMENT = 3
 _GRPC_RESOURCE_EXHAUSTED = 8

@@ -180,6 +180,8 @@ class LoopwatchMetrics(Collector):
         queue_depth: a callable returning the current store queue depth.
         inflight_bytes: a callable returning the request bytes the receivers hold
             (:class:`~loopwatch.collector.http.InflightLimit`).
+        redaction_rules: rule names exported on ``loopwatch_redactions_total`` from
+            the start, at 0.
 
     Thread-safety: every ``record_*`` method may be called from any thread.
 
@@ -199,6 +201,7 @@ class LoopwatchMetrics(Collector):
         top_n_tools: int = 200,
         queue_depth: object = None,
         inflight_bytes: object = None,
+        redaction_rules: Iterable[str] = (),
     ) -> None:
         self.agents = LabelBound(top_n_agents)
         self.tools = LabelBound(top_n_tools)
@@ -211,7 +214,11 @@ class LoopwatchMetrics(Collector):
         self._tool_calls: dict[tuple[str, str, str], int] = defaultdict(int)
         self._detections: dict[tuple[str, str, str], int] = defaultdict(int)
         self._canaries: dict[str, int] = defaultdict(int)
+        # Every rule exported from start (at 0): a panel or a lint query on a fresh
+        # collector otherwise finds no series until the first redaction.
         self._redactions: dict[str, int] = defaultdict(int)
+        for rule in redaction_rules:
+            self._redactions[rule[:_MAX_LABEL_CHARS]] += 0
         self._received: dict[str, int] = defaultdict(int)
         self._rejected: dict[str, int] = defaultdict(int)
         self._refused: dict[str, int] = defaultdict(int)

@@ -381,11 +381,14 @@ class Collector:
 
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
-        canaries: tuple[str, ...] = ()
+        # Both sources, not one or the other: the agent side reads the variable, so a
+        # canary named there and missing here would be stored in clear whenever a config
+        # file also named a canary file (a docs audit, 2026-12-01).
+        canaries = canaries_from_env()
         if config.redaction.canaries_file:
-            canaries = load_canaries(config.redaction.canaries_file)
-        else:
-            canaries = canaries_from_env()
+            canaries = tuple(
+                dict.fromkeys(load_canaries(config.redaction.canaries_file) + canaries)
+            )
         self.token = config.token()
         hmac_key = config.hmac_key()
         self.redact = RedactStage(canaries=canaries, hmac_key=hmac_key)
@@ -422,6 +425,7 @@ class Collector:
             top_n_tools=config.metrics.top_n_tools,
             queue_depth=lambda: self.store.queue_spans,
             inflight_bytes=lambda: self.inflight.held,
+            redaction_rules=self.redact.redactor.rule_names,
         )
         try:
             self.store = Store(config.store.db, config=settings, on_commit=self._on_commit)

@@ -389,7 +389,7 @@ def test_promtool_check_rules() -> None:
         [_promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 15 rules found" in done.stdout
+    assert "SUCCESS: 16 rules found" in done.stdout
 
 
 def test_promtool_test_rules() -> None:

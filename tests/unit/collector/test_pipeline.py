@@ -230,6 +230,40 @@ def test_canary_is_redacted_counted_and_flagged(collector: Collector) -> None:
     )
 
 
+def test_the_env_canaries_are_registered_beside_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LOOPWATCH_REDACTION_CANARIES`` was read only when no canary file was configured,
+    so with both, the variable's canary (the one the agent side knows) was stored and
+    exported in clear (a docs audit, 2026-12-01)."""
+    env_canary = "lw-canary-envonly-9911c0ffee"
+    env_file = tmp_path / "env-canaries.txt"
+    env_file.write_text(env_canary + "\n")
+    monkeypatch.setenv("LOOPWATCH_REDACTION_CANARIES", str(env_file))
+    file_canaries = tmp_path / "canaries.txt"
+    file_canaries.write_text(CANARY + "\n")
+    cfg = load_config(
+        environ={},
+        overrides={
+            "store": {"db": str(tmp_path / "lw.duckdb")},
+            "redaction": {"canaries_file": str(file_canaries)},
+        },
+    )
+    c = Collector(cfg)
+    try:
+        batch = to_batch(record(completed_run()))
+        target: SpanRecord = next(s for s in batch.spans if s.name.startswith("execute_tool"))
+        target.name = f"execute_tool {env_canary}"
+        target.attributes["gen_ai.tool.call.result"] = json.dumps({"a": CANARY})
+        submit(c, batch)
+        assert value(c, "loopwatch_canary_detections_total", location="name") == 1
+        assert value(c, "loopwatch_canary_detections_total", location="attribute") == 1
+        exported = c.exposition().decode()
+        assert env_canary not in exported and CANARY not in exported
+    finally:
+        c.close()
+
+
 def test_api_error_envelope_is_one_shape(collector: Collector) -> None:
     client = TestClient(collector.api_app())
     cases = [

@@ -93,6 +93,14 @@ def test_whole_refused_requests_are_counted_and_reasons_start_at_zero(tmp_path: 
             'loopwatch_collector_requests_rejected_total{reason="unsupported_media_type"} 1.0'
             in after
         )
+        # Reasons of whole requests are not exported on the span counter, where nothing
+        # would ever count them (they were: four series stuck at 0 on a dashboard panel).
+        span_reasons = {
+            line.split('reason="')[1].split('"')[0]
+            for line in after.splitlines()
+            if line.startswith("loopwatch_collector_spans_rejected_total{")
+        }
+        assert span_reasons == {"invalid_span", "pipeline", "queue_full", "submit_failed"}
     finally:
         c.close()
 
@@ -128,3 +136,20 @@ def test_a_signal_while_the_store_opens_is_not_lost(tmp_path: Path, delay_second
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "stopped"
+
+
+def test_every_redaction_rule_is_exported_from_start(tmp_path: Path) -> None:
+    """``loopwatch_redactions_total`` had no series until the first redaction, so the
+    Grafana lint (and the Redactions by rule panel) found nothing on a fresh collector."""
+    cfg = load_config(environ={}, overrides={"store": {"db": str(tmp_path / "x.duckdb")}})
+    c = Collector(cfg)
+    try:
+        text = TestClient(c.api_app()).get("/metrics").text
+        rules = {
+            line.split('rule="')[1].split('"')[0]
+            for line in text.splitlines()
+            if line.startswith("loopwatch_redactions_total{")
+        }
+        assert rules == set(c.redact.redactor.rule_names) and {"canary", "aws_access_key"} <= rules
+    finally:
+        c.close()

@@ -19,6 +19,7 @@ from loopwatch.instrumentation import (
     ToolFailure,
     ToolPolicy,
 )
+from loopwatch.instrumentation.errors import PolicyError
 from loopwatch.instrumentation.testing import FakeClock, assert_trace_invariants
 
 from .test_guard import step_tool
@@ -450,3 +451,22 @@ def test_limits_past_the_detector_window_still_fire() -> None:
         tool = "abcdef"[i % 6]
         found = found or step_tool(g, tool, {"k": 1}, result={"v": tool})
     assert found is not None and found.reason is StopReason.ACTION_CYCLE
+
+
+def test_the_policy_environment_applies_to_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LOOPWATCH_POLICY_<FIELD> was applied only by load_policy(): a run on a built-in
+    profile, a Policy built in code or the defaults ignored it. Limits set in code win."""
+    from loopwatch.instrumentation import builtin_profiles
+
+    monkeypatch.setenv("LOOPWATCH_POLICY_MAX_MODEL_TURNS", "5")
+    monkeypatch.setenv("LOOPWATCH_POLICY_MAX_TOOL_ATTEMPTS", "4")
+    for policy in (None, "investigate-readonly", builtin_profiles()["investigate-readonly"]):
+        run = Run("env", policy)
+        effective = run.guard.policy
+        assert (effective.max_model_turns, effective.sources["max_model_turns"]) == (5, "env")
+    coded = Run("env", Policy.build(max_model_turns=9)).guard.policy
+    assert (coded.max_model_turns, coded.sources["max_model_turns"]) == (9, "call")
+    assert (coded.max_tool_attempts, coded.sources["max_tool_attempts"]) == (4, "env")
+    monkeypatch.setenv("LOOPWATCH_POLICY_MAX_MODEL_TURNS", "five")
+    with pytest.raises(PolicyError, match="LOOPWATCH_POLICY_MAX_MODEL_TURNS"):
+        Run("env", None)
