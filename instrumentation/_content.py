@@ -83,7 +83,9 @@ def capture_json(value: Any, *, max_chars: int = MAX_CAPTURE_CHARS) -> str:
     Never longer than ``max_chars``: strings are shortened first; if that is not enough the
     value is replaced by ``{"truncated": true, "preview": ...}`` (still valid JSON).
     """
-    canon = canonicalize(value)
+    # Plain objects by identity, as before they were observed by state: their private
+    # fields (a session's auth, a client's cookies) are not content to export.
+    canon = canonicalize(value, objects="identity")
     scrub = _redactor()
     max_string = _MAX_STRING
     text = ""

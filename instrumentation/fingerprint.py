@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import re
+import threading
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import fields as dataclass_fields
 from dataclasses import is_dataclass
@@ -35,6 +36,7 @@ __all__ = [
     "digest",
     "fingerprint_with",
     "is_empty_result",
+    "object_token",
     "observation_digest",
     "observation_digest_with",
     "preview",
@@ -51,7 +53,11 @@ _MAX_INT_BITS: Final = 13_000
 """Larger ints are canonical as ``"int:0x..."``: Python refuses to turn an int of more
 than 4,300 decimal digits (about 14,284 bits) into text (``sys.set_int_max_str_digits``),
 so JSON of ``3**10000`` raised inside the agent's tool call. Hex has no such limit."""
-_ADDRESS: Final = re.compile(r" at 0x[0-9a-fA-F]+")
+_MAX_OBJECT_EXPANSIONS: Final = 256
+"""Plain objects expanded into their fields per canonical value; past it (an object graph
+with back references, a huge tree of objects) the rest are given by identity, which can
+make equal states look different (a missed loop) but never different states look equal
+(a false stop)."""
 
 
 def _big_int(value: int) -> str:
@@ -59,27 +65,44 @@ def _big_int(value: int) -> str:
 
 
 def _safe_str(value: Any) -> str:
-    """``str(value)`` without memory addresses (``<Foo object at 0x7f...>`` differs for
-    equal objects and between runs), or the type name when ``__str__`` raises."""
+    """``str(value)``, or the type name when ``__str__`` raises."""
     try:
-        text = str(value)
+        return str(value)
     except Exception:  # a hostile __str__ must not break the agent
         return f"<{type(value).__name__}>"
-    return _ADDRESS.sub("", text) if " at 0x" in text else text
 
 
-_SCALARS: Final = (str, int, float, bool, type(None))
+def _key_text(key: Any) -> str:
+    if type(key) is int and key.bit_length() > _MAX_INT_BITS:
+        return _big_int(key)
+    return _safe_str(key)
 
 
-def _object_state(value: Any) -> dict[str, Any] | None:
-    """The fields of a plain object (default ``__repr__`` and ``__str__``), one level:
-    ``{"__type__": qualname, field: value}``, a field that is not a scalar given as its
-    :func:`_safe_str` (an object graph with back references would otherwise be walked
-    again at every level). None for other objects.
+def object_token(value: Any) -> str:
+    """An object's identity as text, ``<module.Class #id>``: the same object gives the same
+    token for its lifetime, another object (even an equal one) another token.
 
-    Such an object's ``str`` holds its address, so two calls returning the same state
-    looked like new observations every time and no loop was ever seen.
+    How plain objects in action *arguments* are fingerprinted (a client, a session, a
+    connection handle: the same handle is the same action whatever its counters say),
+    and a method's ``self``/``cls``.
     """
+    kind = value if isinstance(value, type) else type(value)
+    return f"<{kind.__module__}.{kind.__qualname__} #{id(value):x}>"
+
+
+class _Expansion(threading.local):
+    identity = False  # plain objects by identity (arguments) rather than state (results)
+    left = 0  # expansions left in the current top-level one
+    active = 0  # nesting of object expansions in progress
+
+
+_EXPANSION: Final = _Expansion()
+
+
+def _plain_object_fields(value: Any) -> dict[str, Any] | None:
+    """The fields of a plain object (default ``__repr__`` and ``__str__``) by name,
+    ``__slots__`` included (private ones under their mangled names); None for other
+    objects or when reading them raises."""
     kind = type(value)
     default = object.__dict__
     if getattr(kind, "__repr__", None) is not default["__repr__"]:
@@ -91,17 +114,48 @@ def _object_state(value: Any) -> dict[str, Any] | None:
         for klass in reversed(kind.__mro__):
             slots = klass.__dict__.get("__slots__", ())
             for slot in (slots,) if isinstance(slots, str) else slots:
-                if slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
-                    fields[slot] = getattr(value, slot)
+                if slot in ("__dict__", "__weakref__"):
+                    continue
+                name = slot
+                if slot.startswith("__") and not slot.endswith("__"):
+                    name = f"_{klass.__name__.lstrip('_')}{slot}"
+                if hasattr(value, name):
+                    fields[slot] = getattr(value, name)
         fields.update(getattr(value, "__dict__", None) or {})
-    except Exception:  # a hostile __getattr__ or __dict__: fall back to str()
+    except Exception:  # a hostile __getattr__ or __dict__
         return None
-    state: dict[str, Any] = {"__type__": kind.__qualname__}
-    for name, field_value in fields.items():
-        if type(name) is str:
-            scalar = isinstance(field_value, _SCALARS)
-            state[name] = field_value if scalar else _safe_str(field_value)
-    return state
+    return fields
+
+
+def _canon_object(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
+    """A plain object: by identity in arguments (:func:`object_token`), by state in
+    results, ``{"__type__": qualname, field: canonical value, ...}``.
+
+    By state because such an object's ``str`` holds its address: the same unchanged
+    result looked new on every call and no loop was ever seen. Fields are canonical
+    values themselves (nested objects, volatile keys and key order as anywhere else), so
+    two different states never digest equal; the expansion budget bounds the walk.
+    """
+    local = _EXPANSION
+    if local.identity:
+        return object_token(value)
+    fields = _plain_object_fields(value)
+    if fields is None:
+        return _safe_str(value)
+    if local.active == 0:
+        local.left = _MAX_OBJECT_EXPANSIONS
+    if local.left <= 0:
+        return object_token(value)
+    local.left -= 1
+    local.active += 1
+    try:
+        state: dict[str, Any] = {"__type__": f"{type(value).__module__}.{type(value).__qualname__}"}
+        for name, field_value in fields.items():
+            if type(name) is str:
+                state[name] = field_value
+        return _canon(state, drop, loose, depth + 1)
+    finally:
+        local.active -= 1
 
 
 def canonicalize(
@@ -110,6 +164,7 @@ def canonicalize(
     keep: frozenset[str] = frozenset(),
     *,
     loose: bool = False,
+    objects: str = "state",
 ) -> Any:
     """Return a JSON-ready canonical copy of ``value``.
 
@@ -118,12 +173,31 @@ def canonicalize(
         volatile: lowercase keys dropped at any depth (matched case-insensitively).
         keep: lowercase keys never dropped (progress-bearing fields), even if volatile.
         loose: also case-fold strings and collapse inner whitespace (retry keys).
+        objects: plain objects (default ``repr``) by ``"state"`` (their fields, as for
+            observations) or by ``"identity"`` (:func:`object_token`, as for arguments).
 
     Deeper than 64 levels, a value is replaced by its type name (hostile input cannot
     exhaust the stack).
+
+    Raises:
+        ValueError: ``objects`` is neither ``"state"`` nor ``"identity"``.
     """
+    if objects not in ("state", "identity"):
+        raise ValueError(f"objects must be 'state' or 'identity', got {objects!r}")
     drop = volatile - keep if keep else volatile
-    return _canon(value, drop, loose, 0)
+    if objects == "state":
+        return _canon(value, drop, loose, 0)
+    return _by_identity(_canon, value, drop, loose, 0)
+
+
+def _by_identity(fn: Callable[..., Any], *args: Any) -> Any:
+    local = _EXPANSION
+    before = local.identity
+    local.identity = True
+    try:
+        return fn(*args)
+    finally:
+        local.identity = before
 
 
 def _canon(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
@@ -140,7 +214,7 @@ def _canon(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
     if kind is dict:
         out: dict[str, Any] = {}
         for k, v in value.items():
-            key = k if type(k) is str else _safe_str(k)
+            key = k if type(k) is str else _key_text(k)
             if drop and key.lower() in drop:
                 continue
             vkind = type(v)
@@ -258,10 +332,7 @@ def _canon_other(value: Any, drop: frozenset[str], loose: bool, depth: int) -> A
         # Field by field: ``asdict`` deep-copies, which fails on locks, files, sockets.
         fields_ = {f.name: getattr(value, f.name, None) for f in dataclass_fields(value)}
         return _canon(fields_, drop, loose, depth + 1)
-    state = _object_state(value)
-    if state is not None:
-        return _canon(state, drop, loose, depth + 1)
-    return _safe_str(value)
+    return _canon_object(value, drop, loose, depth)
 
 
 _ENCODER: Final = json.JSONEncoder(
@@ -348,7 +419,7 @@ def fingerprint_with(
     canon = (
         arguments
         if not loose and _plain(arguments, drop, None, None, _MAX_DEPTH, 0)
-        else _canon(arguments, drop, loose, 0)
+        else _by_identity(_canon, arguments, drop, loose, 0)
     )
     body = "".join(_C_ENCODE(canon, 0)) if _C_ENCODE is not None else canonical_json(canon)
     text = '{"arguments":' + body + suffix

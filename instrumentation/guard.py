@@ -186,14 +186,15 @@ _MESSAGES: Final[dict[StopReason, str]] = {
 
 
 COST_DECIMALS: Final = 9
-"""Accumulated cost is kept rounded to 1e-9 US dollars, so that ten calls of $0.1 make
-exactly the $1.0 a budget names (in binary floating point the sum is 0.9999999999999999,
-and three of $0.1 are 0.30000000000000004, which crossed a $0.3 budget after the third
-call instead of refusing the fourth)."""
+"""Costs are compared with budgets (and reported) rounded to 1e-9 US dollars, so that
+ten calls of $0.1 make exactly the $1.0 a budget names: in binary floating point the sum
+is 0.9999999999999999, and three of $0.1 are 0.30000000000000004, which crossed a $0.3
+budget after the third call instead of refusing the fourth. The running total itself is
+kept exact (rounding each addition lost costs under half a nanodollar)."""
 
 
-def _add_dollars(total: float, amount: float) -> float:
-    return round(total + amount, COST_DECIMALS)
+def _dollars(amount: float) -> float:
+    return round(amount, COST_DECIMALS)
 
 
 def _usage_tokens(value: Any) -> int:
@@ -787,7 +788,7 @@ class Guard:
                 input_tokens=self._input_tokens,
                 output_tokens=self._output_tokens,
                 tokens=self._input_tokens + self._output_tokens,
-                cost_usd=self._cost,
+                cost_usd=_dollars(self._cost),
                 elapsed_seconds=self.elapsed(),
                 steps=self._step,
                 steps_since_progress=self._steps_since_progress,
@@ -937,7 +938,7 @@ class Guard:
         if dim is Dimension.TOKENS:
             return self._input_tokens + self._output_tokens, p.max_tokens
         if dim is Dimension.COST:
-            return self._cost, p.max_cost_usd
+            return _dollars(self._cost), p.max_cost_usd
         raise ValueError(f"not a shared budget: {dim}")
 
     def _charge_parents(self, **amounts: float) -> None:
@@ -949,7 +950,7 @@ class Guard:
                 node._successes += int(amounts.get("successes", 0))
                 node._input_tokens += int(amounts.get("input_tokens", 0))
                 node._output_tokens += int(amounts.get("output_tokens", 0))
-                node._cost = _add_dollars(node._cost, float(amounts.get("cost", 0.0)))
+                node._cost += float(amounts.get("cost", 0.0))
                 node._in_flight += int(amounts.get("in_flight", 0))
             node = node.parent
 
@@ -985,7 +986,7 @@ class Guard:
                 "max_tool_attempts": self.policy.max_tool_attempts - self._attempts,
                 "max_tool_successes": self.policy.max_tool_successes - self._successes,
                 "max_tokens": self.policy.max_tokens - self._input_tokens - self._output_tokens,
-                "max_cost_usd": self.policy.max_cost_usd - self._cost,
+                "max_cost_usd": _dollars(self.policy.max_cost_usd - self._cost),
             }
             used = _already_used or {}
             for name, left in remaining.items():
@@ -1052,13 +1053,12 @@ class Guard:
                 ) or tokens >= p.max_tokens:
                     stop = self._ceiling(Dimension.TOKENS, p.max_tokens, max(projected, tokens))
             if stop is None:
-                projected_cost = self._cost + (estimate_cost_usd or 0.0)
+                cost = _dollars(self._cost)
+                projected_cost = _dollars(self._cost + (estimate_cost_usd or 0.0))
                 if (
                     estimate_cost_usd is not None and projected_cost > p.max_cost_usd
-                ) or self._cost >= p.max_cost_usd:
-                    stop = self._ceiling(
-                        Dimension.COST, p.max_cost_usd, max(projected_cost, self._cost)
-                    )
+                ) or cost >= p.max_cost_usd:
+                    stop = self._ceiling(Dimension.COST, p.max_cost_usd, max(projected_cost, cost))
             if stop is None and self.parent is not None:
                 needs: dict[Dimension, float] = {
                     Dimension.MODEL_TURNS: 1,
@@ -1110,7 +1110,7 @@ class Guard:
             cost = cost if cost > 0 else 0.0  # NaN and negative costs count as nothing
             self._input_tokens += input_tokens
             self._output_tokens += output_tokens
-            self._cost = _add_dollars(self._cost, cost)
+            self._cost += cost
             if self.parent is not None:
                 self._charge_parents(
                     input_tokens=input_tokens, output_tokens=output_tokens, cost=cost
@@ -1189,7 +1189,7 @@ class Guard:
         return (
             self.parent is not None
             or self._input_tokens + self._output_tokens > p.max_tokens
-            or self._cost > p.max_cost_usd
+            or _dollars(self._cost) > p.max_cost_usd
         )
 
     def _observed_ceilings(self) -> Verdict:
@@ -1205,12 +1205,12 @@ class Guard:
                 basis="observed",
                 evidence=Evidence(detector="ceiling"),
             )
-        elif self._cost > p.max_cost_usd:
+        elif _dollars(self._cost) > p.max_cost_usd:
             stop = self._make_stop(
                 StopReason.BUDGET_EXHAUSTED,
                 dimension=Dimension.COST,
                 limit=p.max_cost_usd,
-                observed=round(self._cost, 6),
+                observed=_dollars(self._cost),
                 basis="observed",
                 evidence=Evidence(detector="ceiling"),
             )
@@ -1526,14 +1526,27 @@ class Guard:
         n = len(actions)
         if n < 2 * reps:
             return None
-        newest = actions[n - 1].fingerprint
+        last = actions[n - 1]
+        newest, newest_obs = last.fingerprint, last.observation
+        # Cost: O(1) per period that cannot match (polling with new results), and the
+        # history copied once, not per period (it was quadratic in the period: 85 ms per
+        # step at cycle_max_period 2048, found by a review, 2026-12-01).
+        history: list[_Action] | None = None
+        same_tail = 0  # trailing actions identical to the newest one
         for period in self._cycle_periods:
             length = period * reps
             if n < length:
                 break
-            if actions[n - 1 - period].fingerprint != newest:
+            before = actions[n - 1 - period]
+            if before.fingerprint != newest or before.observation != newest_obs:
                 continue
-            seq = [actions[i] for i in range(n - length, n)]
+            if history is None:
+                history = list(actions)
+                while same_tail < n and history[n - 1 - same_tail].fingerprint == newest:
+                    same_tail += 1
+            if same_tail >= period:
+                continue  # the last period is one action repeated: not a cycle of it
+            seq = history[n - length :]
             if len({a.fingerprint for a in seq[:period]}) < 2:
                 continue
             if any(
@@ -1996,7 +2009,9 @@ class Guard:
             g._progress_values.set(slot, v)
         for fp, step in state["decisions"]:
             g._decisions.append((fp, int(step)))
-            g._decision_counts[fp] += 1
+        # Counted from what the look-back kept: a snapshot taken with a longer look-back
+        # (a larger limit then) must not leave counts of decisions it no longer holds.
+        g._decision_counts.update(fp for fp, _ in g._decisions)
         g._provided.update(state.get("provided", []))
         g._partial = state.get("partial")
         return g

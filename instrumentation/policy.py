@@ -191,6 +191,9 @@ class Policy:
     tools: Mapping[str, ToolPolicy] = field(default_factory=dict)
     sources: Mapping[str, LimitSource] = field(default_factory=dict)
     origin: str = "<code>"
+    env_applied: bool = field(default=False, repr=False, compare=False)
+    """``LOOPWATCH_POLICY_<FIELD>`` was applied (or deliberately not, with ``environ={}``):
+    a run takes the policy as it is."""
 
     def __post_init__(self) -> None:
         problems = _validate_values(
@@ -200,7 +203,11 @@ class Policy:
             problems.append(PolicyProblem(f"profiles.{self.name}", "name is empty", self.origin))
         if problems:
             raise PolicyError(problems)
-        sources = {f: self.sources.get(f, "default") for f in LIMIT_FIELDS}
+        # A limit given to the constructor without a source was set in code.
+        sources = {
+            f: self.sources.get(f, "default" if getattr(self, f) == _LIMIT_SPEC[f][1] else "call")
+            for f in LIMIT_FIELDS
+        }
         object.__setattr__(self, "sources", sources)
         object.__setattr__(self, "tools", dict(self.tools))
 
@@ -267,7 +274,8 @@ class Policy:
                 )
         if problems:
             raise PolicyError(problems)
-        return self.with_overrides("env", **values) if values else self
+        applied = self.with_overrides("env", **values) if values else self
+        return replace(applied, env_applied=True)
 
     def tool(self, name: str) -> ToolPolicy:
         """Settings of tool ``name`` (defaults for an undeclared tool)."""

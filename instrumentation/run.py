@@ -40,10 +40,10 @@ import concurrent.futures
 import contextvars
 import functools
 import inspect
+import logging
 import os
 import threading
 import time
-import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Literal, ParamSpec, TypeVar, overload
@@ -56,6 +56,7 @@ from . import _content
 from ._tracing import RunTelemetry
 from .errors import RunStateError, StopRun
 from .failures import FailureClass, ToolFailure
+from .fingerprint import object_token
 from .guard import Decision, Guard, Outcome, ToolRecord, ToolTicket
 from .policy import Policy, builtin_profiles, load_policy
 
@@ -68,6 +69,7 @@ Mode = Literal["enforce", "observe"]
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("loopwatch_run", default=None)
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
+_logger = logging.getLogger("loopwatch.instrumentation")
 _open_runs = 0  # runs started and not yet ended, in this process
 _open_runs_lock = threading.Lock()
 
@@ -78,18 +80,24 @@ def _count_open(delta: int) -> None:
         _open_runs += delta
 
 
+_warned_tools: set[str] = set()
+_MAX_WARNED_TOOLS = 1024
+
+
 def _warn_outside_run(tool_name: str) -> None:
     """A ``@tool`` called with no current run while runs are open: most likely a thread
     (a ``ThreadPoolExecutor`` for parallel tool calls), which does not inherit the run's
-    context, so the call is neither guarded nor traced. Said once per call site."""
-    if _open_runs > 0:
-        warnings.warn(
-            f"loopwatch: tool {tool_name[:80]!r} called outside any run while a run is "
-            "open in this process; it runs unguarded and untraced. A thread does not "
-            "inherit the run: submit the call with contextvars.copy_context().run "
-            "(see the README, 'Parallel tool calls').",
-            RuntimeWarning,
-            stacklevel=3,
+    context, so the call is neither guarded nor traced. Logged once per tool (a log line,
+    not a ``warnings`` warning: under ``-W error`` that would turn a legitimate call, in
+    a server thread with no run of its own, into an exception)."""
+    if _open_runs > 0 and tool_name not in _warned_tools:
+        if len(_warned_tools) < _MAX_WARNED_TOOLS:
+            _warned_tools.add(tool_name)
+        _logger.warning(
+            "tool %r called outside any run while a run is open in this process; it runs "
+            "unguarded and untraced. A thread does not inherit the run: submit the call "
+            "with contextvars.copy_context().run (see the README, 'Parallel tool calls').",
+            tool_name[:80],
         )
 
 
@@ -111,7 +119,9 @@ def _tool_executor() -> concurrent.futures.ThreadPoolExecutor:
 def _resolve_policy(policy: Policy | str | os.PathLike[str] | None) -> Policy:
     """The run's policy with ``LOOPWATCH_POLICY_<FIELD>`` applied whatever its origin
     (a file, a built-in profile, a :class:`Policy` built in code, the defaults); limits
-    set in code keep their value (call > env > file > default).
+    set in code keep their value (call > env > file > default), and a policy the
+    environment was already applied to (``load_policy``, ``with_env``; ``environ={}``
+    to opt out) is taken as it is.
 
     Raises:
         PolicyError: an invalid file, profile or environment value.
@@ -119,7 +129,7 @@ def _resolve_policy(policy: Policy | str | os.PathLike[str] | None) -> Policy:
     if policy is None:
         return Policy().with_env()
     if isinstance(policy, Policy):
-        return policy.with_env()
+        return policy if policy.env_applied else policy.with_env()
     text = os.fspath(policy)
     builtin = builtin_profiles()
     if text in builtin:
@@ -211,6 +221,7 @@ class Run:
         self._outcome: Outcome | None = None
         self._close_lock = threading.Lock()
         self._started = False
+        self._counted = False  # counted in _open_runs
 
     # ----------------------------------------------------------------- basics
 
@@ -239,7 +250,9 @@ class Run:
         """Start the run span and make this the current run (``with`` does this)."""
         if not self._started:
             self._started = True
-            _count_open(1)
+            if self._outcome is None:  # a run finished before it started is not open
+                self._counted = True
+                _count_open(1)
             self._telemetry.start_run(self.mode)
         self._token = _current.set(self)
         ctx = self._telemetry.run_context
@@ -301,7 +314,8 @@ class Run:
         with self._close_lock:
             if self._outcome is None:
                 self._outcome = outcome
-                if self._started:
+                if self._counted:
+                    self._counted = False
                     _count_open(-1)
                 self._telemetry.stop(outcome)
             return self._outcome
@@ -890,10 +904,12 @@ def tool(fn: Callable[P, R] | None = None, /, *, name: str | None = None) -> Any
     """Decorate a tool (sync or async). Inside a run, each call is guarded and traced.
 
     The call's arguments are bound to the signature (defaults applied) and fingerprinted
-    by name; a method's ``self`` or ``cls`` is left out of the fingerprint. Outside a run
+    by name; a method's ``self`` or ``cls`` counts by identity (the same instance, not
+    its changing fields). Outside a run
     the tool runs unguarded; called so while a run is open in the process (a thread of
-    a pool, which does not inherit the run), it warns once per call site
-    (``RuntimeWarning``): submit such calls with ``contextvars.copy_context().run``. The
+    a pool, which does not inherit the run), it logs a warning once per tool (logger
+    ``loopwatch.instrumentation``): submit such calls with
+    ``contextvars.copy_context().run``. The
     per-call timeout applies (a sync tool runs in a loopwatch worker thread, so objects
     bound to the calling thread, such as a ``sqlite3`` connection, do not work in it; an
     async tool is cancelled at its timeout).
@@ -911,7 +927,8 @@ def tool(fn: Callable[P, R] | None = None, /, *, name: str | None = None) -> Any
 
     def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
         tool_name = name or func.__name__
-        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        unwrapped = inspect.unwrap(func)
+        if inspect.isgeneratorfunction(unwrapped) or inspect.isasyncgenfunction(unwrapped):
             # Calling one only builds the generator: the guard would record a success
             # before the body ran, and the body would run unguarded, untimed, unrecorded.
             raise TypeError(
@@ -920,14 +937,18 @@ def tool(fn: Callable[P, R] | None = None, /, *, name: str | None = None) -> Any
             )
         sig = inspect.signature(func)
         params = list(sig.parameters)
-        # A method's receiver is not an argument of the action: its fields (counters,
-        # caches) change on every call and would make identical calls look new.
-        receiver = params[0] if params and params[0] in ("self", "cls") else None
+        # A method's receiver is part of the action by identity only: its fields
+        # (counters, caches) change on every call and would make identical calls look
+        # new, while two instances (prod and staging clients) are two actions. A plain
+        # function whose first parameter happens to be called self or cls is left as is.
+        owner, _, _ = func.__qualname__.rpartition(".")
+        in_class = bool(owner) and not owner.endswith("<locals>")
+        receiver = params[0] if in_class and params and params[0] in ("self", "cls") else None
 
         def arguments(bound: inspect.BoundArguments) -> dict[str, Any]:
             out = dict(bound.arguments)
-            if receiver is not None:
-                out.pop(receiver, None)
+            if receiver is not None and receiver in out:
+                out[receiver] = object_token(out[receiver])
             return out
 
         if inspect.iscoroutinefunction(func):

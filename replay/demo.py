@@ -430,7 +430,7 @@ def replay_trajectory(
     )
     run = Run(
         trajectory.agent,
-        policy,
+        policy.with_env({}),  # recorded runs replay as recorded, whatever the shell sets
         mode=mode,
         goal_check=goal,
         capture_content=capture_content,
@@ -849,7 +849,8 @@ def _record(example: Any, number: int) -> Trajectory:
     tools = example.tools()
     # The task arrives at clock 0: the recorded timeline starts with the run.
     steps: list[Step] = [Step(0, USER, "message", example.name, (), _EPOCH)]
-    run = Run(example.agent, example.policy, mode="observe", tools=tools or None, clock=clock)
+    policy = example.policy.with_env({})  # the example's stop, whatever the shell sets
+    run = Run(example.agent, policy, mode="observe", tools=tools or None, clock=clock)
     with run:
         while model.calls < len(script):
             decision = run.decide(model)

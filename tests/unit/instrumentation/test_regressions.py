@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from loopwatch.instrumentation import (
     ToolFailure,
     ToolPolicy,
 )
+from loopwatch.instrumentation import fingerprint as fp
 from loopwatch.instrumentation.errors import PolicyError
 from loopwatch.instrumentation.testing import FakeClock, assert_trace_invariants
 
@@ -329,9 +331,30 @@ class _PlainStatus:  # default repr: "<...PlainStatus object at 0x7f...>"
         self.state = state
 
 
+class _Msg:  # default repr, like _PlainStatus
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.text = f"new mail #{n}"
+
+
+class _Inbox:
+    def __init__(self, messages: list[_Msg]) -> None:
+        self.messages = messages
+
+
+class _Slotted:
+    __slots__ = ("__secret", "public")
+
+    def __init__(self, secret: str, public: int) -> None:
+        self.__secret = secret
+        self.public = public
+
+
 def test_plain_objects_are_observed_by_their_fields_not_their_address() -> None:
     """A result object with the default repr digested as str(obj), which holds its
-    address: the same unchanged result looked new on every call."""
+    address: the same unchanged result looked new on every call. Its fields are compared
+    in depth: a first version compared nested objects by their address-free text, so a
+    changing inbox of plain message objects looked unchanged (a false stop)."""
     g = Guard(Policy.build(no_progress_patience=50), clock=FakeClock())
     stops = [step_tool(g, "status", {"id": 1}, result=_PlainStatus("pending")) for _ in range(3)]
     assert stops[:2] == [None, None] and stops[2] is not None
@@ -339,6 +362,35 @@ def test_plain_objects_are_observed_by_their_fields_not_their_address() -> None:
     g = Guard(Policy.build(no_progress_patience=50), clock=FakeClock())
     for i in range(5):  # a changing field is a new observation
         assert step_tool(g, "status", {"id": 1}, result=_PlainStatus(f"step {i}")) is None
+    g = Guard(Policy.build(no_progress_patience=50), clock=FakeClock())
+    for i in range(5):  # a new message object in a list field: new each time
+        inbox = _Inbox([_Msg(j) for j in range(i + 1)])
+        assert step_tool(g, "read_inbox", {}, result=inbox) is None
+    digest = fp.observation_digest
+    assert digest(_Slotted("a", 1)) != digest(_Slotted("b", 1))  # private slots count
+    assert digest(_Slotted("a", 1)) == digest(_Slotted("a", 1))
+    assert digest({2**20000: 1}) != digest({2**20001: 1})  # huge int keys stay apart
+
+
+def test_plain_objects_in_arguments_count_by_identity() -> None:
+    """An argument object (a client counting its requests) was fingerprinted by its
+    fields once results were: each poll looked like a new action and no loop was caught.
+    Arguments keep identity: the same client is the same action, another is another."""
+
+    class Client:
+        def __init__(self, name: str) -> None:
+            self.name = name
+            self.requests = 0
+
+    prod, staging = Client("prod"), Client("staging")
+    g = Guard(Policy.build(no_progress_patience=50), clock=FakeClock())
+    stops = []
+    for _ in range(3):
+        prod.requests += 1
+        stops.append(step_tool(g, "get_status", {"client": prod, "job": 7}, result={"s": 1}))
+    assert stops[:2] == [None, None] and stops[2] is not None
+    fingerprint = fp.action_fingerprint
+    assert fingerprint("q", {"c": prod}) != fingerprint("q", {"c": staging})
 
 
 def test_tool_methods_and_generators() -> None:
@@ -368,33 +420,87 @@ def test_tool_methods_and_generators() -> None:
         def stream() -> Any:
             yield 1
 
+    def gen() -> Any:
+        yield 1
 
-def test_a_tool_called_from_a_thread_pool_warns_and_copy_context_guards_it() -> None:
+    @functools.wraps(gen)
+    def wrapped() -> Any:
+        return gen()
+
+    with pytest.raises(TypeError, match="generator"):
+        tool(wrapped)
+
+    # Two instances are two actions; a plain function's first parameter named cls is an
+    # argument like any other.
+    a, b = Client(), Client()
+    with Run("m2", Policy.build(no_progress_patience=50), clock=FakeClock()) as run:
+        for client in (a, b, a):  # self dropped: 3 identical calls, a repeated_action
+            run.decide(lambda: Decision.tool(ToolCall("lookup", {"order_id": 4})))
+            client.lookup(4)
+    assert run.outcome.stop.reason is StopReason.COMPLETED
+
+    @tool
+    def set_label(cls: str, item: int) -> str:
+        return cls
+
+    with Run("m3", Policy.build(no_progress_patience=50), clock=FakeClock()) as run:
+        for label in ("spam", "spam", "ham"):
+            run.decide(lambda: Decision.tool(ToolCall("set_label", {"item": 1})))
+            set_label(label, 1)
+    assert run.outcome.stop.reason is StopReason.COMPLETED
+
+
+def test_a_tool_called_from_a_thread_pool_warns_and_copy_context_guards_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A pool thread does not inherit the run: the call ran unguarded and untraced with
-    no word. It now warns; the README's copy_context pattern guards it."""
+    no word. It now logs a warning, once per tool; the README's copy_context pattern
+    guards it. A log line, not a warnings.warn: under -W error that became an exception
+    in server threads with no run of their own."""
     import contextvars
-    import warnings
     from concurrent.futures import ThreadPoolExecutor
 
     from loopwatch.instrumentation import tool
 
     @tool
-    def fetch(url: str) -> str:
+    def fetch_pool_page(url: str) -> str:
         return url
 
+    def warned() -> int:
+        return sum("outside any run" in r.getMessage() for r in caplog.records)
+
+    caplog.set_level("WARNING", logger="loopwatch.instrumentation")
     with Run("pool", Policy(), clock=FakeClock()) as run:
-        run.decide(lambda: Decision.tool(ToolCall("fetch", {"url": "a"})))
-        with ThreadPoolExecutor(2) as pool, pytest.warns(RuntimeWarning, match="outside any run"):
-            pool.submit(fetch, "a").result()
-        assert run.guard.usage().tool_attempts == 0
-        with ThreadPoolExecutor(2) as pool, warnings.catch_warnings():
-            warnings.simplefilter("error")
-            futures = [pool.submit(contextvars.copy_context().run, fetch, u) for u in "bc"]
+        run.decide(lambda: Decision.tool(ToolCall("fetch_pool_page", {"url": "a"})))
+        with ThreadPoolExecutor(2) as pool:
+            assert [pool.submit(fetch_pool_page, u).result() for u in "aa"] == ["a", "a"]
+        assert run.guard.usage().tool_attempts == 0 and warned() == 1
+        with ThreadPoolExecutor(2) as pool:
+            futures = [
+                pool.submit(contextvars.copy_context().run, fetch_pool_page, u) for u in "bc"
+            ]
             assert [f.result() for f in futures] == ["b", "c"]
-        assert run.guard.usage().tool_attempts == 2
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert fetch("d") == "d"  # no run open: plain call, no warning
+        assert run.guard.usage().tool_attempts == 2 and warned() == 1
+
+
+def test_a_run_finished_before_it_started_is_not_left_open(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """finish() then ``with run`` counted the run as open for good: every later call of
+    a tool outside a run warned."""
+    from loopwatch.instrumentation import tool
+
+    @tool
+    def lone_tool_after_finish() -> int:
+        return 1
+
+    caplog.set_level("WARNING", logger="loopwatch.instrumentation")
+    run = Run("early", Policy(), clock=FakeClock())
+    run.finish()
+    with run:
+        pass
+    assert lone_tool_after_finish() == 1
+    assert not any("outside any run" in r.getMessage() for r in caplog.records)
 
 
 def test_usage_reported_as_none_counts_as_zero() -> None:
@@ -470,3 +576,58 @@ def test_the_policy_environment_applies_to_every_run(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("LOOPWATCH_POLICY_MAX_MODEL_TURNS", "five")
     with pytest.raises(PolicyError, match="LOOPWATCH_POLICY_MAX_MODEL_TURNS"):
         Run("env", None)
+
+
+def test_a_snapshot_resumed_with_a_shorter_look_back_forgets_what_it_drops() -> None:
+    """Decision counts were restored as saved while the shorter look-back dropped the
+    decisions behind them: one more "plan A" was a false repeated_decision."""
+    long = Policy.build(
+        repeated_decision_limit=200, no_progress_patience=10**4, max_model_turns=10**4
+    )
+    g = Guard(long, clock=FakeClock())
+    for i in range(102):
+        g.before_model_call()
+        text = "plan A" if i < 2 else f"note {i}"
+        assert g.record_decision(Decision.message(text)).stop is None
+    short = Policy.build(no_progress_patience=10**4, max_model_turns=10**4)
+    resumed = Guard.restore(short, g.snapshot(), clock=FakeClock())
+    resumed.before_model_call()
+    assert resumed.record_decision(Decision.message("plan A")).stop is None
+
+
+def test_cost_budgets_hold_for_estimates_children_and_tiny_costs() -> None:
+    """Rounding each addition to 1e-9 lost sub-nanodollar costs, and estimates and a
+    child's cap were compared unrounded (0.1 x 3 > 0.3; a cap of 0.19999999999999998)."""
+    g = Guard(Policy.build(max_cost_usd=0.3, no_progress_patience=99), clock=FakeClock())
+    allowed = 0
+    for _ in range(5):
+        if not g.before_model_call(estimate_cost_usd=0.1).allowed:
+            break
+        g.record_decision(Decision.tool(cost_usd=0.1))
+        allowed += 1
+    assert allowed == 3
+    parent = Guard(Policy.build(max_cost_usd=0.3, no_progress_patience=99), clock=FakeClock())
+    parent.before_model_call()
+    parent.record_decision(Decision.tool(cost_usd=0.1))
+    child = parent.child()
+    assert child.policy.max_cost_usd == 0.2
+    tiny_policy = Policy.build(max_cost_usd=1e-6, no_progress_patience=10**5, max_model_turns=10**5)
+    tiny = Guard(tiny_policy, clock=FakeClock())
+    calls = 0
+    while tiny.before_model_call().allowed and calls < 5000:
+        tiny.record_decision(Decision.tool(cost_usd=4e-10))
+        calls += 1
+    assert 2490 <= calls <= 2510 and tiny.stopped
+
+
+def test_the_policy_environment_yields_to_code_and_to_an_opt_out(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from loopwatch.instrumentation import load_policy
+
+    monkeypatch.setenv("LOOPWATCH_POLICY_MAX_MODEL_TURNS", "5")
+    assert Run("e", Policy(max_model_turns=9)).guard.policy.max_model_turns == 9
+    path = tmp_path / "p.toml"
+    path.write_text('[profiles.p]\nversion = "1"\nmax_model_turns = 7\n')
+    assert Run("e", load_policy(path, environ={})).guard.policy.max_model_turns == 7
+    assert Run("e", load_policy(path)).guard.policy.max_model_turns == 5
