@@ -17,15 +17,24 @@ Rules (each one a fault found by a review of observe mode, 2026-12-01):
 - Calls are replayed in span start-time order, not arrival order: a request retried
   after a later one succeeded must not turn A-B-A-B into A-A-B-B.
 - The verdict is taken when the run's stop is inferred, over all of its calls seen by
-  then. A run's guard is fed incrementally while calls arrive in order, and rebuilt
-  from its calls when one arrives out of order or moves away.
-- Evidence step indices and ``observe_step`` are the steps as stored (numbered per
-  trace by the map stage), so they point at the rows the run view shows.
+  then. Each run has a guard fed as calls arrive (one call's cost); the verdict uses it
+  when every call arrived in start order, else one replay of the run's calls in start
+  order (once per run: rebuilding on every late call was quadratic, 198 s for a
+  4,000-call run whose parallel calls ended out of order).
+- Evidence step indices, ``observe_step`` and ``detail.last_progress_step`` are the steps
+  as stored (numbered per trace by the map stage), so they point at the rows the run
+  view shows.
+- Per-step annotations (fingerprint, digest, progress, steps since progress) are the
+  arrival guard's: for a call filed under its trace before its agent span came, or one
+  that arrived out of order, ``progress`` and ``steps_since_progress`` are its view then
+  (stored rows are not rewritten); the verdict is not affected.
 
-State is bounded: at most ``max_open_runs`` runs are tracked (least recently seen runs
-are forgotten first), each keeping at most :data:`MAX_CALLS_PER_RUN` calls, and each
-run's guard keeps its own fixed detector window. Kept in memory only: a collector
-restarted in the middle of a run judges the calls it sees after the restart.
+State is bounded: at most ``max_open_runs`` runs, ``max_held_calls`` calls and
+``max_held_bytes`` of their argument and result text are held (least recently seen
+runs are forgotten first: their verdict is lost), each run keeping its latest
+:data:`MAX_CALLS_PER_RUN` calls; a judged run's late calls are not held. Kept in memory
+only: a collector restarted in the middle of a run judges the calls it sees after the
+restart.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -62,8 +72,9 @@ LOOP_DETECTORS: Final = frozenset(
 )
 _MAX_ARG_CHARS: Final = 1_000_000
 MAX_CALLS_PER_RUN: Final = 4096
-"""Tool calls kept per run for the replay; later calls of a longer run are stored without
-fingerprints and left out of its verdict."""
+"""Tool calls kept per run (the latest) for a replay in start order; the guard fed on
+arrival has seen them all."""
+_JUDGED_MEMORY: Final = 10_000
 
 
 def loop_detector(stop: StopRow) -> str | None:
@@ -162,63 +173,18 @@ class _Annotation:
     steps_since_progress: int
 
 
-class _RunReplay:
-    """One run's calls and the guard fed with them in start-time order."""
+class _Feeder:
+    """A guard and the bookkeeping of feeding it calls (one model turn per stored step)."""
 
-    __slots__ = (
-        "annotations",
-        "calls",
-        "fed",
-        "guard",
-        "last_step",
-        "policy",
-        "run_id",
-        "turn_steps",
-    )
+    __slots__ = ("guard", "last_step", "turn_steps")
 
     def __init__(self, policy: Policy, run_id: str) -> None:
-        self.policy = policy
-        self.run_id = run_id
-        self.calls: dict[str, _Call] = {}
-        self.guard: Guard | None = None
-        self.fed: tuple[int, str] | None = None  # order of the last call fed
+        self.guard = Guard(policy, clock=lambda: 0.0, mode="observe", run_id=run_id)
         self.last_step: int | None = None
         self.turn_steps: list[int | None] = []  # stored step of each guard model turn
-        self.annotations: dict[str, _Annotation] = {}
 
-    def add(self, call: _Call) -> None:
-        if call.order[1] in self.calls or len(self.calls) >= MAX_CALLS_PER_RUN:
-            return
-        self.calls[call.order[1]] = call
-        if self.fed is not None and call.order < self.fed:
-            self.guard = None  # out of order: replay from the start
-
-    def remove(self, span_id: str) -> _Call | None:
-        call = self.calls.pop(span_id, None)
-        if call is not None:
-            self.guard = None
-            self.annotations.pop(span_id, None)
-        return call
-
-    def bring_up_to_date(self) -> Guard:
-        """Feed the calls not yet fed (all of them after a reset); return the guard."""
+    def feed(self, call: _Call) -> _Annotation:
         guard = self.guard
-        if guard is None:
-            guard = self.guard = Guard(
-                self.policy, clock=lambda: 0.0, mode="observe", run_id=self.run_id
-            )
-            self.fed, self.last_step, self.turn_steps = None, None, []
-            self.annotations = {}
-        pending = sorted(
-            (c for c in self.calls.values() if self.fed is None or c.order > self.fed),
-            key=lambda c: c.order,
-        )
-        for call in pending:
-            self._feed(guard, call)
-            self.fed = call.order
-        return guard
-
-    def _feed(self, guard: Guard, call: _Call) -> None:
         if self.last_step is None or call.step != self.last_step:
             guard.before_model_call()
             guard.record_decision(Decision.tool())
@@ -232,7 +198,7 @@ class _RunReplay:
             record = guard.record_tool_result(ticket, error=failure)
         else:
             record = guard.record_tool_result(ticket, result=_parse(call.result))
-        self.annotations[call.order[1]] = _Annotation(
+        return _Annotation(
             ticket.fingerprint,
             record.observation_digest or None,
             record.progress,
@@ -246,6 +212,57 @@ class _RunReplay:
             if stored is not None:
                 return stored
         return guard_step
+
+
+def _text_bytes(call: _Call) -> int:
+    return len(call.arguments or "") + len(call.result or "")
+
+
+class _RunReplay:
+    """One run's calls (latest first out when over the cap) and its arrival guard."""
+
+    __slots__ = ("arrival", "calls", "fed", "in_order", "policy", "run_id")
+
+    def __init__(self, policy: Policy, run_id: str) -> None:
+        self.policy = policy
+        self.run_id = run_id
+        self.calls: OrderedDict[str, _Call] = OrderedDict()  # in arrival order
+        self.arrival = _Feeder(policy, run_id)
+        self.fed: tuple[int, str] | None = None  # latest start order fed
+        self.in_order = True  # every call arrived after the ones before it, none left
+
+    def add(self, call: _Call) -> tuple[_Annotation | None, list[_Call]]:
+        """Hold and feed ``call``; return its annotation (None for a resent call) and the
+        calls dropped to stay within :data:`MAX_CALLS_PER_RUN`."""
+        span_id = call.order[1]
+        if span_id in self.calls:
+            return None, []
+        self.calls[span_id] = call
+        if self.fed is not None and call.order < self.fed:
+            self.in_order = False
+        if self.fed is None or call.order > self.fed:
+            self.fed = call.order
+        dropped: list[_Call] = []
+        while len(self.calls) > MAX_CALLS_PER_RUN:
+            dropped.append(self.calls.popitem(last=False)[1])
+            self.in_order = False  # a replay could not see what the arrival guard saw
+        return self.arrival.feed(call), dropped
+
+    def remove(self, span_id: str) -> _Call | None:
+        call = self.calls.pop(span_id, None)
+        if call is not None:
+            self.in_order = False  # the arrival guard saw a call that is not this run's
+        return call
+
+    def verdict_feeder(self) -> _Feeder:
+        """The arrival guard when it saw exactly this run's calls in start order, else a
+        guard fed once with them in start order."""
+        if self.in_order:
+            return self.arrival
+        feeder = _Feeder(self.policy, self.run_id)
+        for call in sorted(self.calls.values(), key=lambda c: c.order):
+            feeder.feed(call)
+        return feeder
 
 
 def _parse(text: str | None) -> Any:
@@ -268,42 +285,91 @@ class DetectStage:
 
     Args:
         policy: the observe policy (:func:`collector_policy` when None).
-        max_open_runs: runs tracked at once (bounded memory; least recently seen first
-            out).
+        max_open_runs: runs held at once.
+        max_held_calls / max_held_bytes: calls, and bytes of their argument and result
+            text, held across all runs. Past any bound the least recently seen runs are
+            forgotten (their verdict is lost).
 
     Thread-safety: ``process`` takes a lock; batches are processed one at a time.
     """
 
-    def __init__(self, policy: Policy | None = None, *, max_open_runs: int = 10_000) -> None:
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        *,
+        max_open_runs: int = 10_000,
+        max_held_calls: int = 200_000,
+        max_held_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
         self.policy = policy or collector_policy()
         self._max_runs = max_open_runs
+        self._max_calls = max_held_calls
+        self._max_bytes = max_held_bytes
         self._runs: OrderedDict[tuple[str, str], _RunReplay] = OrderedDict()
+        self._judged: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._held_calls = 0
+        self._held_bytes = 0
         self._lock = threading.Lock()
         self.detections: list[Detection] = []
 
     @property
     def open_runs(self) -> int:
-        """Runs currently tracked."""
+        """Runs currently held."""
         return len(self._runs)
+
+    @property
+    def held(self) -> tuple[int, int]:
+        """``(calls, bytes of argument and result text)`` held across all runs."""
+        return self._held_calls, self._held_bytes
 
     def _replay(self, trace_id: str, run_id: str) -> _RunReplay:
         key = (trace_id, run_id)
         replay = self._runs.get(key)
         if replay is None:
             replay = self._runs[key] = _RunReplay(self.policy, run_id)
-            while len(self._runs) > self._max_runs:
-                self._runs.popitem(last=False)
         else:
             self._runs.move_to_end(key)
         return replay
+
+    def _release(self, calls: Iterable[_Call]) -> None:
+        for call in calls:
+            self._held_calls -= 1
+            self._held_bytes -= _text_bytes(call)
+
+    def _add(self, replay: _RunReplay, call: _Call) -> _Annotation | None:
+        note, dropped = replay.add(call)
+        if note is not None:
+            self._held_calls += 1
+            self._held_bytes += _text_bytes(call)
+        self._release(dropped)
+        return note
+
+    def _evict(self, keep: set[tuple[str, str]]) -> None:
+        """Forget the least recently seen runs (but those of the batch at hand) while any
+        bound is exceeded."""
+
+        def over() -> bool:
+            return (
+                len(self._runs) > self._max_runs
+                or self._held_calls > self._max_calls
+                or self._held_bytes > self._max_bytes
+            )
+
+        if not over():
+            return
+        for key in list(self._runs):  # least recently seen first
+            if key not in keep:
+                self._release(self._runs.pop(key).calls.values())
+                if not over():
+                    return
 
     def process(self, batch: MappedBatch) -> MappedBatch:
         """Annotate third-party tool steps and inferred stops in place.
 
         Order within a batch: the map stage's reassignments move earlier calls to their
-        agent run; the batch's calls join their runs; each touched run's guard is
-        brought up to date and the batch's calls get its annotations; each inferred stop
-        takes its run's verdict and ends the run's state.
+        agent run (in start order); the batch's calls join their runs and get their
+        arrival guard's annotations; each inferred stop takes its run's verdict and ends
+        the run's state.
 
         Returns:
             The same batch. :attr:`detections` holds the loop detections of the last
@@ -315,25 +381,21 @@ class DetectStage:
                 source = self._runs.get((move.trace_id, move.from_run_id))
                 if source is None:
                     continue
-                target = None
+                moved = [c for c in map(source.remove, move.span_ids) if c is not None]
+                self._release(moved)
                 if move.to_run_id is not None:
                     target = self._replay(move.trace_id, move.to_run_id)
-                for span_id in move.span_ids:
-                    call = source.remove(span_id)
-                    if call is not None and target is not None:
-                        target.add(call)
+                    for call in sorted(moved, key=lambda c: c.order):
+                        self._add(target, call)
                 if not source.calls:
                     self._runs.pop((move.trace_id, move.from_run_id), None)
-            touched: dict[tuple[str, str], _RunReplay] = {}
-            calls = [row for row in batch.steps if _is_third_party_call(row)]
-            for row in calls:
-                replay = self._replay(row.trace_id, row.run_id)
-                replay.add(_Call.of(row))
-                touched[(row.trace_id, row.run_id)] = replay
-            for replay in touched.values():
-                replay.bring_up_to_date()
-            for row in calls:
-                note = touched[(row.trace_id, row.run_id)].annotations.get(row.span_id)
+            touched: set[tuple[str, str]] = set()
+            for row in [row for row in batch.steps if _is_third_party_call(row)]:
+                key = (row.trace_id, row.run_id)
+                if key in self._judged:
+                    continue  # a late call of a judged run: it cannot change the verdict
+                touched.add(key)
+                note = self._add(self._replay(*key), _Call.of(row))
                 if note is not None:
                     batch.replace_step(
                         row,
@@ -348,33 +410,45 @@ class DetectStage:
             for stop in list(batch.stops):
                 if stop.origin == STOP_ORIGIN_INFERRED:
                     self._judge(batch, stop, detections)
+            self._evict(touched)
         self.detections = detections
         return batch
 
     def _judge(self, batch: MappedBatch, stop: StopRow, detections: list[Detection]) -> None:
-        replay = self._runs.pop((stop.trace_id, stop.run_id), None)
-        if replay is None or not replay.calls:
+        key = (stop.trace_id, stop.run_id)
+        replay = self._runs.pop(key, None)
+        if replay is None:
             return
-        outcome = replay.bring_up_to_date().finish(stop.reason)
+        self._judged[key] = None
+        while len(self._judged) > _JUDGED_MEMORY:
+            self._judged.popitem(last=False)
+        self._release(replay.calls.values())
+        if not replay.calls:
+            return
+        feeder = replay.verdict_feeder()
+        outcome = feeder.guard.finish(stop.reason)
         seen: set[str] = set()
         for observed in outcome.observed_stops:
             detector = _detector_of(observed)
             if detector is not None and detector not in seen:
                 seen.add(detector)
-                step = replay.stored_step(observed.step)
+                step = feeder.stored_step(observed.step)
                 detections.append(Detection(stop.run_id, observed.evidence.tool, detector, step))
         if not outcome.observed_stops:
             return
         first = outcome.observed_stops[0]
         evidence = first.evidence.to_dict()
         if "step_indices" in evidence:
-            evidence["step_indices"] = [replay.stored_step(i) for i in evidence["step_indices"]]
+            evidence["step_indices"] = [feeder.stored_step(i) for i in evidence["step_indices"]]
+        detail = evidence.get("detail")
+        if isinstance(detail, dict) and isinstance(detail.get("last_progress_step"), int):
+            detail["last_progress_step"] = feeder.stored_step(detail["last_progress_step"])
         batch.replace_stop(
             stop,
             replace(
                 stop,
                 observe_reason=first.reason.value,
-                observe_step=replay.stored_step(first.step),
+                observe_step=feeder.stored_step(first.step),
                 observe_evidence=json.dumps(evidence, separators=(",", ":"), sort_keys=True),
                 steps_since_progress=outcome.usage.steps_since_progress,
                 usage_tool_attempts=outcome.usage.tool_attempts,

@@ -267,3 +267,99 @@ def test_openinference_model_calls_carry_their_token_counts(corpus_dir: Path) ->
         s.span_id: (s.input_tokens, s.output_tokens) for s in mapped.steps if s.span_id in expected
     }
     assert expected and got == expected and all(sum(v) > 0 for v in got.values())
+
+
+def test_calls_out_of_order_cost_one_replay_not_one_per_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A late call once reset the run's guard, and the next request replayed every call:
+    a 4,000-call run whose parallel calls ended pairwise out of order took 198 s. Now the
+    guard is fed once per call on arrival and, when order was broken, once more in full
+    at the verdict."""
+    from loopwatch.collector import detect
+
+    fed = 0
+    feed = detect._Feeder.feed
+
+    def counting(self: object, call: object) -> object:
+        nonlocal fed
+        fed += 1
+        return feed(self, call)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(detect._Feeder, "feed", counting)
+    agent = "g" * 16
+    calls = [
+        tool_span(f"{i + 1:016x}", agent, 100 + i, "poll", {"n": i}, {"v": i}) for i in range(400)
+    ]
+    swapped = [calls[i ^ 1] for i in range(len(calls))]  # pairs end out of order
+    stops, _ = run_batches(*([c] for c in swapped), [agent_span(agent, "poller")])
+    assert stops[agent].observe_reason is None
+    assert fed == 2 * len(calls)
+
+
+def test_a_childs_loop_is_seen_behind_a_long_parent() -> None:
+    """Calls wait under the trace until their agent span comes; at the per-run cap the
+    newest ones were refused, so a child's loop after 4,096 parent calls went unseen.
+    The oldest are let go instead."""
+    from loopwatch.collector.detect import MAX_CALLS_PER_RUN
+
+    parent, child = "p" * 16, "c" * 16
+    mine = [
+        tool_span(f"{i + 1:016x}", parent, 100 + i, "read", {"n": i}, {"v": i})
+        for i in range(MAX_CALLS_PER_RUN)
+    ]
+    loop = [
+        tool_span(f"{i + 1:08x}" + "c" * 8, child, 10**6 + i, "poll", {"id": 1}, {"s": "wait"})
+        for i in range(5)
+    ]
+    stops, _ = run_batches(
+        mine, loop, [agent_span(child, "child", parent, 10**6 - 1)], [agent_span(parent, "p")]
+    )
+    assert stops[child].observe_reason == "repeated_action"
+
+
+def test_no_progress_evidence_names_stored_steps() -> None:
+    """``detail.last_progress_step`` was left in the guard's own count (3) while the
+    step indices beside it were stored steps (9..16) of the trace's second agent."""
+    root, x, y = "r" * 16, "a" * 16, "b" * 16
+    first = [tool_span(f"{i + 1:016x}", x, 100 + i, "read", {"n": i}, {"v": i}) for i in range(5)]
+    second = [
+        tool_span(f"{i + 101:016x}", y, 1000 + i, "scan", {"page": i}, {"rows": []})
+        for i in range(12)
+    ]
+    stops, steps = run_batches(
+        [*first, agent_span(x, "reader", root, 90)],
+        [*second, agent_span(y, "scanner", root, 990), span(root, "workflow", {}, start=0)],
+    )
+    evidence = json.loads(stops[y].observe_evidence)
+    stored = sorted(s.step for s in steps if s.run_id == y)
+    assert stops[y].observe_reason == "no_progress"
+    assert evidence["detail"]["last_progress_step"] in stored
+    assert set(evidence["step_indices"]) <= set(stored)
+
+
+def test_held_calls_and_bytes_are_bounded() -> None:
+    stage = DetectStage(max_held_calls=50, max_held_bytes=20_000)
+    mapper = MapStage()
+    for t in range(40):
+        trace = f"{t + 1:032x}"
+        spans = [
+            SpanRecord(
+                trace,
+                f"{i + 1:016x}",
+                "a" * 16,
+                "execute_tool t",
+                1,
+                i,
+                i + 1,
+                {
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "t",
+                    "gen_ai.tool.call.arguments": json.dumps({"pad": "x" * 300, "i": i}),
+                },
+            )
+            for i in range(10)
+        ]
+        stage.process(mapper.process(SpanBatch(spans)))  # agent spans never come
+        calls, held = stage.held
+        assert calls <= 50 + 10 and held <= 20_000 + 10 * 400
