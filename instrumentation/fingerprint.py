@@ -273,10 +273,7 @@ def _plain(  # noqa: PLR0917 - positional on purpose: recursive hot path
             if vkind is str:
                 if v.strip() is not v or (clean is not None and v not in clean):
                     return False
-            elif vkind is int:
-                if v.bit_length() > _MAX_INT_BITS:
-                    return False
-            elif vkind is bool or v is None:
+            elif vkind is int or vkind is bool or v is None:
                 continue
             elif vkind is float:
                 if not math.isfinite(v):
@@ -292,10 +289,7 @@ def _plain(  # noqa: PLR0917 - positional on purpose: recursive hot path
             if vkind is str:
                 if v.strip() is not v or (clean is not None and v not in clean):
                     return False
-            elif vkind is int:
-                if v.bit_length() > _MAX_INT_BITS:
-                    return False
-            elif vkind is bool or v is None:
+            elif vkind is int or vkind is bool or v is None:
                 continue
             elif vkind is float:
                 if not math.isfinite(v):
@@ -305,9 +299,7 @@ def _plain(  # noqa: PLR0917 - positional on purpose: recursive hot path
         return True
     if kind is str:
         return value.strip() is value and (clean is None or value in clean)
-    if kind is int:
-        return bool(value.bit_length() <= _MAX_INT_BITS)
-    if kind is bool or value is None:
+    if kind is int or kind is bool or value is None:
         return True
     return kind is float and math.isfinite(value)
 
@@ -416,14 +408,24 @@ def fingerprint_with(
         drop: lowercase keys dropped at any depth (``volatile - keep``).
         loose: the retry-key variant.
     """
-    canon = (
-        arguments
-        if not loose and _plain(arguments, drop, None, None, _MAX_DEPTH, 0)
-        else _by_identity(_canon, arguments, drop, loose, 0)
-    )
-    body = "".join(_C_ENCODE(canon, 0)) if _C_ENCODE is not None else canonical_json(canon)
+    body = None
+    if not loose and _plain(arguments, drop, None, None, _MAX_DEPTH, 0):
+        body = _encode_plain(arguments)
+    if body is None:
+        canon = _by_identity(_canon, arguments, drop, loose, 0)
+        body = "".join(_C_ENCODE(canon, 0)) if _C_ENCODE is not None else canonical_json(canon)
     text = '{"arguments":' + body + suffix
     return _sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _encode_plain(value: Any) -> str | None:
+    """Canonical JSON of a value :func:`_plain` accepted, or None when it holds an int
+    too long for text (``_canon`` turns those into hex; :data:`_MAX_INT_BITS`): caught
+    here rather than checked per int on the hot path."""
+    try:
+        return "".join(_C_ENCODE(value, 0)) if _C_ENCODE is not None else canonical_json(value)
+    except ValueError:
+        return None
 
 
 EMPTY_DIGEST: Final = digest(canonical_json(None))
@@ -462,10 +464,9 @@ def observation_digest_with(
     if scrub is None or caches is not None:
         clean, keys, limit = caches() if caches is not None else (None, None, _MAX_DEPTH)
         if _plain(result, drop, clean, keys, min(limit, _MAX_DEPTH), 0):
-            text = (
-                "".join(_C_ENCODE(result, 0)) if _C_ENCODE is not None else canonical_json(result)
-            )
-            return _sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+            plain = _encode_plain(result)
+            if plain is not None:
+                return _sha256(plain.encode("utf-8", "surrogatepass")).hexdigest()
     canon = _canon(result, drop, False, 0)
     if scrub is not None and not (canon is None or type(canon) in _UNSCRUBBED):
         canon = scrub(canon)

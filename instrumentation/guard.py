@@ -197,6 +197,9 @@ def _dollars(amount: float) -> float:
     return round(amount, COST_DECIMALS)
 
 
+_NEAR: Final = 10.0**-COST_DECIMALS  # closer to a budget than this, compare rounded
+
+
 def _usage_tokens(value: Any) -> int:
     """A reported token count as a non-negative int; ``None`` (providers that report no
     usage, streaming responses) counts as 0."""
@@ -1052,7 +1055,10 @@ class Guard:
                     estimate_tokens is not None and projected > p.max_tokens
                 ) or tokens >= p.max_tokens:
                     stop = self._ceiling(Dimension.TOKENS, p.max_tokens, max(projected, tokens))
-            if stop is None:
+            # Rounded only near the budget (a round() per call is not free).
+            if stop is None and (
+                estimate_cost_usd is not None or self._cost > p.max_cost_usd - _NEAR
+            ):
                 cost = _dollars(self._cost)
                 projected_cost = _dollars(self._cost + (estimate_cost_usd or 0.0))
                 if (
@@ -1189,7 +1195,7 @@ class Guard:
         return (
             self.parent is not None
             or self._input_tokens + self._output_tokens > p.max_tokens
-            or _dollars(self._cost) > p.max_cost_usd
+            or (self._cost > p.max_cost_usd - _NEAR and _dollars(self._cost) > p.max_cost_usd)
         )
 
     def _observed_ceilings(self) -> Verdict:
