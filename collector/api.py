@@ -35,7 +35,7 @@ cap. With a token configured every endpoint but ``/healthz`` needs
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict, fields
 from typing import Any, Final
 
@@ -131,6 +131,15 @@ def _str_param(request: Request, name: str) -> str | None:
     return raw
 
 
+def _choice_param(request: Request, name: str, allowed: Collection[str]) -> str | None:
+    """A parameter that must be one of ``allowed`` (400 naming them otherwise)."""
+    value = _str_param(request, name)
+    if value is not None and value not in allowed:
+        choices = ", ".join(sorted(allowed))
+        raise ApiError(400, "bad_parameter", f"{name} must be one of: {choices}")
+    return value
+
+
 def _window(request: Request) -> tuple[int, int]:
     """``since`` and ``until`` (ns); default: the 24 h before now."""
     now = time.time_ns()
@@ -207,20 +216,8 @@ def create_api_app(
         return wrapper
 
     async def runs(request: Request) -> Response:
-        stop_reason = _str_param(request, "stop_reason")
-        if stop_reason is not None and stop_reason not in _STOP_REASONS:
-            raise ApiError(
-                400,
-                "bad_parameter",
-                "stop_reason must be one of: " + ", ".join(sorted(_STOP_REASONS)),
-            )
-        detector = _str_param(request, "detector")
-        if detector is not None and detector not in LOOP_DETECTORS:
-            raise ApiError(
-                400,
-                "bad_parameter",
-                "detector must be one of: " + ", ".join(sorted(LOOP_DETECTORS)),
-            )
+        stop_reason = _choice_param(request, "stop_reason", _STOP_REASONS)
+        detector = _choice_param(request, "detector", LOOP_DETECTORS)
         page = await run_in_threadpool(
             _list_runs,
             reader,
