@@ -21,6 +21,9 @@ Rules (each one a fault found by a review of observe mode, 2026-12-01):
   when every call arrived in start order, else one replay of the run's calls in start
   order (once per run: rebuilding on every late call was quadratic, 198 s for a
   4,000-call run whose parallel calls ended out of order).
+- Content is opt-in: a call without its arguments (``gen_ai.tool.call.arguments``,
+  ``input.value``) is a new action, one without its result a new observation, so
+  calls sent without content never make a loop.
 - Evidence step indices, ``observe_step`` and ``detail.last_progress_step`` are the steps
   as stored (numbered per trace by the map stage), so they point at the rows the run
   view shows.
@@ -75,6 +78,7 @@ MAX_CALLS_PER_RUN: Final = 4096
 """Tool calls kept per run (the latest) for a replay in start order; the guard fed on
 arrival has seen them all."""
 _JUDGED_MEMORY: Final = 10_000
+_NOT_CAPTURED: Final = "loopwatch.not_captured"
 
 
 def loop_detector(stop: StopRow) -> str | None:
@@ -190,14 +194,23 @@ class _Feeder:
             guard.record_decision(Decision.tool())
             self.turn_steps.append(call.step)
             self.last_step = call.step
-        args = _parse(call.arguments)
-        arguments = args if isinstance(args, dict) else ({} if args is None else {"input": args})
+        # Content is opt-in in the GenAI conventions: a call sent without its arguments
+        # is a new action and one without its result a new observation, so it never
+        # makes a loop (no verdict rather than a false one: three weather lookups for
+        # three cities, sent without arguments, were once a repeated_action).
+        unknown = {_NOT_CAPTURED: call.order[1]}
+        if call.arguments is None:
+            arguments: dict[str, Any] = unknown
+        else:
+            args = _parse(call.arguments)
+            arguments = args if isinstance(args, dict) else {"input": args}
         ticket = guard.before_tool_call(call.tool, arguments, call_id=call.call_id)
         if call.failed:
             failure = ToolFailure(call.error_type or "error", FailureClass.TRANSIENT)
             record = guard.record_tool_result(ticket, error=failure)
         else:
-            record = guard.record_tool_result(ticket, result=_parse(call.result))
+            result = unknown if call.result is None else _parse(call.result)
+            record = guard.record_tool_result(ticket, result=result)
         return _Annotation(
             ticket.fingerprint,
             record.observation_digest or None,

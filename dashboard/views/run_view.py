@@ -57,11 +57,17 @@ card = runview.stop_card(stop, detail.evidence)
 stopped_at = card.step if card is not None and card.step else (steps[-1].step if steps else None)
 
 
+# A third-party agent (no loopwatch code) sends no policy: the collector judged its calls.
+third_party = run.get("source") not in (None, "", "loopwatch")
+policy_text = (
+    "judged by the collector in observe mode"
+    if third_party
+    else f"policy {ui.code_md(run.get('policy_name'))} version "
+    f"{ui.code_md(run.get('policy_version'))} · mode {ui.code_md(run.get('mode'))}"
+)
 st.caption(
-    f"Agent **{ui.escape_md(run.get('agent') or '(unnamed)')}** · policy "
-    f"{ui.code_md(run.get('policy_name'))} version {ui.code_md(run.get('policy_version'))} · "
-    f"mode {ui.code_md(run.get('mode'))} · {_when(run.get('time_unix_nano'))} · "
-    f"source {ui.code_md(run.get('source'))}"
+    f"Agent **{ui.escape_md(run.get('agent') or '(unnamed)')}** · {policy_text} · "
+    f"{_when(run.get('time_unix_nano'))} · source {ui.code_md(run.get('source'))}"
     + (" · canary flagged" if run.get("canary_detected") else "")
 )
 
@@ -224,7 +230,13 @@ with tools_col:
         st.dataframe(detail.tools, hide_index=True)
 with limits_col:
     st.subheader("Effective limits")
-    if detail.limits is None:
+    if detail.limits is None and third_party:
+        st.caption(
+            "A third-party agent sends no limits. The collector replayed its tool calls "
+            "through the guard in observe mode: default detector settings, no usage "
+            "budgets (docs/collector.md, server-side detection)."
+        )
+    elif detail.limits is None:
         st.caption(
             "This source does not return the run's effective limits (a collector older "
             "than this dashboard, or a run whose agent sent none); open the database file "

@@ -321,3 +321,44 @@ def test_observe_mode_detections_are_in_the_api_as_in_the_metric(
     assert client.get("/api/v1/runs", params={"stop_reason": "repeated_action"}).json()[
         "items"
     ] == [r for r in listed if r["run_id"] == fed["loop"]]
+
+
+def test_the_observe_mode_example_in_the_docs_is_detected(collector: Collector) -> None:
+    """docs/collector.md's minimal OTLP/JSON request, with its tool span five times, as
+    the text says: stored, completed, and repeated_action at step 3 on the API and
+    /metrics."""
+    import re
+
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "collector.md").read_text()
+    section = docs[docs.index("## Server-side detection") :]
+    body = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))  # type: ignore[union-attr]
+    spans = body["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    tool = spans[1]
+    for i in range(2, 6):
+        spans.append(
+            {
+                **tool,
+                "spanId": f"{i:016x}",
+                "startTimeUnixNano": str(2000 + i * 200),
+                "endTimeUnixNano": str(2100 + i * 200),
+            }
+        )
+    otlp = TestClient(collector.otlp_app())
+    sent = otlp.post(
+        "/v1/traces", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
+    assert sent.status_code == 200
+    client = api(collector)
+    run = client.get("/api/v1/runs/aaaaaaaaaaaaaaaa").json()
+    assert (run["stop"]["reason"], run["stop"]["observe_reason"]) == (
+        "completed",
+        "repeated_action",
+    )
+    assert run["stop"]["observe_step"] == 3
+    listed = client.get("/api/v1/runs", params={"detector": "repeated_action"}).json()["items"]
+    assert [r["agent"] for r in listed] == ["weather_bot"]
+    metrics = client.get("/metrics").text
+    assert (
+        'loopwatch_loop_detections_total{agent="weather_bot",detector="repeated_action",'
+        'tool="get_weather"} 1.0' in metrics
+    )

@@ -363,3 +363,27 @@ def test_held_calls_and_bytes_are_bounded() -> None:
         stage.process(mapper.process(SpanBatch(spans)))  # agent spans never come
         calls, held = stage.held
         assert calls <= 50 + 10 and held <= 20_000 + 10 * 400
+
+
+@pytest.mark.parametrize("captured", ["neither", "arguments only", "result only", "both"])
+def test_calls_sent_without_content_never_make_a_loop(captured: str) -> None:
+    """Tool call content is opt-in in the GenAI conventions, and off by default in most
+    tracers. Without arguments every call of a tool looked the same: three weather
+    lookups for three cities were a repeated_action (a new user's trial, 2026-12-01)."""
+    agent = "w" * 16
+    calls = []
+    for i in range(5):
+        attrs: dict[str, object] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "get_weather",
+        }
+        if captured in ("arguments only", "both"):
+            attrs["gen_ai.tool.call.arguments"] = json.dumps({"city": "Oslo"})
+        if captured in ("result only", "both"):
+            attrs["gen_ai.tool.call.result"] = json.dumps({"temp": 3})
+        calls.append(span(f"{i + 1:016x}", "execute_tool get_weather", attrs, agent, 100 + i))
+    stops, steps = run_batches([*calls, agent_span(agent, "weather_bot")])
+    expected = "repeated_action" if captured == "both" else None
+    assert stops[agent].observe_reason == expected
+    fingerprints = {s.action_fingerprint for s in steps if s.kind == "tool_result"}
+    assert len(fingerprints) == (5 if captured in ("neither", "result only") else 1)
