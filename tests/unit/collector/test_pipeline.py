@@ -23,8 +23,8 @@ from .spans import completed_run, looping_run, record, to_batch
 CANARY = "lw-canary-7f3a9c2e51d4"
 
 
-@pytest.fixture
-def collector(tmp_path: Path) -> Any:
+def canary_collector(tmp_path: Path) -> Collector:
+    """A collector on a fresh file in ``tmp_path`` with :data:`CANARY` in its canary file."""
     canaries = tmp_path / "canaries.txt"
     canaries.write_text(f"# planted\n{CANARY}\n")
     cfg = load_config(
@@ -34,7 +34,12 @@ def collector(tmp_path: Path) -> Any:
             "redaction": {"canaries_file": str(canaries)},
         },
     )
-    c = Collector(cfg)
+    return Collector(cfg)
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Any:
+    c = canary_collector(tmp_path)
     yield c
     c.close()
 
@@ -240,16 +245,7 @@ def test_the_env_canaries_are_registered_beside_the_config_file(
     env_file = tmp_path / "env-canaries.txt"
     env_file.write_text(env_canary + "\n")
     monkeypatch.setenv("LOOPWATCH_REDACTION_CANARIES", str(env_file))
-    file_canaries = tmp_path / "canaries.txt"
-    file_canaries.write_text(CANARY + "\n")
-    cfg = load_config(
-        environ={},
-        overrides={
-            "store": {"db": str(tmp_path / "lw.duckdb")},
-            "redaction": {"canaries_file": str(file_canaries)},
-        },
-    )
-    c = Collector(cfg)
+    c = canary_collector(tmp_path)
     try:
         batch = to_batch(record(completed_run()))
         target: SpanRecord = next(s for s in batch.spans if s.name.startswith("execute_tool"))
