@@ -106,6 +106,11 @@ def current_run() -> Run | None:
     return _current.get()
 
 
+def _timed_out(name: str, ticket: ToolTicket) -> TimeoutError:
+    """loopwatch's own ``TimeoutError`` for a call that passed its deadline."""
+    return TimeoutError(f"tool {name[:80]!r} timed out after {ticket.timeout_seconds:.3g} s")
+
+
 def _tool_executor() -> concurrent.futures.ThreadPoolExecutor:
     global _executor
     with _executor_lock:
@@ -540,29 +545,35 @@ class Run:
         future = _tool_executor().submit(ctx.run, invoke)
         try:
             result = future.result(timeout=max(ticket.timeout_seconds, 0.0))
-        except concurrent.futures.TimeoutError as exc:
-            if future.done() and not future.cancelled() and future.exception() is exc:
-                # The tool raised TimeoutError itself (concurrent.futures.TimeoutError is
-                # the built-in one since Python 3.11): its own error, passed on as is.
-                record = self.guard.record_tool_result(ticket, error=exc)
-                self._telemetry.end_tool(span, record, error=exc)
-                raise
-            future.cancel()
-            err = TimeoutError(f"tool {name[:80]!r} timed out after {ticket.timeout_seconds:.3g} s")
-            record = self.guard.record_tool_result(
-                ticket, error=err, failure_class=FailureClass.TIMEOUT
-            )
-            self._telemetry.end_tool(span, record, error=err)
-            raise err from None
         except BaseException as exc:
-            record = self.guard.record_tool_result(ticket, error=exc)
-            self._telemetry.end_tool(span, record, error=exc)
+            # concurrent.futures.TimeoutError is the built-in TimeoutError since Python
+            # 3.11: it is our deadline unless the tool raised it itself (then it is the
+            # tool's own error, passed on as is like any other).
+            if isinstance(exc, TimeoutError) and not (
+                future.done() and not future.cancelled() and future.exception() is exc
+            ):
+                future.cancel()
+                err = _timed_out(name, ticket)
+                self._end_failed_tool(ticket, span, err, FailureClass.TIMEOUT)
+                raise err from None
+            self._end_failed_tool(ticket, span, exc)
             raise
         record = self.guard.record_tool_result(ticket, result=result)
         result_json = _content.capture_json(result) if self.capture_content else None
         self._telemetry.end_tool(span, record, result_json=result_json)
         self._after_result(record)
         return result
+
+    def _end_failed_tool(
+        self,
+        ticket: ToolTicket,
+        span: Span | None,
+        error: BaseException,
+        failure_class: FailureClass | None = None,
+    ) -> None:
+        """Record a dispatched call that raised (or timed out) and end its span."""
+        record = self.guard.record_tool_result(ticket, error=error, failure_class=failure_class)
+        self._telemetry.end_tool(span, record, error=error)
 
     async def acall_tool(
         self,
@@ -594,24 +605,18 @@ class Run:
                     loop.run_in_executor(_tool_executor(), functools.partial(ctx.run, invoke)),
                     timeout=ticket.timeout_seconds,
                 )
-        except TimeoutError as exc:
+        except BaseException as exc:
             # asyncio.wait_for's own timeout comes from a cancellation at the deadline; a
             # TimeoutError the tool raised (or let through) is its own error, passed on.
-            if not isinstance(exc.__cause__, asyncio.CancelledError) or (
-                time.monotonic() - began < ticket.timeout_seconds
+            if (
+                isinstance(exc, TimeoutError)
+                and isinstance(exc.__cause__, asyncio.CancelledError)
+                and time.monotonic() - began >= ticket.timeout_seconds
             ):
-                record = self.guard.record_tool_result(ticket, error=exc)
-                self._telemetry.end_tool(span, record, error=exc)
-                raise
-            err = TimeoutError(f"tool {name[:80]!r} timed out after {ticket.timeout_seconds:.3g} s")
-            record = self.guard.record_tool_result(
-                ticket, error=err, failure_class=FailureClass.TIMEOUT
-            )
-            self._telemetry.end_tool(span, record, error=err)
-            raise err from None
-        except BaseException as exc:
-            record = self.guard.record_tool_result(ticket, error=exc)
-            self._telemetry.end_tool(span, record, error=exc)
+                err = _timed_out(name, ticket)
+                self._end_failed_tool(ticket, span, err, FailureClass.TIMEOUT)
+                raise err from None
+            self._end_failed_tool(ticket, span, exc)
             raise
         finally:
             if token is not None:
@@ -905,14 +910,14 @@ def tool(fn: Callable[P, R] | None = None, /, *, name: str | None = None) -> Any
 
     The call's arguments are bound to the signature (defaults applied) and fingerprinted
     by name; a method's ``self`` or ``cls`` counts by identity (the same instance, not
-    its changing fields). Outside a run
-    the tool runs unguarded; called so while a run is open in the process (a thread of
-    a pool, which does not inherit the run), it logs a warning once per tool (logger
-    ``loopwatch.instrumentation``): submit such calls with
-    ``contextvars.copy_context().run``. The
-    per-call timeout applies (a sync tool runs in a loopwatch worker thread, so objects
-    bound to the calling thread, such as a ``sqlite3`` connection, do not work in it; an
-    async tool is cancelled at its timeout).
+    its changing fields). The per-call timeout applies: a sync tool runs in a loopwatch
+    worker thread (so objects bound to the calling thread, such as a ``sqlite3``
+    connection, do not work in it); an async tool is cancelled at its timeout.
+
+    Outside a run the tool runs unguarded. Called so while a run is open in the process
+    (from a thread of a pool, which does not inherit the run), it logs a warning once
+    per tool (logger ``loopwatch.instrumentation``): submit such calls with
+    ``contextvars.copy_context().run``.
 
     Args:
         name: tool name (default: the function's name).
