@@ -20,6 +20,8 @@ from loopwatch.collector.service import Collector
 from loopwatch.instrumentation import Policy
 from starlette.testclient import TestClient
 
+from tests.docs_examples import OBSERVE_RUN_ID, observe_example
+
 from .spans import completed_run, looping_run, record, to_batch
 
 CANARY = "lw-canary-5b1d0e9a7c3f"
@@ -327,29 +329,14 @@ def test_the_observe_mode_example_in_the_docs_is_detected(collector: Collector) 
     """docs/collector.md's minimal OTLP/JSON request, with its tool span five times, as
     the text says: stored, completed, and repeated_action at step 3 on the API and
     /metrics."""
-    import re
-
-    docs = (Path(__file__).resolve().parents[3] / "docs" / "collector.md").read_text()
-    section = docs[docs.index("## Server-side detection") :]
-    body = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))  # type: ignore[union-attr]
-    spans = body["resourceSpans"][0]["scopeSpans"][0]["spans"]
-    tool = spans[1]
-    for i in range(2, 6):
-        spans.append(
-            {
-                **tool,
-                "spanId": f"{i:016x}",
-                "startTimeUnixNano": str(2000 + i * 200),
-                "endTimeUnixNano": str(2100 + i * 200),
-            }
-        )
+    body = observe_example(5)
     otlp = TestClient(collector.otlp_app())
     sent = otlp.post(
         "/v1/traces", content=json.dumps(body), headers={"content-type": "application/json"}
     )
     assert sent.status_code == 200
     client = api(collector)
-    run = client.get("/api/v1/runs/aaaaaaaaaaaaaaaa").json()
+    run = client.get(f"/api/v1/runs/{OBSERVE_RUN_ID}").json()
     assert (run["stop"]["reason"], run["stop"]["observe_reason"]) == (
         "completed",
         "repeated_action",

@@ -14,10 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
+import streamlit as st
 from loopwatch.dashboard import cli, data
 from streamlit.testing.v1 import AppTest
 
-from tests.integration.services import free_port, poll_until
+from tests.docs_examples import OBSERVE_RUN_ID, observe_example
+from tests.integration.services import free_port, poll_until, start_collector
 
 from .hostile import rendered
 from .scenarios import ALL_REASONS, DASHBOARD, LOOP_RUN, PAGES, Fed, empty_database
@@ -368,3 +370,36 @@ def test_loopwatch_dashboard_serves_the_app(fed: Fed) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_run_view_of_a_third_party_run(tmp_path: Path, use_source: Callable[..., None]) -> None:
+    """A run judged by the collector (observe mode, no loopwatch code in the agent) says
+    so instead of naming a policy, and explains why it has no limits; from the API and
+    from the file."""
+
+    def check() -> None:
+        at = page("run_view", run_id=OBSERVE_RUN_ID)
+        no_failure(at)
+        assert metrics(at)["Stop reason"] == "completed"
+        caption = at.caption[0].value
+        assert "judged by the collector in observe mode" in caption
+        assert "policy" not in caption
+        shown = texts(at)
+        assert "A third-party agent sends no limits" in shown
+        assert "observe mode would have stopped as" in "\n".join(m.value for m in at.markdown)
+
+    with start_collector(tmp_path) as collector:
+        sent = httpx.post(collector.otlp_url, json=observe_example(5), timeout=10)
+        assert sent.status_code == 200, sent.text
+        poll_until(
+            lambda: any(
+                r["run_id"] == OBSERVE_RUN_ID and r["stop_reason"] for r in collector.runs()
+            ),
+            timeout_seconds=20,
+            what="the observe-mode run stored with its stop",
+        )
+        use_source(collector=collector.http_url)
+        check()
+    st.cache_data.clear()
+    use_source(db=collector.db_path)
+    check()
