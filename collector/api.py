@@ -285,7 +285,8 @@ def create_api_app(
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", guarded(metrics_endpoint), methods=["GET"]),
             Route("/api/v1/runs", guarded(runs), methods=["GET"]),
-            Route("/api/v1/runs/{run_id:str}", guarded(run), methods=["GET"]),
+            # ``path``: a run id is any string the agent chose, slashes included.
+            Route("/api/v1/runs/{run_id:path}", guarded(run), methods=["GET"]),
             Route("/api/v1/stats", guarded(stats), methods=["GET"]),
             Route("/api/v1/tools", guarded(tools), methods=["GET"]),
         ],

@@ -257,8 +257,10 @@ class CollectorConfig:
             raise ConfigError("store.db", "must name a file")
         if not 0.0 <= self.sampling.completed_fraction <= 1.0:
             raise ConfigError("sampling.completed_fraction", "must be between 0 and 1")
-        if self.sampling.max_runs_per_reason_tool_per_hour < 0:
-            raise ConfigError("sampling.max_runs_per_reason_tool_per_hour", "must be >= 0")
+        _positive(
+            "sampling.max_runs_per_reason_tool_per_hour",
+            self.sampling.max_runs_per_reason_tool_per_hour,
+        )
         _positive("sampling.stop_timeout_seconds", self.sampling.stop_timeout_seconds)
         _positive("metrics.top_n_agents", self.metrics.top_n_agents)
         _positive("metrics.top_n_tools", self.metrics.top_n_tools)

@@ -349,3 +349,19 @@ def test_the_observe_mode_example_in_the_docs_is_detected(collector: Collector) 
         'loopwatch_loop_detections_total{agent="weather_bot",detector="repeated_action",'
         'tool="get_weather"} 1.0' in metrics
     )
+
+
+@pytest.mark.parametrize("run_id", ["tenant-a/ticket-42", "a/../b", "x/", "100%/done?#"])
+def test_a_run_id_with_slashes_opens(collector: Collector, run_id: str) -> None:
+    """``Run(run_id=...)`` takes any string; the detail route matched one path segment,
+    so such a run was listed but answered 404 "no such endpoint", encoded or not."""
+    from urllib.parse import quote
+
+    assert submit(collector, looping_run("support", run_id=run_id)) == run_id
+    client = api(collector)
+    listed = [r["run_id"] for r in client.get("/api/v1/runs").json()["items"]]
+    assert listed == [run_id]
+    body = client.get(f"/api/v1/runs/{quote(run_id, safe='')}").json()
+    assert body["run"]["run_id"] == run_id and body["stop"]["reason"] == "repeated_action"
+    missing = client.get("/api/v1/runs/" + quote(run_id + "/more", safe=""))
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"

@@ -124,3 +124,32 @@ def test_parse_hostport(text: str, expected: tuple[str, int]) -> None:
 def test_parse_hostport_rejects(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_hostport(text, what="server.http")
+
+
+@pytest.mark.parametrize("cap", ["0", "-1", "1.5", "true"])
+def test_hourly_cap_below_one_is_a_config_error(cap: str) -> None:
+    """A cap of 0 passed validation, then the sampler refused it at start: a traceback
+    and exit 1 instead of one line and exit 2."""
+    with pytest.raises(ConfigError, match=r"sampling\.max_runs_per_reason_tool_per_hour"):
+        load_config(environ={"LOOPWATCH_SAMPLING_MAX_RUNS_PER_REASON_TOOL_PER_HOUR": cap})
+
+
+def test_the_edges_config_accepts_start_a_collector(tmp_path: Path) -> None:
+    """Whatever the config accepts, the stages accept: the smallest and largest values of
+    the bounded settings start a collector."""
+    from loopwatch.collector.service import Collector
+
+    edges = [
+        {
+            "LOOPWATCH_SAMPLING_MAX_RUNS_PER_REASON_TOOL_PER_HOUR": "1",
+            "LOOPWATCH_SAMPLING_COMPLETED_FRACTION": "0",
+            "LOOPWATCH_SAMPLING_STOP_TIMEOUT_SECONDS": "0.001",
+            "LOOPWATCH_METRICS_TOP_N_AGENTS": "1",
+            "LOOPWATCH_METRICS_TOP_N_TOOLS": "1",
+            "LOOPWATCH_STORE_RETENTION_DAYS": "0",
+        },
+        {"LOOPWATCH_SAMPLING_COMPLETED_FRACTION": "1", "LOOPWATCH_STORE_RETENTION_DAYS": "36500"},
+    ]
+    for i, env in enumerate(edges):
+        config = load_config(environ={"LOOPWATCH_STORE_DB": str(tmp_path / f"{i}.duckdb"), **env})
+        Collector(config).close()
