@@ -65,7 +65,9 @@ Write semantics (each rule has a test in ``tests/unit/test_store.py``):
 - Sampling (:mod:`loopwatch.collector.sampling`) is decided once, when a run's first
   primary stop is committed, or by the periodic maintenance for runs with no stop and no
   new span for ``undecided_timeout_seconds``. A stop replacing another later does not
-  re-decide (deleted steps cannot come back).
+  re-decide (deleted steps cannot come back). The hourly cap's tool is the run's most
+  called tool among the calls known at that request (earlier groups' and this group's
+  up to it), so grouping does not change it either.
 
 Retention (``StoreConfig.retention_seconds``, off by default): the periodic maintenance
 removes decided runs whose last span arrived longer ago than that, with every row that
@@ -118,7 +120,7 @@ import operator
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1079,7 +1081,10 @@ class _Group:
     merged: dict[str, dict[str, Any]] = field(default_factory=dict)
     existing: set[str] = field(default_factory=set)
     tool_deltas: dict[tuple[int, str, str, str | None], int] = field(default_factory=dict)
+    # Tool calls by run of rows moved in from ``steps`` (a decided run's kept steps),
+    # which _decide cannot read from ``staged_steps``.
     new_tools: dict[str, dict[str, int]] = field(default_factory=dict)
+    step_jobs: list[int] = field(default_factory=list)  # job index of each of ``steps``
     settle: set[str] = field(default_factory=set)
     staged_in_db: set[str] = field(default_factory=set)
     stopped_before: set[str] = field(default_factory=set)
@@ -1447,6 +1452,7 @@ class Store:
             if everything_new:
                 group.runs += batch.runs
                 group.steps += batch.steps
+                group.step_jobs += [index] * len(batch.steps)
             else:
                 for run in batch.runs:
                     key = (run.trace_id, run.span_id)
@@ -1457,6 +1463,7 @@ class Store:
                     if key in new_keys and owner[key] == index and key not in step_keys:
                         step_keys.add(key)
                         group.steps.append(step)
+                        group.step_jobs.append(index)
             for stop_row in batch.stops:
                 key = (stop_row.trace_id, stop_row.span_id)
                 skey = (*key, stop_row.run_id)
@@ -1603,7 +1610,8 @@ class Store:
             return
         span_ids = set(move.span_ids)
         kept: list[StepRow] = []
-        for step in group.steps:
+        jobs: list[int] = []
+        for step, job in zip(group.steps, group.step_jobs, strict=True):
             if (
                 step.run_id == move.from_run_id
                 and step.trace_id == move.trace_id
@@ -1611,9 +1619,19 @@ class Store:
             ):
                 if move.to_run_id is not None:
                     kept.append(dataclasses.replace(step, run_id=move.to_run_id))
+                    jobs.append(job)
+                elif step.kind == KIND_TOOL_RESULT:
+                    # Counted live when its request was committed (the counter never
+                    # goes down): the +1 it would have had in a group of its own, and the
+                    # move's -1, so grouping never changes the totals restored.
+                    key = _run_key(move.from_run_id)
+                    tool, outcome = step.tool or "", step.outcome or ""
+                    group.tool(key, tool, outcome, 1, step.agent or None)
+                    group.tool(key, tool, outcome, -1, _MOVED)
                 continue
             kept.append(step)
-        group.steps = kept
+            jobs.append(job)
+        group.steps, group.step_jobs = kept, jobs
         runs: list[RunRow] = []
         for run in group.runs:
             if (
@@ -1631,7 +1649,7 @@ class Store:
             return
         from_key = _run_key(move.from_run_id)
         tables = ["staged_steps"] + (["steps"] if source["sampled"] else [])
-        moved: list[tuple[Any, ...]] = []
+        moved: list[tuple[Any, ...]] = []  # (table, kind, step, outcome, tool, tokens)
         where = f"run_key = {from_key} AND trace_id = ? AND list_contains(?, span_id)"
         returning = (
             "RETURNING kind, step, outcome, COALESCE(tool, ''), "
@@ -1644,7 +1662,7 @@ class Store:
             else:
                 sql = f"UPDATE {table} SET run_key = ?, run_id = ? WHERE {where} {returning}"
                 params = [_run_key(move.to_run_id), move.to_run_id, *params]
-            moved += self._con.execute(sql, params).fetchall()
+            moved += [(table, *row) for row in self._con.execute(sql, params).fetchall()]
         if not moved:
             return
         target = None
@@ -1654,7 +1672,7 @@ class Store:
             group.staged_in_db.add(move.to_run_id)
         # A moved call keeps the agent label it was counted under (its first row): the
         # move's -1/+1 pair carries one label, "", so per-label totals are unchanged.
-        for kind, step, outcome, tool, tokens in moved:
+        for table, kind, step, outcome, tool, tokens in moved:
             _count_step(source, kind, step, outcome, tokens, sign=-1)
             if kind == KIND_TOOL_RESULT:
                 group.tool(from_key, tool, outcome or "", -1, _MOVED)
@@ -1662,8 +1680,9 @@ class Store:
                 _count_step(target, kind, step, outcome, tokens, sign=1)
                 if kind == KIND_TOOL_RESULT:
                     group.tool(target["run_key"], tool, outcome or "", 1, _MOVED)
-                    tools = group.new_tools.setdefault(target["run_id"], {})
-                    tools[tool] = tools.get(tool, 0) + 1
+                    if table == "steps":  # _decide reads the moved staged rows itself
+                        tools = group.new_tools.setdefault(target["run_id"], {})
+                        tools[tool] = tools.get(tool, 0) + 1
         if source["run_span_id"] is None and source["stop_origin"] is None:
             remaining = self._con.execute(
                 f"SELECT count(*) FROM staged_steps WHERE run_key = {from_key}"
@@ -1727,9 +1746,7 @@ class Store:
             row["steps"] = highest
             row["decisions"] += decisions
             row["tokens"] += tokens
-            tools = group.new_tools.setdefault(run_id, {})
             for (tool, outcome, agent), n in calls.items():
-                tools[tool] = tools.get(tool, 0) + n
                 group.tool(row["run_key"], tool, outcome, n, agent)
                 row["tool_calls"] += n
                 if outcome == sc.OUTCOME_ERROR:
@@ -1813,15 +1830,38 @@ class Store:
             for run_id, s in group.counted.items()
             if group.merged[run_id]["sampled"] is None
         ]
-        self._decide(group, undecided)
+        stop_job = {s.run_id: job for job, stops in group.counted_by_job.items() for s in stops}
+        self._decide(group, undecided, stop_job)
         group.stops = list(winners.values())
         return anomalies
 
-    def _decide(self, group: _Group, runs: Sequence[tuple[str, str | None]]) -> None:
+    def _decide(
+        self,
+        group: _Group,
+        runs: Sequence[tuple[str, str | None]],
+        stop_job: Mapping[str, int] | None = None,
+    ) -> None:
+        """Decide sampling for ``runs`` (``(run_id, stop reason)``; ``None``: timed out).
+
+        The cap's tool is the run's most called tool among the calls stored before its
+        decision: earlier groups' (``staged_steps``), and this group's from the requests
+        up to the one that carried the run's stop (``stop_job``; all of them when the run
+        is not in it), so a group decides as its requests would one by one.
+        """
         if not runs:
             return
         ids = [r for r, _ in runs]
         tallies: dict[str, dict[str, int]] = {r: dict(group.new_tools.get(r, {})) for r in ids}
+        for step, job in zip(group.steps, group.step_jobs, strict=True):
+            if step.kind != KIND_TOOL_RESULT:
+                continue
+            tally = tallies.get(step.run_id)
+            if tally is None:
+                continue
+            last = stop_job.get(step.run_id) if stop_job is not None else None
+            if last is None or job <= last:
+                name = step.tool or ""
+                tally[name] = tally.get(name, 0) + 1
         staged_keys = {_run_key(r): r for r in ids if r in group.staged_in_db}
         if staged_keys:
             rows = self._con.execute(

@@ -667,6 +667,105 @@ def test_steps_dropped_when_the_trace_turns_out_to_be_loopwatch(store: Store) ->
     assert detail is not None and detail.run["decisions"] == 1
 
 
+def _submit_requests(
+    store: Store, gate: Gate, requests: list[MappedBatch], *, grouped: bool
+) -> list[CommitResult]:
+    """Commit ``requests`` one by one, or all in one group (the writer held meanwhile)."""
+    if not grouped:
+        return [commit(store, r) for r in requests]
+    hold_writer(store, gate)
+    futures = [store.submit(r) for r in requests]
+    gate.release.set()
+    results = [f.result(timeout=30) for f in futures]
+    assert {r.group_batches for r in results} == {len(requests)}
+    return results
+
+
+def _counted_live(requests: list[MappedBatch], results: list[CommitResult]) -> int:
+    """Tool calls the collector counts live: tool steps whose span key was new."""
+    return sum(
+        1
+        for mapped, result in zip(requests, results, strict=True)
+        for s in mapped.steps
+        if s.kind == KIND_TOOL_RESULT and (s.trace_id, s.span_id) in result.new_span_keys
+    )
+
+
+_ONE_BY_ONE_OR_GROUPED = pytest.mark.parametrize(
+    "grouped", [False, True], ids=["one by one", "one group"]
+)
+
+
+@_ONE_BY_ONE_OR_GROUPED
+def test_a_third_party_call_dropped_from_a_loopwatch_trace_stays_counted(
+    store: Store, gate: Gate, grouped: bool
+) -> None:
+    """A third-party tool span of a trace whose loopwatch spans come in a later request
+    is counted live, then dropped as a step. In one group with that request it was
+    dropped before any row recorded the count: restored 0 against 1 counted live."""
+    stage = MapStage()
+    trace = trace_of("lw-ext")
+    ext = _span(
+        trace,
+        "execute_tool ext_tool",
+        {sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.GEN_AI_TOOL_NAME: "ext_tool"},
+        "00000000000000aa",
+    )
+    decision = _span(
+        trace, "decide a", {sc.LW_EVENT: sc.EVENT_DECISION, sc.LW_RUN_ID: "lw-ext", sc.LW_STEP: 1}
+    )
+    requests = [stage.process(SpanBatch(spans=[ext])), stage.process(SpanBatch(spans=[decision]))]
+    results = _submit_requests(store, gate, requests, grouped=grouped)
+    assert _counted_live(requests, results) == 1
+    restored = {k: n for k, n in tool_call_totals(store).items() if k[1] == "ext_tool"}
+    assert sum(restored.values()) == 1
+    assert store.reader().get_run(trace) is None
+
+
+@_ONE_BY_ONE_OR_GROUPED
+def test_the_cap_counts_the_tools_known_when_the_stop_came(
+    make_store: Any, gate: Gate, grouped: bool
+) -> None:
+    """A run's stop, then its tool steps in a later request: decided with the steps
+    known at its stop (none: the cap's tool is ""), also when both requests share a
+    group commit (then the later request's steps were tallied, its cap key was the full
+    ("repeated_action", "search") quota, and its steps were dropped)."""
+    store = make_store(sampling=SamplingConfig(max_full_runs_per_hour=1))
+    commit(store, full_run("fill", "repeated_action"))
+    late = [step_row("late", i) for i in (1, 2)]
+    requests = [batch(run_row("late"), stop_row("late", "repeated_action")), batch(*late)]
+    _submit_requests(store, gate, requests, grouped=grouped)
+    detail = store.reader().get_run("late")
+    assert detail is not None
+    assert (detail.run["sampled"], detail.run["sample_rule"], detail.run["sample_tool"]) == (
+        True,
+        RULE_ABNORMAL,
+        "",
+    )
+    assert len(detail.steps) == 2
+
+
+def test_calls_moved_to_the_agent_run_are_tallied_once(store: Store) -> None:
+    """Two tool_a calls stored under the trace, then the agent span with three tool_b
+    calls: the cap's tool is tool_b. The moved calls were tallied twice (from the move
+    and again from the staged rows), so tool_a won with 4."""
+    stage = MapStage()
+    trace = "ef" * 16
+    agent = _span(trace, "invoke_agent bot", {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT})
+
+    def call(tool: str, start: int) -> SpanRecord:
+        attrs = {sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.GEN_AI_TOOL_NAME: tool}
+        return _span(trace, f"execute_tool {tool}", attrs, agent.span_id, start)
+
+    commit(store, stage.process(SpanBatch(spans=[call("tool_a", 5), call("tool_a", 6)])))
+    second = [call("tool_b", 7 + i) for i in range(3)] + [agent]
+    commit(store, stage.process(SpanBatch(spans=second)))
+    detail = store.reader().get_run(agent.span_id)
+    assert detail is not None
+    assert (detail.run["tool_calls"], detail.run["top_tool"]) == (5, "tool_b")
+    assert detail.run["sample_tool"] == "tool_b"
+
+
 def test_canary_flag_by_run_or_trace_id(store: Store) -> None:
     commit(store, full_run("flag-run", "completed"))
     commit(store, full_run("flag-trace", "completed"))
