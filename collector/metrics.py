@@ -88,6 +88,12 @@ METRIC_NAMES: Final = (
 class LabelBound:
     """Keeps at most ``top_n`` distinct values of one label; the rest map to ``_other``.
 
+    Values are admitted first come, first served, and a value once admitted keeps its
+    own series. Which values were admitted is state that a restart must get back, or a
+    counter restored under other labels would read as a reset (``_other`` going down, a
+    series vanishing): the collector stores each admission (:meth:`unpersisted`, then
+    :meth:`confirm` once committed) and seeds the bound from it at start.
+
     Thread-safe. Values longer than 128 characters are cut (a label is not a payload).
 
     Args:
@@ -101,13 +107,22 @@ class LabelBound:
         if top_n < 1:
             raise ValueError(f"top_n must be >= 1, got {top_n}")
         self.top_n = top_n
-        self._kept: set[str] = set()
+        self._kept: dict[str, int] = {}  # label -> admission order
+        self._unpersisted: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def seed(self, values: Iterable[str]) -> None:
-        """Admit ``values`` first (most important first), up to the bound."""
+    def seed(self, values: Iterable[str], *, persisted: bool = False) -> None:
+        """Admit ``values`` first (most important first), up to the bound.
+
+        Args:
+            values: raw values, in admission order.
+            persisted: they come from the store (not reported by :meth:`unpersisted`).
+        """
         for value in values:
-            self(value)
+            label = self(value)
+            if persisted:
+                with self._lock:
+                    self._unpersisted.pop(label, None)
 
     def __call__(self, value: str | None) -> str:
         label = (value or "unknown")[:_MAX_LABEL_CHARS]
@@ -117,9 +132,22 @@ class LabelBound:
             if label in self._kept:
                 return label
             if len(self._kept) < self.top_n:
-                self._kept.add(label)
+                order = len(self._kept)
+                self._kept[label] = order
+                self._unpersisted[label] = order
                 return label
         return OTHER
+
+    def unpersisted(self) -> list[tuple[str, int]]:
+        """``(label, admission order)`` of admitted values not yet :meth:`confirm`-ed."""
+        with self._lock:
+            return list(self._unpersisted.items())
+
+    def confirm(self, labels: Iterable[str]) -> None:
+        """Mark ``labels`` as stored (committed with the rows counted under them)."""
+        with self._lock:
+            for label in labels:
+                self._unpersisted.pop(label, None)
 
 
 @dataclass

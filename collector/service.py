@@ -447,6 +447,11 @@ class Collector:
         if truncated:
             _log.warning("restored tool call totals are incomplete: more keys than the cap")
         histograms, detections = restore_stop_totals(reader)
+        # The label values admitted before, in their order; then, for a file older than
+        # that record (schema 12), the values ranked by their totals.
+        admitted = reader.restore_metric_labels()
+        self.metrics.agents.seed(admitted.get("agent", ()), persisted=True)
+        self.metrics.tools.seed(admitted.get("tool", ()), persisted=True)
         # Totals per name first: ranking by a per-name sum over every key was quadratic
         # (21 s to start with 10,000 agent names; tests/reliability/test_cardinality.py).
         agent_stops: dict[str, int] = {}
@@ -496,6 +501,20 @@ class Collector:
             for stop in mapped.stops:
                 if not stop.agent:
                     stop.agent = agents.get(stop.run_id, _UNKNOWN_AGENT)
+        # Admit the label values _count will use now, so that each admission is stored
+        # with the rows of its request (metric_labels) and a restart admits the same.
+        bound_agents, bound_tools = self.metrics.agents, self.metrics.tools
+        for step in mapped.steps:
+            if step.kind == KIND_TOOL_RESULT:
+                bound_agents(step.agent or _UNKNOWN_AGENT)
+                bound_tools(step.tool or "unknown")
+        for stop in mapped.stops:
+            bound_agents(stop.agent or _UNKNOWN_AGENT)
+            if loop_detector(stop) is not None:
+                bound_tools(loop_tool(stop) or "none")
+        mapped.metric_labels = [
+            ("agent", label, order) for label, order in bound_agents.unpersisted()
+        ] + [("tool", label, order) for label, order in bound_tools.unpersisted()]
 
     def process(self, batch: SpanBatch) -> tuple[_Processed, Any]:
         """Run redact -> map -> detect and queue the result for commit (pipeline thread).
@@ -542,6 +561,10 @@ class Collector:
         processed, future = await loop.run_in_executor(self._pipeline, self.process, batch)
         result: CommitResult = await asyncio.wrap_future(future)
         self._count(processed, result)
+        labels = processed.mapped.metric_labels
+        if labels:
+            self.metrics.agents.confirm(label for kind, label, _ in labels if kind == "agent")
+            self.metrics.tools.confirm(label for kind, label, _ in labels if kind == "tool")
 
     def _count(self, processed: _Processed, result: CommitResult) -> None:
         mapped = processed.mapped

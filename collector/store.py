@@ -80,7 +80,7 @@ it names (a flag by trace id then no longer marks later runs of that trace).
 Reads (:class:`StoreReader`) run on their own cursors with a time limit and a row cap,
 parameterized SQL only, so they never block or starve the writer.
 
-Schema (``SCHEMA_VERSION`` = 11; numbered migrations in :data:`MIGRATIONS` are applied in
+Schema (``SCHEMA_VERSION`` = 12; numbered migrations in :data:`MIGRATIONS` are applied in
 order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
 
 - ``runs``: one row per run (key ``run_key``), kept until retention removes it: counts,
@@ -104,6 +104,9 @@ order at open; times are integers in ns since the Unix epoch unless named ``_uni
   keeps runs appends the new totals and the largest ``kept`` of a key is its count.
 - ``pruned_stops`` / ``pruned_tool_calls``: what ``/metrics`` counted for runs removed
   by retention, one row per label key (:data:`STOP_TOTALS`, :data:`TOOL_CALL_TOTALS`).
+- ``metric_labels``: the ``agent`` and ``tool`` label values ``/metrics`` admitted under
+  its top-N bounds, with their admission order, committed with the rows first counted
+  under them, so a restart admits the same values (never pruned; at most top-N each).
 - ``schema_version``: applied migrations.
 """
 
@@ -508,6 +511,18 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
                 outcome VARCHAR NOT NULL,
                 calls BIGINT NOT NULL,
                 pruned_unix_nano BIGINT NOT NULL
+            )""",
+        ),
+    ),
+    Migration(
+        12,
+        "metric_labels: the agent and tool label values /metrics admitted, in order",
+        (
+            """CREATE TABLE metric_labels (
+                kind VARCHAR NOT NULL,
+                label VARCHAR NOT NULL,
+                admitted BIGINT NOT NULL,
+                PRIMARY KEY (kind, label)
             )""",
         ),
     ),
@@ -1085,6 +1100,7 @@ class _Group:
     # which _decide cannot read from ``staged_steps``.
     new_tools: dict[str, dict[str, int]] = field(default_factory=dict)
     step_jobs: list[int] = field(default_factory=list)  # job index of each of ``steps``
+    labels: dict[tuple[str, str], int] = field(default_factory=dict)  # metric_labels rows
     settle: set[str] = field(default_factory=set)
     staged_in_db: set[str] = field(default_factory=set)
     stopped_before: set[str] = field(default_factory=set)
@@ -1472,6 +1488,8 @@ class Store:
                     group.stops.append(stop_row)
                     group.stop_jobs.append(index)
             group.moves.extend(batch.reassignments)
+            for kind, label, order in batch.metric_labels:
+                group.labels.setdefault((kind, label), order)
             group.canaries.update(batch.canary_run_ids)
             owns_new = any(owner.get(k) == index for k in job_keys[index] if k in new_keys)
             if batch.canary_hits and owns_new:
@@ -2017,6 +2035,14 @@ class Store:
                 [(c, now_ns) for c in sorted(group.canaries)],
                 "INSERT OR IGNORE INTO canary_flags SELECT * FROM {t}",
             )
+        if group.labels:
+            # A few rows, and only while labels are still being admitted.
+            labels = [(kind, label, order) for (kind, label), order in group.labels.items()]
+            self._con.execute(
+                "INSERT OR IGNORE INTO metric_labels VALUES "
+                + ", ".join(["(?, ?, ?)"] * len(labels)),
+                [value for row in labels for value in row],
+            )
 
     def _maintain(self, requests: list[Future[int]]) -> None:
         self._last_maintenance = time.monotonic()
@@ -2500,6 +2526,20 @@ class StoreReader:
             max_rows=_RESTORE_MAX_KEYS,
             time_limit=False,
         )
+
+    def restore_metric_labels(self) -> dict[str, list[str]]:
+        """The label values ``/metrics`` admitted, ``{kind: [label, ...]}`` in admission
+        order (``kind``: ``agent`` or ``tool``). Not subject to ``timeout_seconds``."""
+        rows, _ = self._query(
+            "SELECT kind, label FROM metric_labels ORDER BY kind, admitted, label",
+            [],
+            max_rows=_RESTORE_MAX_KEYS,
+            time_limit=False,
+        )
+        out: dict[str, list[str]] = {}
+        for row in rows:
+            out.setdefault(row["kind"], []).append(row["label"])
+        return out
 
     def restore_canary_hits(self) -> dict[str, int]:
         """Canary hits counted live, ``{location: n}`` (``canary_hits``, folded rows

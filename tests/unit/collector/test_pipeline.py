@@ -156,6 +156,47 @@ def test_restart_restores_totals(tmp_path: Path) -> None:
     assert observed == 1  # restored with its tool, as counted live
 
 
+def _metric_series(c: Collector) -> dict[str, list[str]]:
+    keep = ("loopwatch_agent", "loopwatch_tool", "loopwatch_loop")
+    return {k: sorted(map(str, v)) for k, v in samples(c).items() if k.startswith(keep)}
+
+
+def tools_run(agent: str, tools: list[str]) -> Any:
+    """A completed run calling ``tools`` in order, each with new arguments."""
+
+    def go(provider: Any) -> Any:
+        with Run(agent, Policy(), tracer_provider=provider, clock=FakeClock()) as run:
+            for i, tool in enumerate(tools):
+                run.decide(lambda t=tool, i=i: Decision.tool(ToolCall(t, {"i": i})))
+                run.call_tool(tool, {"i": i}, fn=lambda i: {"r": i})
+            run.decide(lambda: Decision.final("done"))
+        return run.outcome
+
+    return go
+
+
+def test_label_bounds_restore_the_series_counted_live(tmp_path: Path) -> None:
+    """Past the top-N bounds, values are admitted first come, first served; a restart
+    ranked them by total instead, so ``_other`` went down (a reset to Prometheus) and a
+    kept series vanished. The admissions are stored now, and restored in order."""
+    cfg = load_config(
+        environ={"LOOPWATCH_METRICS_TOP_N_TOOLS": "2", "LOOPWATCH_METRICS_TOP_N_AGENTS": "1"},
+        overrides={"store": {"db": str(tmp_path / "lw.duckdb")}},
+    )
+    first = Collector(cfg)
+    submit(first, to_batch(record(tools_run("early", ["a", "b"]))))
+    for _ in range(2):
+        submit(first, to_batch(record(tools_run("busy", ["c"] * 5))))
+    live = _metric_series(first)
+    assert value(first, "loopwatch_tool_calls_total", tool="_other") == 10
+    assert value(first, "loopwatch_agent_stops_total", agent="_other") == 2
+    first.close()
+    for _ in range(2):  # and again after a restart that admitted nothing new
+        again = Collector(cfg)
+        assert _metric_series(again) == live
+        again.close()
+
+
 def test_observe_mode_detection_is_counted_by_tool(collector: Collector) -> None:
     """A loopwatch agent in observe mode completes; the would-be stop's evidence (from
     ``loopwatch.observe.stop_evidence``) becomes the stored evidence, so the detection
