@@ -9,13 +9,16 @@ Read endpoints (JSON; times in nanoseconds since the Unix epoch):
 - ``GET /api/v1/runs``: filters ``stop_reason``, ``agent``, ``tool``, ``since``, ``until``
   (ns; no default window: all runs), ``canary`` and ``sampled`` (``true``/``false``),
   ``detector`` (a loop detector that stopped the run or that observe mode recorded on
-  it); paging ``limit`` (1..max rows) and ``offset`` (newest first: runs that arrive
-  between two pages shift later pages, so a row can show twice). Answers
-  ``{"items": [...], "next_offset": int | null}``; each item has
+  it); paging ``limit`` (1..max rows) and ``offset``, newest first by ``order``:
+  ``time`` (default; the run's time moves when its stop arrives, so pages read while
+  data arrives can skip or repeat a run) or ``first_seen`` (never moves; the answer
+  carries ``seen_before``, to pass back with the next offsets: each run is then listed
+  once, and runs first seen later are left out). Answers ``{"items": [...],
+  "next_offset": int | null}`` (plus ``seen_before``); each item has
   ``steps_since_progress`` of its stop (``null`` without one).
-- ``GET /api/v1/runs/{run_id}``: the run (with its effective ``limits``, parsed, and
-  ``detector_version``), its steps, its stop and parsed evidence, stop anomalies, tool
-  call counts.
+- ``GET /api/v1/runs/{run_id}`` (any run id, slashes included, percent-encoded): the
+  run (with its effective ``limits``, parsed, and ``detector_version``), its steps, its
+  stop and parsed evidence, stop anomalies, tool call counts.
 - ``GET /api/v1/stats``: ``since``, ``until`` (default: the last 24 h), ``bucket_seconds``
   (default 3600), ``agent``. Stops by reason per bucket, loop detections per tool
   (observe mode's included, as ``loopwatch_loop_detections_total`` counts them), runs per
@@ -49,7 +52,7 @@ from starlette.routing import Route
 from . import queries
 from .detect import LOOP_DETECTORS
 from .http import token_matches
-from .store import ReadTimeout, RunDetail, RunsPage, StoreReader
+from .store import RUN_ORDERS, ReadTimeout, RunDetail, RunsPage, StoreReader
 
 __all__ = ["ApiError", "create_api_app", "error_response"]
 
@@ -152,7 +155,8 @@ def _window(request: Request) -> tuple[int, int]:
 def _list_runs(reader: StoreReader, **filters: Any) -> RunsPage:
     """One page of runs, each with ``steps_since_progress`` (worker thread)."""
     page = reader.list_runs(**filters)
-    return RunsPage(queries.attach_steps_since_progress(reader, page.items), page.next_offset)
+    items = queries.attach_steps_since_progress(reader, page.items)
+    return RunsPage(items, page.next_offset, page.seen_before)
 
 
 def _get_run(reader: StoreReader, run_id: str) -> RunDetail | None:
@@ -231,8 +235,13 @@ def create_api_app(
             detector=detector,
             limit=min(_int_param(request, "limit", 50, minimum=1) or 50, max_rows),
             offset=_int_param(request, "offset", 0, minimum=0) or 0,
+            order=_choice_param(request, "order", RUN_ORDERS) or "time",
+            seen_before=_int_param(request, "seen_before"),
         )
-        return JSONResponse({"items": page.items, "next_offset": page.next_offset})
+        body: dict[str, Any] = {"items": page.items, "next_offset": page.next_offset}
+        if page.seen_before is not None:
+            body["seen_before"] = page.seen_before
+        return JSONResponse(body)
 
     async def run(request: Request) -> Response:
         run_id = request.path_params["run_id"]

@@ -2167,10 +2167,13 @@ class RunsPage:
             time) and ``top_tool`` (most frequent tool now; ``sample_tool`` is the one the
             hourly cap counted at decision time).
         next_offset: offset of the next page, or ``None`` on the last page.
+        seen_before: with ``order="first_seen"``, the bound to pass back with the next
+            offsets (runs first seen from then on are left out); ``None`` otherwise.
     """
 
     items: list[dict[str, Any]]
     next_offset: int | None
+    seen_before: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -2239,7 +2242,11 @@ RUN_LIST_COLUMNS: Final = (
     "sampled",
     "sample_rule",
     "duplicate_stops",
+    "first_seen_unix_nano",
 )
+
+RUN_ORDERS: Final = ("time", "first_seen")
+"""Orders of :meth:`StoreReader.list_runs` (and ``order`` of ``/api/v1/runs``)."""
 
 _RUNS_VIEW: Final = (
     "SELECT "
@@ -2367,8 +2374,18 @@ class StoreReader:
         detector: str | None = None,
         limit: int = 50,
         offset: int = 0,
+        order: str = "time",
+        seen_before: int | None = None,
     ) -> RunsPage:
         """List runs, newest first (by stop time, else end, start or first-seen time).
+
+        Ordering and paging: ``order="time"`` sorts by the run's time, which changes when
+        its stop (or a later span) arrives, so offset pages read while data arrives can
+        skip or repeat such a run. ``order="first_seen"`` sorts by when the collector
+        stored the run's first span, which never changes; with ``seen_before`` (the
+        first page's :attr:`RunsPage.seen_before`, computed in the same snapshot as that
+        page) later pages leave out runs first seen since, so each run that matches
+        the filters throughout is listed exactly once.
 
         Args:
             stop_reason / agent: exact match. tool: the run called this tool.
@@ -2379,12 +2396,16 @@ class StoreReader:
             canary: only flagged (``True``) or unflagged (``False``) runs.
             sampled: ``True``/``False`` for decided runs; undecided runs match neither.
             limit: page size, 1..``max_rows``. offset: rows to skip, >= 0.
+            order: ``"time"`` or ``"first_seen"``. seen_before: only runs first seen
+                before this collector time (ns), for ``order="first_seen"`` paging.
 
         Raises:
-            ValueError: ``limit`` or ``offset`` out of range.
+            ValueError: ``limit``, ``offset`` or ``order`` out of range.
         """
         if not 1 <= limit <= self.max_rows or offset < 0:
             raise ValueError(f"limit must be in 1..{self.max_rows} and offset >= 0")
+        if order not in RUN_ORDERS:
+            raise ValueError("order must be one of " + ", ".join(RUN_ORDERS))
         where: list[str] = []
         params: list[Any] = []
         for clause, value in (
@@ -2399,6 +2420,7 @@ class StoreReader:
             ("time_unix_nano < ?", until_unix_nano),
             ("canary_detected = ?", canary),
             ("sampled = ?", sampled),
+            ("first_seen_unix_nano < ?", seen_before),
         ):
             if value is not None:
                 where.append(clause)
@@ -2409,15 +2431,30 @@ class StoreReader:
                 "(SELECT run_key FROM stops WHERE observe_reason = ?))"
             )
             params += [detector, detector]
-        sql = f"SELECT * FROM ({_RUNS_VIEW}) v"
+        snapshot = order == "first_seen" and seen_before is None
+        # The bound is read in the page's own snapshot: the writer stamps each group
+        # with its clock when it starts, so a run not yet committed is first seen later.
+        bound = (
+            ", (SELECT max(first_seen_unix_nano) + 1 FROM runs) AS _lw_bound" if snapshot else ""
+        )
+        sql = f"SELECT *{bound} FROM ({_RUNS_VIEW}) v"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY time_unix_nano DESC, run_id LIMIT ? OFFSET ?"
+        key = "time_unix_nano" if order == "time" else "first_seen_unix_nano"
+        sql += f" ORDER BY {key} DESC, run_id LIMIT ? OFFSET ?"
         rows, _ = self._query(sql, [*params, limit + 1, offset], max_rows=limit + 1)
         more = len(rows) > limit
         page = rows[:limit]
+        if snapshot:
+            for row in rows:
+                seen_before = row.pop("_lw_bound")
+            if seen_before is None:  # an empty page: bound it by the store as it is now
+                found, _ = self._query("SELECT max(first_seen_unix_nano) + 1 AS b FROM runs", [])
+                seen_before = found[0]["b"] if found else None
         self._attach_top_tools(page)
-        return RunsPage(page, offset + limit if more else None)
+        return RunsPage(
+            page, offset + limit if more else None, seen_before if order == "first_seen" else None
+        )
 
     def _attach_top_tools(self, runs: list[dict[str, Any]]) -> None:
         """Set ``top_tool`` (most frequent tool now; ties: first by name); drop ``run_key``."""

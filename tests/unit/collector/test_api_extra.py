@@ -367,3 +367,40 @@ def test_a_run_id_with_slashes_opens(collector: Collector, run_id: str) -> None:
     assert body["run"]["run_id"] == run_id and body["stop"]["reason"] == "repeated_action"
     missing = client.get("/api/v1/runs/" + quote(run_id + "/more", safe=""))
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_first_seen_order_pages_each_run_once_while_stops_arrive(collector: Collector) -> None:
+    """Offset pages by the run's time skip or repeat a run whose stop arrives between two
+    reads (its time moves), and ``until`` did not help, though the docs said so
+    (helper-43). ``order=first_seen`` with the first page's ``seen_before`` lists every
+    run once, leaving out runs first seen later."""
+    heads = {}
+    for i in range(6):
+        spans = record(looping_run("pg", calls=1, run_id=f"pg-{i}"))
+        heads[f"pg-{i}"] = [s for s in spans if s.name.startswith(("stop ", "invoke_agent "))]
+        rest = [s for s in spans if s not in heads[f"pg-{i}"]]
+        asyncio.run(collector.submit(to_batch(rest)))
+    client = api(collector)
+
+    def page(offset: int, bound: int | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": 2, "offset": offset, "order": "first_seen"}
+        if bound is not None:
+            params["seen_before"] = bound
+        body: dict[str, Any] = client.get("/api/v1/runs", params=params).json()
+        return body
+
+    first = page(0)
+    bound = first["seen_before"]
+    listed = [r["run_id"] for r in first["items"]]
+    assert listed == ["pg-5", "pg-4"]
+    asyncio.run(collector.submit(to_batch(heads["pg-1"])))  # its stop: its time moves
+    asyncio.run(collector.submit(to_batch(record(looping_run("pg", calls=1, run_id="pg-6")))))
+    offset = first["next_offset"]
+    while offset is not None:
+        body = page(offset, bound)
+        listed += [r["run_id"] for r in body["items"]]
+        offset = body["next_offset"]
+    assert listed == [f"pg-{i}" for i in (5, 4, 3, 2, 1, 0)]
+    assert "seen_before" not in client.get("/api/v1/runs").json()
+    bad = client.get("/api/v1/runs", params={"order": "stop"})
+    assert bad.status_code == 400 and "order must be one of" in bad.json()["error"]["message"]
