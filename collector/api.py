@@ -59,7 +59,11 @@ __all__ = ["ApiError", "create_api_app", "error_response"]
 _NS: Final = 1_000_000_000
 _DAY_NS: Final = 86_400 * _NS
 _METRICS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
-_MAX_FILTER_CHARS: Final = 512
+_MAX_FILTER_CHARS: Final = 4096
+"""Longest filter value or run id taken (400 past it). Names are stored whole, so this is
+what an agent, tool or run id may be for the list filters and the run view to reach it;
+past 4,096 characters even a percent-encoded ASCII one nears the 16 KiB request line
+that the HTTP server takes."""
 
 
 class ApiError(Exception):

@@ -404,3 +404,19 @@ def test_first_seen_order_pages_each_run_once_while_stops_arrive(collector: Coll
     assert "seen_before" not in client.get("/api/v1/runs").json()
     bad = client.get("/api/v1/runs", params={"order": "stop"})
     assert bad.status_code == 400 and "order must be one of" in bad.json()["error"]["message"]
+
+
+def test_long_names_can_be_filtered_and_opened(collector: Collector) -> None:
+    """Names are stored whole; a 3,000-character agent name and run id were listed but
+    refused as filters (a 512-character cap), so the dashboard's own selects failed."""
+    agent, run_id = "A" * 3000, "r" * 3000
+    assert submit(collector, looping_run(agent, run_id=run_id)) == run_id
+    client = api(collector)
+    items = client.get("/api/v1/runs", params={"agent": agent}).json()["items"]
+    assert [r["run_id"] for r in items] == [run_id]
+    assert client.get(f"/api/v1/runs/{run_id}").json()["run"]["agent"] == agent
+    stats = client.get("/api/v1/stats", params={**WINDOW, "agent": agent}).json()
+    assert stats["runs_by_agent"][0]["agent"] == agent
+    refused = client.get("/api/v1/runs", params={"agent": "A" * 4097})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == "agent is longer than 4096 characters"
