@@ -414,7 +414,8 @@ class LoopwatchMetrics(Collector):
             commit.add_metric((), self._commit.cumulative(), sum_value=self._commit.total)
             yield commit
         depth = GaugeMetricFamily(
-            "loopwatch_collector_queue_depth", "Batches waiting for the store writer."
+            "loopwatch_collector_queue_depth",
+            "Spans accepted and waiting for the store writer to commit them.",
         )
         getter = self._queue_depth
         depth.add_metric((), float(getter()) if callable(getter) else 0.0)
