@@ -86,7 +86,7 @@ st.altair_chart(
 )
 st.caption(ui.escape_md(stops_text))
 with st.expander("Stops by reason (table)"):
-    st.dataframe(
+    ui.dataframe(
         charts.stops_table(overview.stops),
         hide_index=True,
         column_config={"share": st.column_config.NumberColumn("share", format="percent")},
@@ -98,7 +98,7 @@ with by_agent:
     st.altair_chart(charts.runs_by_agent_chart(overview.runs_by_agent), width="stretch")
     st.caption(ui.escape_md(agent_text))
     with st.expander("Runs by agent (table)"):
-        st.dataframe(charts.runs_by_agent_table(overview.runs_by_agent), hide_index=True)
+        ui.dataframe(charts.runs_by_agent_table(overview.runs_by_agent), hide_index=True)
 with by_tool:
     loops_text = charts.loops_text(overview.loops_by_tool)
     if overview.loops_by_tool.empty:
@@ -108,6 +108,6 @@ with by_tool:
         st.altair_chart(charts.loops_by_tool_chart(overview.loops_by_tool), width="stretch")
         st.caption(ui.escape_md(loops_text))
         with st.expander("Loop detections by tool (table)"):
-            st.dataframe(charts.loops_table(overview.loops_by_tool), hide_index=True)
+            ui.dataframe(charts.loops_table(overview.loops_by_tool), hide_index=True)
 
 ui.footer(src)

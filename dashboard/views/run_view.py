@@ -104,7 +104,7 @@ with st.container(border=True):
             )
     if detail.anomalies:
         st.warning(runview.anomaly_summary(detail.anomalies))
-        st.dataframe(pd.DataFrame(detail.anomalies), hide_index=True)
+        ui.dataframe(pd.DataFrame(detail.anomalies), hide_index=True)
 
 # ---------------------------------------------------------------------- usage
 usage = runview.usage_counters(stop, run)
@@ -154,7 +154,7 @@ if steps:
     )
     if detail.steps_truncated:
         st.caption("Only the last steps of this long run were returned (the row cap).")
-    st.dataframe(runview.group_table(shown), hide_index=True)
+    ui.dataframe(runview.group_table(shown), hide_index=True)
     if len(shown) > MAX_EXPANDERS:
         st.caption(f"Details below for the last {MAX_EXPANDERS} rows.")
 
@@ -164,7 +164,7 @@ if steps:
             first = group.steps[0]
             if group.collapsed:
                 st.write(f"{group.count} consecutive steps with the same action; each step below.")
-                st.dataframe(
+                ui.dataframe(
                     pd.DataFrame(
                         [
                             {
@@ -227,7 +227,7 @@ with tools_col:
     if detail.tools.empty:
         st.caption("This run called no tool.")
     else:
-        st.dataframe(detail.tools, hide_index=True)
+        ui.dataframe(detail.tools, hide_index=True)
 with limits_col:
     st.subheader("Effective limits")
     if detail.limits is None and third_party:
@@ -244,6 +244,6 @@ with limits_col:
         )
     else:
         st.caption("Each limit the guard enforced, and where it came from.")
-        st.dataframe(detail.limits, hide_index=True)
+        ui.dataframe(detail.limits, hide_index=True)
 
 ui.footer(src)

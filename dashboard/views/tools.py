@@ -37,7 +37,7 @@ if data.tools is not None and not data.tools.empty:
     for column in (*LOOP_DETECTORS, "total"):
         table[column] = table[column].fillna(0).astype("int64")
     table = table.rename(columns={"total": "loop stops"})
-    st.dataframe(
+    ui.dataframe(
         table,
         hide_index=True,
         height=ui.table_height(len(table)),
@@ -74,7 +74,7 @@ if data.tools is not None and not data.tools.empty:
     st.altair_chart(charts.tool_calls_chart(data.tools), width="stretch")
     tool_names = data.tools["tool"].astype(str).tolist()
 else:
-    st.dataframe(loops, hide_index=True)
+    ui.dataframe(loops, hide_index=True)
     tool_names = [t for t in loops["tool"].astype(str) if t != "(no tool)"]
 
 loops_text = charts.loops_text(data.loops)
