@@ -209,7 +209,7 @@ if steps:
                         st.caption(f"{label}:")
                         st.code(folded.full, language="json")
 
-    series = runview.progress_series(steps)
+    series = runview.progress_series(steps, card)
     if not series.empty:
         ceased_step = ceased.step if ceased is not None else None
         text = charts.progress_text(series, ceased_step=ceased_step, stop_step=stopped_at)
