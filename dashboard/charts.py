@@ -233,7 +233,7 @@ def loops_by_tool_chart(loops: pd.DataFrame, *, top: int = 10) -> alt.Chart:
         .mark_bar()
         .encode(
             y=alt.Y("tool:N", title="tool", sort="-x"),
-            x=alt.X("sum(stops):Q", title="loop stops", axis=_WHOLE),
+            x=alt.X("sum(stops):Q", title="loop detections", axis=_WHOLE),
             color=alt.Color("detector:N", title="detector", scale=_detector_scale()),
             tooltip=["tool:N", "detector:N", "stops:Q"],
         )
@@ -243,7 +243,10 @@ def loops_by_tool_chart(loops: pd.DataFrame, *, top: int = 10) -> alt.Chart:
 
 
 def loops_text(loops: pd.DataFrame) -> str:
-    """``"5 loop stops over 4 tools: lookup_order 2 (repeated_action 2), ..."``."""
+    """``"5 loop detections over 4 tools: lookup_order 2 (repeated_action 2), ..."``.
+
+    Loop detections: runs a loop detector stopped, or that observe mode flagged.
+    """
     table = loops_table(loops)
     if table.empty:
         return "No loop detections in this time range."
@@ -253,7 +256,10 @@ def loops_text(loops: pd.DataFrame) -> str:
         by = ", ".join(f"{d} {values[d]}" for d in LOOP_DETECTORS if values[d])
         parts.append(f"{values['tool']} {values['total']} ({by})")
     total = int(table["total"].sum())
-    return f"{_plural(total, 'loop stop')} over {_plural(len(table), 'tool')}: {'; '.join(parts)}."
+    return (
+        f"{_plural(total, 'loop detection')} over {_plural(len(table), 'tool')}: "
+        f"{'; '.join(parts)}."
+    )
 
 
 # ------------------------------------------------------------------ run view
@@ -311,7 +317,11 @@ def progress_chart(
 def progress_text(
     series: pd.DataFrame, *, ceased_step: int | None = None, stop_step: int | None = None
 ) -> str:
-    """The curve in words: range, peak, the ceased and stop steps."""
+    """The curve in words: range, peak, the ceased and stop steps.
+
+    Without ``stop_step`` (no stop recorded, or one naming no step) the curve's end is
+    called the last stored step, never a stop.
+    """
     if series.empty:
         return "No steps-since-progress values were stored for this run."
     first, last = int(series["step"].min()), int(series["step"].max())
@@ -322,6 +332,8 @@ def progress_text(
         text += f" Progress ceased at step {ceased_step}."
     if stop_step is not None:
         text += f" Stopped at step {stop_step}."
+    else:
+        text += f" No stop step recorded: step {last} is the last stored step."
     return text
 
 

@@ -365,9 +365,20 @@ def progress_ceased(
 
 
 def mark_groups(
-    groups: Sequence[StepGroup], ceased: ProgressMark | None, stop_step: int | None
+    groups: Sequence[StepGroup],
+    ceased: ProgressMark | None,
+    stop_step: int | None,
+    *,
+    last_stored: int | None = None,
 ) -> list[StepGroup]:
-    """Attach ``progress ceased`` and ``stop`` marks to the groups holding those steps."""
+    """Attach ``progress ceased`` and ``stop`` marks to the groups holding those steps.
+
+    Args:
+        stop_step: the stop's step; ``None`` when the run has no stop (or one naming no
+            step): then no group is marked as stopped.
+        last_stored: marks ``last stored step N`` on its group (for a run without a stop
+            step, where the stored steps end without saying why).
+    """
     out = []
     for group in groups:
         marks = list(group.marks)
@@ -375,6 +386,8 @@ def mark_groups(
             marks.append(f"progress ceased at step {ceased.step}")
         if stop_step is not None and group.first_step <= stop_step <= group.last_step:
             marks.append(f"stopped at step {stop_step}")
+        if last_stored is not None and group.first_step <= last_stored <= group.last_step:
+            marks.append(f"last stored step {last_stored}")
         out.append(StepGroup(group.steps, tuple(marks)))
     return out
 

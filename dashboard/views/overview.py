@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 from loopwatch.dashboard import charts, ui
+from loopwatch.dashboard.data import LOOP_DETECTORS
 
 ALL_AGENTS = "(all agents)"
 
@@ -54,7 +55,14 @@ if overview.runs_by_agent.empty and overview.total_stops == 0:
     st.stop()
 
 ratio = overview.abnormal_ratio
-loop_stops = int(overview.loops_by_tool["stops"].sum()) if not overview.loops_by_tool.empty else 0
+detections = int(overview.loops_by_tool["stops"].sum()) if not overview.loops_by_tool.empty else 0
+loop_stops = (
+    int(overview.stops.loc[overview.stops["stop_reason"].isin(LOOP_DETECTORS), "stops"].sum())
+    if not overview.stops.empty
+    else 0
+)
+# Observe mode records a detection on a run it lets go on: its stop stays completed.
+observed = max(detections - loop_stops, 0)
 m1, m2, m3, m4 = st.columns(4)
 m1.metric("Stops", f"{overview.total_stops:,}")
 m2.metric(
@@ -63,9 +71,12 @@ m2.metric(
     help="Stops with a reason other than completed, over all stops in the range.",
 )
 m3.metric(
-    "Loop stops",
-    f"{loop_stops:,}",
-    help="repeated_action, action_cycle, repeated_decision and no_progress stops.",
+    "Loop detections",
+    f"{detections:,}",
+    help="Runs a loop detector (repeated_action, action_cycle, repeated_decision, "
+    "no_progress) stopped, plus runs observe mode flagged without stopping them (their "
+    "stop stays completed, so they are not abnormal stops). Counted as "
+    "loopwatch_loop_detections_total counts them.",
 )
 m4.metric(
     "Canary-flagged runs",
@@ -74,7 +85,9 @@ m4.metric(
 )
 st.caption(
     f"{overview.abnormal_stops:,} of {overview.total_stops:,} stops were abnormal; "
-    f"{overview.canary_runs:,} run(s) flagged by a canary."
+    f"{detections:,} loop detection(s): {loop_stops:,} stopped the run, {observed:,} "
+    f"recorded in observe mode on runs it did not stop; {overview.canary_runs:,} run(s) "
+    "flagged by a canary."
 )
 if overview.note:
     st.warning(overview.note)

@@ -68,8 +68,20 @@ def test_every_stop_reason_is_listed(source: DataSource, fed: Fed) -> None:
         ({"sampled": False}, {"dash-completed"}),
         ({"stop_reason": "repeated_action", "agent": "billing"}, set()),
         ({"until_unix_nano": 1}, set()),
+        ({"detector": "action_cycle"}, {"dash-cycle"}),
+        ({"detector": "no_progress", "tool": "toggle_state"}, {"dash-no-progress"}),
     ],
-    ids=["reason", "agent", "tool", "canary", "not sampled", "no match", "time range"],
+    ids=[
+        "reason",
+        "agent",
+        "tool",
+        "canary",
+        "not sampled",
+        "no match",
+        "time range",
+        "detector",
+        "detector+tool",
+    ],
 )
 def test_filters(source: DataSource, filters: dict[str, object], expected: set[str]) -> None:
     assert ids(source, **filters) == expected

@@ -75,7 +75,7 @@ def test_overview(fed_source: str) -> None:
     assert metrics(at) == {
         "Stops": "12",
         "Abnormal-stop ratio": "92%",
-        "Loop stops": "5",
+        "Loop detections": "5",
         "Canary-flagged runs": "1",
     }
     captions = texts(at)
@@ -265,7 +265,7 @@ def test_tools(fed_source: str) -> None:
     no_failure(at)
     page_text = texts(at)
     # no_progress and repeated_decision name no tool: "(no tool) 2" (as the metric).
-    assert "5 loop stops over 4 tools: (no tool) 2" in page_text
+    assert "5 loop detections over 4 tools: (no tool) 2" in page_text
     looped = frame(at, -1)
     assert list(looped["run_id"]) == [LOOP_RUN]
     table = frame(at, 0).set_index("tool")

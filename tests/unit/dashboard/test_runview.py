@@ -374,7 +374,7 @@ def test_overview_charts_carry_their_text_equivalent() -> None:
     assert spec["description"] == charts.stops_text(STOPS)
     assert spec["encoding"]["color"]["scale"]["range"][0] == charts.REASON_COLORS["completed"]
     assert charts.loops_text(LOOPS) == (
-        "4 loop stops over 2 tools: lookup_order 3 (repeated_action 2, no_progress 1); "
+        "4 loop detections over 2 tools: lookup_order 3 (repeated_action 2, no_progress 1); "
         "(no tool) 1 (repeated_decision 1)."
     )
     assert charts.loops_table(LOOPS)["total"].tolist() == [3, 1]
