@@ -116,6 +116,16 @@ def source() -> tuple[DataSource, str]:
         _fail(f"The dashboard's source is misconfigured: {exc}.")
 
 
+_RETRY_HINT: Final = "Narrow the time range or retry."
+_QUERY_HINTS: Final = {
+    # The source refused a value the page sent (a filter too long, a malformed id):
+    # retrying or a shorter range sends the same value again.
+    "bad_parameter": "The source refused a value of this page's filters or URL (too long, "
+    "or not a value it accepts): shorten or clear the filter, or fix the URL's query "
+    "parameters.",
+}
+
+
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call a reader; on a source error show it with ``st.error`` and stop the run."""
     try:
@@ -123,7 +133,7 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     except SourceUnavailable as exc:
         _fail(exc.message)
     except QueryFailed as exc:
-        _fail(f"The query failed: {exc.message}", "Narrow the time range or retry.")
+        _fail(f"The query failed: {exc.message}", _QUERY_HINTS.get(exc.code, _RETRY_HINT))
 
 
 def footer(src: DataSource) -> None:
@@ -132,11 +142,16 @@ def footer(src: DataSource) -> None:
 
 
 def empty_state(what: str = "No runs yet.") -> None:
-    """Say what to do when there is nothing to show."""
+    """Say what to do when there is nothing to show.
+
+    The dashboard reads the collector's read API or a file and cannot know where the
+    collector receives OTLP (``--otlp-http``), so the hint names the default as such.
+    """
     st.info(
-        f"{what} Send spans to the collector: point an OTLP exporter at "
-        f"{DEFAULT_OTLP_URL} (for example `loopwatch.instrumentation.otlp.configure_otlp()` "
-        "in the agent), then reload this page."
+        f"{what} Send spans to the collector: point an OTLP exporter at the collector's "
+        f"OTLP endpoint, `/v1/traces` on its `--otlp-http` address ({DEFAULT_OTLP_URL} by "
+        "default; for example `loopwatch.instrumentation.otlp.configure_otlp()` in the "
+        "agent), then reload this page."
     )
 
 
