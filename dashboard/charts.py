@@ -5,6 +5,11 @@ Every ``*_chart`` function returns an Altair chart (no Streamlit import); its co
 screen readers and for the page's caption. Colours of stop reasons are fixed, so a
 reason keeps its colour across charts and pages.
 
+Names in a chart (agents, tools, reasons: client text) are drawn with their bidi
+controls made visible (:mod:`loopwatch.dashboard.bidi`): a U+202E in a tool name reversed
+its axis label. The ``*_text`` and ``*_table`` functions return stored text as it is; the
+pages escape it (``ui.escape_md``, ``ui.dataframe``).
+
 Example:
     >>> chart = stops_over_time_chart(overview.stops)  # doctest: +SKIP
     >>> caption = stops_text(overview.stops)
@@ -17,6 +22,7 @@ from typing import Final
 import altair as alt
 import pandas as pd
 
+from .bidi import neutralise, neutralise_frame
 from .data import LOOP_DETECTORS, STOP_REASONS
 
 __all__ = [
@@ -92,8 +98,9 @@ def stops_over_time_chart(stops: pd.DataFrame, *, bucket_seconds: int = 3600) ->
     width_text = (
         f"{bucket_seconds // 60} min" if bucket_seconds < 3600 else (f"{bucket_seconds // 3600} h")
     )
+    shown = neutralise_frame(stops)
     chart: alt.Chart = (
-        alt.Chart(stops, title="Stops by reason over time")
+        alt.Chart(shown, title="Stops by reason over time")
         .mark_bar()
         .encode(
             x=alt.X(
@@ -107,7 +114,7 @@ def stops_over_time_chart(stops: pd.DataFrame, *, bucket_seconds: int = 3600) ->
             color=alt.Color(
                 "stop_reason:N",
                 title="stop reason",
-                scale=_reason_scale(stops["stop_reason"]),
+                scale=_reason_scale(shown["stop_reason"]),
                 legend=alt.Legend(columns=2),
             ),
             order=alt.Order("stop_reason:N"),
@@ -117,7 +124,7 @@ def stops_over_time_chart(stops: pd.DataFrame, *, bucket_seconds: int = 3600) ->
                 alt.Tooltip("stops:Q", title="stops"),
             ],
         )
-        .properties(height=_HEIGHT, description=stops_text(stops))
+        .properties(height=_HEIGHT, description=neutralise(stops_text(stops)))
     )
     return chart
 
@@ -147,9 +154,11 @@ def stops_text(stops: pd.DataFrame) -> str:
 
 def runs_by_agent_chart(by_agent: pd.DataFrame) -> alt.Chart:
     """Horizontal stacked bars: runs per agent, coloured by stop reason."""
-    frame = by_agent.assign(
-        agent=by_agent["agent"].replace("", "(unnamed)"),
-        stop_reason=by_agent["stop_reason"].replace("", "(no stop yet)"),
+    frame = neutralise_frame(
+        by_agent.assign(
+            agent=by_agent["agent"].replace("", "(unnamed)"),
+            stop_reason=by_agent["stop_reason"].replace("", "(no stop yet)"),
+        )
     )
     chart: alt.Chart = (
         alt.Chart(frame, title="Runs by agent")
@@ -162,7 +171,7 @@ def runs_by_agent_chart(by_agent: pd.DataFrame) -> alt.Chart:
             ),
             tooltip=["agent:N", "stop_reason:N", "runs:Q"],
         )
-        .properties(height=_BAR_STEP, description=runs_by_agent_text(by_agent))
+        .properties(height=_BAR_STEP, description=neutralise(runs_by_agent_text(by_agent)))
     )
     return chart
 
@@ -218,23 +227,26 @@ def loops_by_tool_chart(loops: pd.DataFrame, *, top: int = 10) -> alt.Chart:
     """Horizontal stacked bars: loop detections per tool (top ``top``), by detector."""
     keep = loops_table(loops)["tool"].head(top).tolist()
     frame = loops.assign(tool=loops["tool"].replace("", "(no tool)"))
-    frame = frame[frame["tool"].isin(keep)]
+    frame = neutralise_frame(frame[frame["tool"].isin(keep)])
     chart: alt.Chart = (
         alt.Chart(frame, title=f"Top tools by loop detections (top {top})")
         .mark_bar()
         .encode(
             y=alt.Y("tool:N", title="tool", sort="-x"),
-            x=alt.X("sum(stops):Q", title="loop stops", axis=_WHOLE),
+            x=alt.X("sum(stops):Q", title="loop detections", axis=_WHOLE),
             color=alt.Color("detector:N", title="detector", scale=_detector_scale()),
             tooltip=["tool:N", "detector:N", "stops:Q"],
         )
-        .properties(height=_BAR_STEP, description=loops_text(loops))
+        .properties(height=_BAR_STEP, description=neutralise(loops_text(loops)))
     )
     return chart
 
 
 def loops_text(loops: pd.DataFrame) -> str:
-    """``"5 loop stops over 4 tools: lookup_order 2 (repeated_action 2), ..."``."""
+    """``"5 loop detections over 4 tools: lookup_order 2 (repeated_action 2), ..."``.
+
+    Loop detections: runs a loop detector stopped, or that observe mode flagged.
+    """
     table = loops_table(loops)
     if table.empty:
         return "No loop detections in this time range."
@@ -244,7 +256,10 @@ def loops_text(loops: pd.DataFrame) -> str:
         by = ", ".join(f"{d} {values[d]}" for d in LOOP_DETECTORS if values[d])
         parts.append(f"{values['tool']} {values['total']} ({by})")
     total = int(table["total"].sum())
-    return f"{_plural(total, 'loop stop')} over {_plural(len(table), 'tool')}: {'; '.join(parts)}."
+    return (
+        f"{_plural(total, 'loop detection')} over {_plural(len(table), 'tool')}: "
+        f"{'; '.join(parts)}."
+    )
 
 
 # ------------------------------------------------------------------ run view
@@ -302,7 +317,11 @@ def progress_chart(
 def progress_text(
     series: pd.DataFrame, *, ceased_step: int | None = None, stop_step: int | None = None
 ) -> str:
-    """The curve in words: range, peak, the ceased and stop steps."""
+    """The curve in words: range, peak, the ceased and stop steps.
+
+    Without ``stop_step`` (no stop recorded, or one naming no step) the curve's end is
+    called the last stored step, never a stop.
+    """
     if series.empty:
         return "No steps-since-progress values were stored for this run."
     first, last = int(series["step"].min()), int(series["step"].max())
@@ -313,6 +332,8 @@ def progress_text(
         text += f" Progress ceased at step {ceased_step}."
     if stop_step is not None:
         text += f" Stopped at step {stop_step}."
+    else:
+        text += f" No stop step recorded: step {last} is the last stored step."
     return text
 
 
@@ -321,7 +342,7 @@ def progress_text(
 
 def tool_calls_chart(tools: pd.DataFrame, *, top: int = 15) -> alt.Chart:
     """Horizontal stacked bars: calls per tool by outcome (``ok``, ``errors``, ``blocked``)."""
-    head = tools.head(top)
+    head = neutralise_frame(tools.head(top))
     long = head.melt(
         id_vars=["tool"], value_vars=["ok", "errors", "blocked"], var_name="outcome", value_name="n"
     )
@@ -339,7 +360,7 @@ def tool_calls_chart(tools: pd.DataFrame, *, top: int = 15) -> alt.Chart:
             ),
             tooltip=["tool:N", "outcome:N", "n:Q"],
         )
-        .properties(height=_BAR_STEP, description=tool_calls_text(tools, top=top))
+        .properties(height=_BAR_STEP, description=neutralise(tool_calls_text(tools, top=top)))
     )
     return chart
 

@@ -177,6 +177,8 @@ class RunFilter:
             time (its stop, else end, start or first-seen time).
         canary: only runs flagged (``True``) or not flagged (``False``) by a canary hit.
         sampled: only runs whose steps were kept (``True``) or dropped (``False``).
+        detector: a loop detector (:data:`LOOP_DETECTORS`) that stopped the run, or that
+            observe mode recorded on it (a third-party run's stop stays ``completed``).
     """
 
     stop_reason: str | None = None
@@ -186,6 +188,7 @@ class RunFilter:
     until_unix_nano: int | None = None
     canary: bool | None = None
     sampled: bool | None = None
+    detector: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +252,8 @@ class Overview:
         stops: ``bucket`` (UTC), ``stop_reason``, ``stops``.
         runs_by_agent: ``agent``, ``stop_reason``, ``runs`` (``stop_reason`` empty for
             runs without a stop yet).
-        loops_by_tool: ``tool``, ``detector``, ``stops``: loop stops by the tool their
+        loops_by_tool: ``tool``, ``detector``, ``stops``: loop detections (a loop stop, or
+            observe mode's detection on a run it let go on) by the tool their
             detection named (``""``: none, as for ``no_progress``), the ``tool`` label of
             ``loopwatch_loop_detections_total``.
         canary_runs: runs flagged by a canary hit.
@@ -498,6 +502,7 @@ def _filter_params(filters: RunFilter) -> dict[str, Any]:
         "until": filters.until_unix_nano,
         "canary": None if filters.canary is None else str(filters.canary).lower(),
         "sampled": None if filters.sampled is None else str(filters.sampled).lower(),
+        "detector": filters.detector,
     }
     return {k: v for k, v in params.items() if v is not None and v != ""}
 
@@ -807,6 +812,7 @@ class DuckDBSource:
             until_unix_nano=filters.until_unix_nano,
             canary=filters.canary,
             sampled=filters.sampled,
+            detector=filters.detector or None,
             limit=limit,
             offset=offset,
         )
@@ -910,15 +916,18 @@ def looped_runs(
     until_unix_nano: int,
     limit: int = LOOPED_RUNS_LIMIT,
 ) -> pd.DataFrame:
-    """Runs that called ``tool`` and were stopped by a loop detector, newest first.
+    """Runs that called ``tool`` and that a loop detector stopped, or that observe mode
+    flagged (a third-party run is judged in observe mode: its stop stays ``completed``),
+    newest first.
 
-    One runs query per detector (:data:`LOOP_DETECTORS`), ``limit`` rows each, merged.
+    One runs query per detector (:data:`LOOP_DETECTORS`, the runs list's ``detector``
+    filter), ``limit`` rows each, merged; a run two detectors matched is listed once.
     """
     frames = []
     for detector in LOOP_DETECTORS:
         page = source.runs(
             RunFilter(
-                stop_reason=detector,
+                detector=detector,
                 tool=tool,
                 since_unix_nano=since_unix_nano,
                 until_unix_nano=until_unix_nano,
@@ -929,7 +938,7 @@ def looped_runs(
             frames.append(page.runs)
     if not frames:
         return _runs_frame([])
-    merged = pd.concat(frames, ignore_index=True)
+    merged = pd.concat(frames, ignore_index=True).drop_duplicates("run_id")
     return merged.sort_values("time", ascending=False).head(limit).reset_index(drop=True)
 
 

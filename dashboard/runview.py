@@ -12,7 +12,8 @@ An incident review starts at the stop and walks back (DESIGN section 6):
 - :func:`progress_ceased` finds the step where progress ceased: the evidence's
   ``detail.last_progress_step`` + 1, else the last step with progress + 1.
 - :func:`stop_card` gathers the stop's reason, dimension, limit vs observed and evidence.
-- :func:`progress_series` is steps-since-progress per step; :func:`fold` shortens long
+- :func:`progress_series` is steps-since-progress per step, ending on the stop's figure;
+  :func:`fold` shortens long
   values (arguments and results are shown as stored: the collector redacted them).
 
 Inputs are plain mappings (API JSON or reader rows), so every function is testable with
@@ -97,7 +98,9 @@ class StepView:
         decision_type: ``tool``, ``final``, ``refusal``, ``message`` or ``None``.
         decision_fingerprint: fingerprint of a non-tool decision.
         calls: the step's tool results, in stored order.
-        steps_since_progress: as reported at this step.
+        steps_since_progress: as the step's last row reports it (its last tool result
+            that carries one, else its decision): the count at the end of the step, which
+            is the figure a stop at this step reports.
         tokens: input + output tokens of the decision.
     """
 
@@ -250,19 +253,20 @@ def build_steps(rows: Iterable[Mapping[str, Any]]) -> list[StepView]:
     for step in sorted(set(order)):
         decision = decisions.get(step, {})
         step_calls = tuple(calls.get(step, ()))
-        reported = [
-            c.steps_since_progress for c in step_calls if c.steps_since_progress is not None
+        # The step's last row is its final figure: the decision reports the count before
+        # the step's tool results, each result the count after it (0 after progress), and
+        # the stop reports the last one. A max() showed 1 where the stop card showed 0.
+        reported = [_int(decision.get("steps_since_progress"))] + [
+            c.steps_since_progress for c in step_calls
         ]
-        own = _int(decision.get("steps_since_progress"))
-        if own is not None:
-            reported.append(own)
+        final = next((v for v in reversed(reported) if v is not None), None)
         steps.append(
             StepView(
                 step=step,
                 decision_type=_str(decision.get("decision_type")),
                 decision_fingerprint=_str(decision.get("decision_fingerprint")),
                 calls=step_calls,
-                steps_since_progress=max(reported) if reported else None,
+                steps_since_progress=final,
                 tokens=(_int(decision.get("input_tokens")) or 0)
                 + (_int(decision.get("output_tokens")) or 0),
             )
@@ -361,9 +365,20 @@ def progress_ceased(
 
 
 def mark_groups(
-    groups: Sequence[StepGroup], ceased: ProgressMark | None, stop_step: int | None
+    groups: Sequence[StepGroup],
+    ceased: ProgressMark | None,
+    stop_step: int | None,
+    *,
+    last_stored: int | None = None,
 ) -> list[StepGroup]:
-    """Attach ``progress ceased`` and ``stop`` marks to the groups holding those steps."""
+    """Attach ``progress ceased`` and ``stop`` marks to the groups holding those steps.
+
+    Args:
+        stop_step: the stop's step; ``None`` when the run has no stop (or one naming no
+            step): then no group is marked as stopped.
+        last_stored: marks ``last stored step N`` on its group (for a run without a stop
+            step, where the stored steps end without saying why).
+    """
     out = []
     for group in groups:
         marks = list(group.marks)
@@ -371,6 +386,8 @@ def mark_groups(
             marks.append(f"progress ceased at step {ceased.step}")
         if stop_step is not None and group.first_step <= stop_step <= group.last_step:
             marks.append(f"stopped at step {stop_step}")
+        if last_stored is not None and group.first_step <= last_stored <= group.last_step:
+            marks.append(f"last stored step {last_stored}")
         out.append(StepGroup(group.steps, tuple(marks)))
     return out
 
@@ -567,13 +584,21 @@ def _observed(stop: Mapping[str, Any]) -> str | None:
     return " ".join(parts)
 
 
-def progress_series(steps: Sequence[StepView]) -> pd.DataFrame:
-    """``step``, ``steps_since_progress`` (steps that reported it), in step order."""
-    rows = [
-        {"step": s.step, "steps_since_progress": s.steps_since_progress}
-        for s in steps
-        if s.steps_since_progress is not None
-    ]
+def progress_series(steps: Sequence[StepView], stop: StopCard | None = None) -> pd.DataFrame:
+    """``step``, ``steps_since_progress`` (steps that reported it), in step order.
+
+    Each step's value is its last row's (:attr:`StepView.steps_since_progress`). The stop
+    is the last row of its step: with ``stop`` (its step and figure known, and steps
+    stored), the point at the stop's step is the stop's figure, so the curve ends where
+    the stop card does. The stop can count the step it ends (a deadline or no_progress
+    stop is decided after the step, the step's own rows before it).
+    """
+    values = {s.step: s.steps_since_progress for s in steps if s.steps_since_progress is not None}
+    at = stop.step if stop is not None else None
+    figure = stop.steps_since_progress if stop is not None else None
+    if values and at is not None and figure is not None:
+        values[at] = figure
+    rows = [{"step": k, "steps_since_progress": v} for k, v in sorted(values.items())]
     frame = pd.DataFrame(rows, columns=["step", "steps_since_progress"])
     return frame.astype("int64")
 

@@ -32,6 +32,7 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from . import data
+from .bidi import neutralise, neutralise_frame
 from .data import (
     DEFAULT_OTLP_URL,
     DataSource,
@@ -47,6 +48,7 @@ from .data import (
 
 __all__ = [
     "RANGES",
+    "RUN_LINK_COLUMN",
     "RUN_VIEW_PAGE",
     "TTL_SECONDS",
     "TimeRange",
@@ -57,6 +59,7 @@ __all__ = [
     "cached_tools",
     "call",
     "code_md",
+    "dataframe",
     "empty_state",
     "escape_md",
     "footer",
@@ -113,6 +116,16 @@ def source() -> tuple[DataSource, str]:
         _fail(f"The dashboard's source is misconfigured: {exc}.")
 
 
+_RETRY_HINT: Final = "Narrow the time range or retry."
+_QUERY_HINTS: Final = {
+    # The source refused a value the page sent (a filter too long, a malformed id):
+    # retrying or a shorter range sends the same value again.
+    "bad_parameter": "The source refused a value of this page's filters or URL (too long, "
+    "or not a value it accepts): shorten or clear the filter, or fix the URL's query "
+    "parameters.",
+}
+
+
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call a reader; on a source error show it with ``st.error`` and stop the run."""
     try:
@@ -120,7 +133,7 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     except SourceUnavailable as exc:
         _fail(exc.message)
     except QueryFailed as exc:
-        _fail(f"The query failed: {exc.message}", "Narrow the time range or retry.")
+        _fail(f"The query failed: {exc.message}", _QUERY_HINTS.get(exc.code, _RETRY_HINT))
 
 
 def footer(src: DataSource) -> None:
@@ -129,12 +142,24 @@ def footer(src: DataSource) -> None:
 
 
 def empty_state(what: str = "No runs yet.") -> None:
-    """Say what to do when there is nothing to show."""
+    """Say what to do when there is nothing to show.
+
+    The dashboard reads the collector's read API or a file and cannot know where the
+    collector receives OTLP (``--otlp-http``), so the hint names the default as such.
+    """
     st.info(
-        f"{what} Send spans to the collector: point an OTLP exporter at "
-        f"{DEFAULT_OTLP_URL} (for example `loopwatch.instrumentation.otlp.configure_otlp()` "
-        "in the agent), then reload this page."
+        f"{what} Send spans to the collector: point an OTLP exporter at the collector's "
+        f"OTLP endpoint, `/v1/traces` on its `--otlp-http` address ({DEFAULT_OTLP_URL} by "
+        "default; for example `loopwatch.instrumentation.otlp.configure_otlp()` in the "
+        "agent), then reload this page."
     )
+
+
+def dataframe(frame: pd.DataFrame, **kwargs: Any) -> None:
+    """``st.dataframe(frame, **kwargs)`` with bidi controls in text cells made visible
+    (:func:`~loopwatch.dashboard.bidi.neutralise_frame`): a U+202E in a name reversed the
+    rest of its cell. Every table of the pages goes through here."""
+    st.dataframe(neutralise_frame(frame), **kwargs)
 
 
 # -------------------------------------------------------------- cached reads
@@ -201,12 +226,13 @@ def select_param(
     default: str,
     key: str,
     on_change: Callable[[], None] | None = None,
-    format_func: Callable[[str], str] = str,
+    format_func: Callable[[str], str] = neutralise,
 ) -> str:
     """A selectbox whose initial choice comes from the query parameter ``param``.
 
     ``key`` must be unique per page: a widget's state does not survive a page switch,
-    the URL does.
+    the URL does. Options are shown through ``format_func`` (default: bidi controls made
+    visible, as options are often stored names); the value returned is the option itself.
     """
     choices = list(options)
     initial = query_choice(param, choices, default)
@@ -324,9 +350,6 @@ _MD_ESCAPES: Final = str.maketrans({c: "\\" + c for c in "!\"#$%&'()*+,-./:;<=>?
 # Line and paragraph breaks end a paragraph or start a block (setext headings, lists,
 # indented code): the text is folded to one line. Other C0/C1 controls go too.
 _MD_BREAKS: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-# Bidirectional controls reorder the text after them (a name ending in U+202E showed the
-# rest of a caption reversed, figures included): each becomes U+FFFD, visibly.
-_BIDI: Final = re.compile(r"[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _WORD_JOINER: Final = "\u2060"
 # Shortcodes (``:warning:``, ``:material/icon:``), colour directives (``:red[``) and GFM
 # autolink literals (``http://``, ``www.``, ``user@host.tld``, ``mailto:``) are found in
@@ -344,7 +367,9 @@ def _plain(text: object, *, spaces: bool) -> str:
     """``text`` on one line, bidi controls shown as U+FFFD, U+2060 removed (it is ours to
     place); with ``spaces``, runs of white space as one space and no leading or trailing
     space (a label starting with four spaces is a code block)."""
-    one_line = _BIDI.sub("\ufffd", _MD_BREAKS.sub(" ", str(text))).replace(_WORD_JOINER, "")
+    # Bidi controls reorder the text after them (a name ending in U+202E showed the rest
+    # of a caption reversed, figures included).
+    one_line = neutralise(_MD_BREAKS.sub(" ", str(text))).replace(_WORD_JOINER, "")
     return " ".join(one_line.split()) if spaces else one_line
 
 
@@ -398,6 +423,7 @@ def code_md(value: object) -> str:
 
 _TABLE_COLUMNS: Final = (
     "run",
+    "run_id",
     "time",
     "agent",
     "stop_reason",
@@ -411,6 +437,13 @@ _TABLE_COLUMNS: Final = (
     "sampled",
 )
 
+
+RUN_LINK_COLUMN: Final = st.column_config.LinkColumn(
+    "run", help="Open the run view", display_text=":material/open_in_new:", width="small"
+)
+"""The column of run view URLs (:func:`run_url`), shown as an icon. Its text was the run id
+taken from the URL, which the table shows decoded, bidi controls included, so the id is
+shown in a column of its own, through :func:`dataframe`."""
 
 _ROW_PX: Final = 35  # st.dataframe's row height at the default font size
 
@@ -431,16 +464,15 @@ def runs_table(runs: pd.DataFrame, *, key: str) -> None:
         key: widget key prefix (unique per page section).
     """
     frame = runs.assign(run=[run_url(r) for r in runs["run_id"]])
-    st.dataframe(
+    dataframe(
         frame,
         hide_index=True,
         height=table_height(len(frame)),
         column_order=_TABLE_COLUMNS,
         column_config={
+            "run": RUN_LINK_COLUMN,
             # Medium: long run ids pushed the other columns out of view.
-            "run": st.column_config.LinkColumn(
-                "run", help="Open the run view", display_text=r"run_id=([^&]*)", width="medium"
-            ),
+            "run_id": st.column_config.TextColumn("run id", width="medium"),
             "time": st.column_config.DatetimeColumn("time (UTC)", format="YYYY-MM-DD HH:mm:ss"),
             "stop_reason": st.column_config.TextColumn("stop reason"),
             "top_tool": st.column_config.TextColumn("tool", help="The tool the run called most"),
@@ -463,6 +495,6 @@ def runs_table(runs: pd.DataFrame, *, key: str) -> None:
         return
     left, right = st.columns([2, 3], vertical_alignment="bottom")
     with left:
-        chosen = st.selectbox("Run", ids, key=f"{key}_pick")
+        chosen = st.selectbox("Run", ids, key=f"{key}_pick", format_func=neutralise)
     with right:
         run_link(str(chosen), label="Open run view")

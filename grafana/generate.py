@@ -47,6 +47,12 @@ DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["loopwatch"]
 AGENT = 'agent=~"$agent"'
 AGENT_TOOL = 'agent=~"$agent", tool=~"$tool"'
+TOOL_VALUES = (
+    'label_values({__name__=~"loopwatch_tool_calls_total|loopwatch_loop_detections_total", '
+    'agent=~"$agent"}, tool)'
+)
+"""The ``tool`` variable's values: tools called, and the ``none`` of detections that name
+no tool (no_progress, repeated_decision), which picking tools would otherwise hide."""
 
 
 # ---------------------------------------------------------------- building blocks
@@ -201,7 +207,7 @@ def overview() -> db.Dashboard:
         )
         .with_panel(
             _stat(
-                "Abnormal stops in range",
+                "Abnormal-stop share in range",
                 "Share of stops in the selected range whose reason is not completed.",
                 _query(
                     f'sum(increase(loopwatch_agent_stops_total{{{AGENT}, stop_reason!="completed"}}'
@@ -361,9 +367,10 @@ def tools() -> db.Dashboard:
             _label_variable(
                 "tool",
                 "Tool",
-                'label_values(loopwatch_tool_calls_total{agent=~"$agent"}, tool)',
-                "Tool names (past the collector's top-N, tools are counted as _other; "
-                "decision-level detections use tool none).",
+                TOOL_VALUES,
+                "Tool names (past the collector's top-N, tools are counted as _other). "
+                "none: loop detections that name no tool (no_progress, repeated_decision); "
+                "pick it with the tools to keep them in the loop panels.",
             )
         )
         .with_row(db.Row("Loops"))
@@ -371,7 +378,9 @@ def tools() -> db.Dashboard:
             _timeseries(
                 "Loop detections by tool and detector",
                 "Loop detections per second by (tool, detector): repeated_action, "
-                "action_cycle, repeated_decision, no_progress.",
+                "action_cycle, repeated_decision, no_progress. no_progress and "
+                "repeated_decision name no tool: their series have tool none (selected "
+                "with All, or with none in the tool variable).",
                 [
                     _query(
                         f"sum by (tool, detector) (rate({detections}[$__rate_interval]))",
@@ -385,7 +394,8 @@ def tools() -> db.Dashboard:
         .with_panel(
             _table(
                 "Loop detections by tool in range",
-                "Loop detections per (tool, detector) over the selected range.",
+                "Loop detections per (tool, detector) over the selected range (tool none: "
+                "no_progress and repeated_decision, which name no tool).",
                 _query(
                     f"sum by (tool, detector) (increase({detections}[$__range]))", instant=True
                 ).format(pm.PromQueryFormat.TABLE),
@@ -394,11 +404,14 @@ def tools() -> db.Dashboard:
         .with_panel(
             _timeseries(
                 "Repeated-action detections per tool (15m)",
-                "Recording rule tool:loopwatch_loop_detections_repeated_action:increase15m, "
-                "the input of LoopWatchRepeatedActionSurge.",
+                "repeated_action detections per tool over 15 minutes, for the selected "
+                "agents: with all agents, the recording rule "
+                "tool:loopwatch_loop_detections_repeated_action:increase15m, the input of "
+                "LoopWatchRepeatedActionSurge (which counts every agent).",
                 [
                     _query(
-                        'tool:loopwatch_loop_detections_repeated_action:increase15m{tool=~"$tool"}',
+                        "sum by (tool) (increase(loopwatch_loop_detections_total"
+                        f'{{{AGENT_TOOL}, detector="repeated_action"}}[15m]))',
                         "{{tool}}",
                     )
                 ],
@@ -545,8 +558,10 @@ def collector() -> db.Dashboard:
             _timeseries(
                 "Requests refused by reason",
                 "Whole OTLP requests refused before their spans could be counted, per "
-                "second, by reason (decode_error, payload_too_large, unsupported_media_type, "
-                "unauthorized). A sender refused here loses everything it sends.",
+                "second, by reason. queue_full (the in-flight bytes limit, answered 429/503 "
+                "with Retry-After): senders retry, nothing is lost while their retries "
+                "last. decode_error, payload_too_large, unsupported_media_type, "
+                "unauthorized: the sender loses what it sent.",
                 [
                     _query(
                         "sum by (reason) "

@@ -286,6 +286,21 @@ def _is_scalar(node: Any) -> bool:
     return False
 
 
+_NAME_LIST = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(?:\|[a-zA-Z_:][a-zA-Z0-9_:]*)*$")
+
+
+def selector_names(node: Any) -> list[str]:
+    """The series a vector selector reads: its name, or the names a ``__name__=~"a|b"``
+    matcher lists (a plain alternation of names; ``[""]`` for anything else)."""
+    if node.name:
+        return [node.name]
+    for matcher in node.matchers.matchers:
+        regex = matcher.name == "__name__" and str(matcher.op) == "MatchOp.Re"
+        if regex and _NAME_LIST.match(matcher.value):
+            return matcher.value.split("|")
+    return [""]
+
+
 def output_labels(node: Any, known: Mapping[str, frozenset[str]]) -> frozenset[str]:
     """Labels the result of ``node`` can carry (``__name__`` aside).
 
@@ -294,7 +309,9 @@ def output_labels(node: Any, known: Mapping[str, frozenset[str]]) -> frozenset[s
     """
     kind = type(node).__name__
     if kind == "VectorSelector":
-        return known.get(node.name or "", frozenset())
+        # Several series: the labels every one of them carries.
+        sets = [known.get(name, frozenset()) for name in selector_names(node)]
+        return frozenset.intersection(*sets)
     if kind in ("MatrixSelector", "ParenExpr", "SubqueryExpr", "UnaryExpr"):
         return output_labels(_children(node)[-1], known)
     if kind in ("NumberLiteral", "StringLiteral"):
@@ -352,13 +369,13 @@ def output_labels(node: Any, known: Mapping[str, frozenset[str]]) -> frozenset[s
 def _check_node(node: Any, known: Mapping[str, frozenset[str]], problems: list[str]) -> None:
     kind = type(node).__name__
     if kind == "VectorSelector":
-        name = node.name or ""
-        if name not in known:
-            problems.append(f"unknown series {name!r}")
-            return
-        for matcher in node.matchers.matchers:
-            if matcher.name != "__name__" and matcher.name not in known[name]:
-                problems.append(f"label {matcher.name!r} is not a label of {name}")
+        for name in selector_names(node):
+            if name not in known:
+                problems.append(f"unknown series {name!r}")
+                continue
+            for matcher in node.matchers.matchers:
+                if matcher.name != "__name__" and matcher.name not in known[name]:
+                    problems.append(f"label {matcher.name!r} is not a label of {name}")
     elif kind == "AggregateExpr" and node.modifier is not None:
         inner = output_labels(node.expr, known)
         for label in node.modifier.labels:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 from loopwatch.dashboard import charts, ui
+from loopwatch.dashboard.data import LOOP_DETECTORS
 
 ALL_AGENTS = "(all agents)"
 
@@ -54,7 +55,14 @@ if overview.runs_by_agent.empty and overview.total_stops == 0:
     st.stop()
 
 ratio = overview.abnormal_ratio
-loop_stops = int(overview.loops_by_tool["stops"].sum()) if not overview.loops_by_tool.empty else 0
+detections = int(overview.loops_by_tool["stops"].sum()) if not overview.loops_by_tool.empty else 0
+loop_stops = (
+    int(overview.stops.loc[overview.stops["stop_reason"].isin(LOOP_DETECTORS), "stops"].sum())
+    if not overview.stops.empty
+    else 0
+)
+# Observe mode records a detection on a run it lets go on: its stop stays completed.
+observed = max(detections - loop_stops, 0)
 m1, m2, m3, m4 = st.columns(4)
 m1.metric("Stops", f"{overview.total_stops:,}")
 m2.metric(
@@ -63,9 +71,12 @@ m2.metric(
     help="Stops with a reason other than completed, over all stops in the range.",
 )
 m3.metric(
-    "Loop stops",
-    f"{loop_stops:,}",
-    help="repeated_action, action_cycle, repeated_decision and no_progress stops.",
+    "Loop detections",
+    f"{detections:,}",
+    help="Runs a loop detector (repeated_action, action_cycle, repeated_decision, "
+    "no_progress) stopped, plus runs observe mode flagged without stopping them (their "
+    "stop stays completed, so they are not abnormal stops). Counted as "
+    "loopwatch_loop_detections_total counts them.",
 )
 m4.metric(
     "Canary-flagged runs",
@@ -74,7 +85,9 @@ m4.metric(
 )
 st.caption(
     f"{overview.abnormal_stops:,} of {overview.total_stops:,} stops were abnormal; "
-    f"{overview.canary_runs:,} run(s) flagged by a canary."
+    f"{detections:,} loop detection(s): {loop_stops:,} stopped the run, {observed:,} "
+    f"recorded in observe mode on runs it did not stop; {overview.canary_runs:,} run(s) "
+    "flagged by a canary."
 )
 if overview.note:
     st.warning(overview.note)
@@ -86,7 +99,7 @@ st.altair_chart(
 )
 st.caption(ui.escape_md(stops_text))
 with st.expander("Stops by reason (table)"):
-    st.dataframe(
+    ui.dataframe(
         charts.stops_table(overview.stops),
         hide_index=True,
         column_config={"share": st.column_config.NumberColumn("share", format="percent")},
@@ -98,7 +111,7 @@ with by_agent:
     st.altair_chart(charts.runs_by_agent_chart(overview.runs_by_agent), width="stretch")
     st.caption(ui.escape_md(agent_text))
     with st.expander("Runs by agent (table)"):
-        st.dataframe(charts.runs_by_agent_table(overview.runs_by_agent), hide_index=True)
+        ui.dataframe(charts.runs_by_agent_table(overview.runs_by_agent), hide_index=True)
 with by_tool:
     loops_text = charts.loops_text(overview.loops_by_tool)
     if overview.loops_by_tool.empty:
@@ -108,6 +121,6 @@ with by_tool:
         st.altair_chart(charts.loops_by_tool_chart(overview.loops_by_tool), width="stretch")
         st.caption(ui.escape_md(loops_text))
         with st.expander("Loop detections by tool (table)"):
-            st.dataframe(charts.loops_table(overview.loops_by_tool), hide_index=True)
+            ui.dataframe(charts.loops_table(overview.loops_by_tool), hide_index=True)
 
 ui.footer(src)

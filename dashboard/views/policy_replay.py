@@ -253,7 +253,7 @@ if without_steps:
     st.caption(f"{len(without_steps)} run(s) skipped: no stored steps.")
 
 st.subheader("Side by side")
-st.dataframe(_summary_frame(results), hide_index=True)
+ui.dataframe(_summary_frame(results), hide_index=True)
 st.caption(
     f"Recorded loops: runs whose stored steps hold a loop whatever the policy (at least "
     f"{MIN_LOOP_REPEATS} identical consecutive tool calls with unchanged results, or a "
@@ -265,14 +265,12 @@ st.caption(
 
 st.subheader("Runs")
 runs_table = _runs_frame(results, labels)
-st.dataframe(
+ui.dataframe(
     runs_table,
     hide_index=True,
     column_config={
-        "run": st.column_config.LinkColumn(
-            "run", help="Open the run view", display_text=r"run_id=([^&]*)"
-        ),
-        "run_id": None,
+        "run": ui.RUN_LINK_COLUMN,
+        "run_id": st.column_config.TextColumn("run id", width="medium"),
         "loop onset": st.column_config.NumberColumn(
             "loop onset", help="First step of the recorded loop, if any"
         ),

@@ -1,7 +1,10 @@
 """Run view (incident review): the last steps before the stop, and why it stopped.
 
+A run without a stop (still running, its agent killed, its stop span lost) shows its last
+stored steps, named as such: nothing on the page says it stopped there.
+
 Query parameters: ``run_id`` (required to show a run), ``last`` (steps before the stop,
-default 20), ``all`` (``1``: every stored step).
+or last steps without one; default 20), ``all`` (``1``: every stored step).
 """
 
 from __future__ import annotations
@@ -54,7 +57,11 @@ run = detail.run
 stop = detail.stop
 steps = runview.build_steps(detail.step_records())
 card = runview.stop_card(stop, detail.evidence)
-stopped_at = card.step if card is not None and card.step else (steps[-1].step if steps else None)
+# The stop's own step (0: before the first step), or None: no stop, or one naming no step.
+stopped_at = card.step if card is not None else None
+last_stored = steps[-1].step if steps else None
+# The steps shown end at the stop, else at the last stored step.
+window_end = stopped_at if stopped_at else last_stored
 
 
 # A third-party agent (no loopwatch code) sends no policy: the collector judged its calls.
@@ -104,7 +111,7 @@ with st.container(border=True):
             )
     if detail.anomalies:
         st.warning(runview.anomaly_summary(detail.anomalies))
-        st.dataframe(pd.DataFrame(detail.anomalies), hide_index=True)
+        ui.dataframe(pd.DataFrame(detail.anomalies), hide_index=True)
 
 # ---------------------------------------------------------------------- usage
 usage = runview.usage_counters(stop, run)
@@ -120,15 +127,21 @@ if notice:
 # ---------------------------------------------------------------------- steps
 if steps:
     ceased = runview.progress_ceased(steps, detail.evidence)
-    groups = runview.mark_groups(runview.collapse(steps), ceased, stopped_at)
-    st.subheader("Steps before the stop")
+    groups = runview.mark_groups(
+        runview.collapse(steps),
+        ceased,
+        stopped_at,
+        last_stored=last_stored if stopped_at is None else None,
+    )
+    steps_label = "Steps before the stop" if stopped_at is not None else "Last stored steps"
+    st.subheader(steps_label)
     if ceased is not None:
         st.info(ceased.text[0].upper() + ceased.text[1:] + ".")
     left, right = st.columns([3, 1], vertical_alignment="bottom")
     with left:
         raw_last = st.query_params.get("last", "")
         last_n = st.number_input(
-            "Steps before the stop",
+            steps_label,
             min_value=1,
             max_value=1_000_000,
             value=int(raw_last) if raw_last.isdigit() and int(raw_last) > 0 else DEFAULT_LAST,
@@ -145,7 +158,7 @@ if steps:
         {"run_id": run_id, "last": str(last_n), "all": "1" if show_all else None},
         {"last": str(DEFAULT_LAST)},
     )
-    shown = groups if show_all else runview.last_steps(groups, int(last_n), stop_step=stopped_at)
+    shown = groups if show_all else runview.last_steps(groups, int(last_n), stop_step=window_end)
     hidden = len(groups) - len(shown)
     st.caption(
         f"{len(steps):,} stored step(s) in {len(groups):,} row(s) (identical consecutive "
@@ -154,7 +167,7 @@ if steps:
     )
     if detail.steps_truncated:
         st.caption("Only the last steps of this long run were returned (the row cap).")
-    st.dataframe(runview.group_table(shown), hide_index=True)
+    ui.dataframe(runview.group_table(shown), hide_index=True)
     if len(shown) > MAX_EXPANDERS:
         st.caption(f"Details below for the last {MAX_EXPANDERS} rows.")
 
@@ -164,7 +177,7 @@ if steps:
             first = group.steps[0]
             if group.collapsed:
                 st.write(f"{group.count} consecutive steps with the same action; each step below.")
-                st.dataframe(
+                ui.dataframe(
                     pd.DataFrame(
                         [
                             {
@@ -209,7 +222,7 @@ if steps:
                         st.caption(f"{label}:")
                         st.code(folded.full, language="json")
 
-    series = runview.progress_series(steps)
+    series = runview.progress_series(steps, card)
     if not series.empty:
         ceased_step = ceased.step if ceased is not None else None
         text = charts.progress_text(series, ceased_step=ceased_step, stop_step=stopped_at)
@@ -227,7 +240,7 @@ with tools_col:
     if detail.tools.empty:
         st.caption("This run called no tool.")
     else:
-        st.dataframe(detail.tools, hide_index=True)
+        ui.dataframe(detail.tools, hide_index=True)
 with limits_col:
     st.subheader("Effective limits")
     if detail.limits is None and third_party:
@@ -244,6 +257,6 @@ with limits_col:
         )
     else:
         st.caption("Each limit the guard enforced, and where it came from.")
-        st.dataframe(detail.limits, hide_index=True)
+        ui.dataframe(detail.limits, hide_index=True)
 
 ui.footer(src)

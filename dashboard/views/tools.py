@@ -36,8 +36,8 @@ if data.tools is not None and not data.tools.empty:
     table = data.tools.merge(loop_counts, on="tool", how="left")
     for column in (*LOOP_DETECTORS, "total"):
         table[column] = table[column].fillna(0).astype("int64")
-    table = table.rename(columns={"total": "loop stops"})
-    st.dataframe(
+    table = table.rename(columns={"total": "loop detections"})
+    ui.dataframe(
         table,
         hide_index=True,
         height=ui.table_height(len(table)),
@@ -48,14 +48,16 @@ if data.tools is not None and not data.tools.empty:
             "errors",
             "blocked",
             "runs",
-            "loop stops",
+            "loop detections",
             *LOOP_DETECTORS,
             "repeated_action_rate",
         ),
         column_config={
             "runs": st.column_config.NumberColumn("runs", help="Runs that called the tool"),
-            "loop stops": st.column_config.NumberColumn(
-                "loop stops", help="Loop stops whose detection named this tool"
+            "loop detections": st.column_config.NumberColumn(
+                "loop detections",
+                help="Runs a loop detector stopped, or flagged in observe mode, whose "
+                "detection named this tool",
             ),
             "repeated_action_rate": st.column_config.NumberColumn(
                 "repeated-action rate",
@@ -67,14 +69,14 @@ if data.tools is not None and not data.tools.empty:
     )
     calls_text = charts.tool_calls_text(data.tools, top=15)
     st.caption(
-        "Loop stops count each loop-stopped run under the tool its detection named (no "
-        "tool for no_progress), as the loopwatch_loop_detections_total metric does. "
-        + ui.escape_md(calls_text)
+        "Loop detections count each run a loop detector stopped, or flagged in observe mode, "
+        "under the tool its detection named (no tool for no_progress), as the "
+        "loopwatch_loop_detections_total metric does. " + ui.escape_md(calls_text)
     )
     st.altair_chart(charts.tool_calls_chart(data.tools), width="stretch")
     tool_names = data.tools["tool"].astype(str).tolist()
 else:
-    st.dataframe(loops, hide_index=True)
+    ui.dataframe(loops, hide_index=True)
     tool_names = [t for t in loops["tool"].astype(str) if t != "(no tool)"]
 
 loops_text = charts.loops_text(data.loops)
@@ -95,13 +97,15 @@ else:
     )
     if runs.empty:
         st.caption(
-            f"No run that called {ui.escape_md(tool)} was stopped by a loop detector in this range."
+            f"No run that called {ui.escape_md(tool)} was stopped by a loop detector, or "
+            "flagged by one in observe mode, in this range."
         )
     else:
         capped = len(runs) >= source_data.LOOPED_RUNS_LIMIT
         st.caption(
             (f"The {len(runs)} newest runs" if capped else f"{len(runs)} run(s)")
-            + f" that called {ui.escape_md(tool)} and were stopped by a loop detector, newest "
+            + f" that called {ui.escape_md(tool)} and were stopped by a loop detector, or "
+            "flagged by one in observe mode (their stop reason stays completed), newest "
             "first" + ("; the Stopped runs page lists them all." if capped else ".")
         )
         ui.runs_table(runs, key="looped")

@@ -282,6 +282,18 @@ def test_core_panels_return_data(stack: tuple[Any, Any, str]) -> None:
         "repeated_decision",
         "no_progress",
     }
+    # no_progress names no tool: its series (tool none) are a value of the tool variable.
+    (tool_variable,) = [q for q in lint.folder_queries() if q.source.endswith("variable tool")]
+    tool_values = httpx.get(
+        f"{prometheus.url}/api/v1/label/tool/values",
+        params={"match[]": lint.substitute(tool_variable.expr, lint.DEFAULT_VARIABLES)},
+        timeout=10.0,
+    ).json()["data"]
+    assert {"none", "lookup_order"} <= set(tool_values), tool_values
+    no_tool = run("Loop detections by tool and detector", tool="none")
+    assert ("none", "no_progress") in {
+        (s["metric"]["tool"], s["metric"]["detector"]) for s in no_tool
+    }, no_tool
     blocked = run("Blocked calls by tool", tool="lookup_order")
     assert len(blocked) == 1 and _values(blocked)[0] > 0, blocked
     error_rate = run("Error rate by tool")

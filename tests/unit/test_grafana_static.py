@@ -207,9 +207,21 @@ def test_template_variables() -> None:
             assert lint.label_values_query(v["query"]) is not None, v["query"]
             assert lint.label_values_query(v["query"])[1] == var
     tool = {v["name"]: v for v in dashboards["loopwatch-tools.json"]["templating"]["list"]}
-    assert (
-        tool["tool"]["query"] == 'label_values(loopwatch_tool_calls_total{agent=~"$agent"}, tool)'
-    )
+    # The tool none (no_progress, repeated_decision detections) is only in the detections
+    # metric: from tool calls alone, picking tools hid every no_progress detection.
+    assert tool["tool"]["query"] == generate.TOOL_VALUES
+    assert "loopwatch_loop_detections_total" in tool["tool"]["query"]
+
+
+def test_tools_panels_follow_the_agent_and_tool_variables() -> None:
+    """Proves every query of the tools dashboard filters by ``$agent`` and ``$tool`` (the
+    repeated-action panel read a recording rule that has no agent label, so it ignored
+    the agent variable)."""
+    model = _dashboards()["loopwatch-tools.json"]
+    for panel in _panels(model):
+        for target in panel.get("targets", []):
+            assert "$agent" in target["expr"], panel["title"]
+            assert "$tool" in target["expr"], panel["title"]
 
 
 def test_required_panels_exist() -> None:

@@ -31,8 +31,14 @@ from tests.integration.services import poll_until
 MARK: Final = "HOSTILE"
 """Word in every hostile value (``HOSTILE-<field>``)."""
 
-RUNS: Final = {"main": "hostile-main", "loop": "hostile-loop", "setext": "hostile-setext"}
-"""Run ids: a stop with every field hostile, a repeated_action loop, a setext agent name."""
+RUNS: Final = {
+    "main": "hostile-main",
+    "loop": "hostile-loop",
+    "setext": "hostile-setext",
+    "bidi_id": "hostile-id-\u202edesrever",
+}
+"""Run ids: a stop with every field hostile, a repeated_action loop, a setext agent name,
+and a run whose id holds a right-to-left override (its links must still open it)."""
 
 
 MD: Final = MarkdownIt("commonmark").enable(["table", "strikethrough"])
@@ -208,7 +214,7 @@ def run_spans(
 
 
 def feed(otlp_url: str, api_url: str, tracker: str) -> None:
-    """Send the three runs of :data:`RUNS` as OTLP/JSON and wait until each is stored."""
+    """Send the runs of :data:`RUNS` as OTLP/JSON and wait until each is stored."""
     runs = [
         run_spans(RUNS["main"], tracker),
         run_spans(
@@ -219,6 +225,7 @@ def feed(otlp_url: str, api_url: str, tracker: str) -> None:
             tool=payload("loop_tool", tracker),
         ),
         run_spans(RUNS["setext"], tracker, reason="repeated_action", agent=setext_agent()),
+        run_spans(RUNS["bidi_id"], tracker, reason="repeated_action"),
     ]
     for spans in runs:
         doc = {

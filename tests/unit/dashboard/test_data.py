@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from loopwatch.dashboard import cli, data
+from loopwatch.dashboard import cli, data, runview
 from loopwatch.dashboard.data import (
     ApiSource,
     DataSource,
@@ -68,8 +68,20 @@ def test_every_stop_reason_is_listed(source: DataSource, fed: Fed) -> None:
         ({"sampled": False}, {"dash-completed"}),
         ({"stop_reason": "repeated_action", "agent": "billing"}, set()),
         ({"until_unix_nano": 1}, set()),
+        ({"detector": "action_cycle"}, {"dash-cycle"}),
+        ({"detector": "no_progress", "tool": "toggle_state"}, {"dash-no-progress"}),
     ],
-    ids=["reason", "agent", "tool", "canary", "not sampled", "no match", "time range"],
+    ids=[
+        "reason",
+        "agent",
+        "tool",
+        "canary",
+        "not sampled",
+        "no match",
+        "time range",
+        "detector",
+        "detector+tool",
+    ],
 )
 def test_filters(source: DataSource, filters: dict[str, object], expected: set[str]) -> None:
     assert ids(source, **filters) == expected
@@ -412,3 +424,20 @@ def test_loop_stops_by_tool_equal_the_loop_detection_metric(fed: Fed) -> None:
     }
     assert page == {k: v for k, v in metric.items() if v}
     assert ("none", "no_progress") in page
+
+
+def test_the_progress_curve_ends_on_the_stop_cards_figure(source: DataSource, fed: Fed) -> None:
+    """The steps-since-progress chart's last point is the stop card's figure, for every
+    stored run stopped at its last stored step (the chart took the step's largest row,
+    1 where the card said 0)."""
+    checked = 0
+    for run_id in fed.expected:
+        detail = source.run(run_id)
+        assert detail is not None
+        card = runview.stop_card(detail.stop, detail.evidence)
+        series = runview.progress_series(runview.build_steps(detail.step_records()), card)
+        if card is None or series.empty or int(series["step"].iloc[-1]) != card.step:
+            continue
+        assert int(series["steps_since_progress"].iloc[-1]) == card.steps_since_progress, run_id
+        checked += 1
+    assert checked >= 5

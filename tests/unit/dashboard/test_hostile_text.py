@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from urllib.parse import unquote
 
 import pytest
 from hypothesis import given, settings
@@ -200,6 +201,70 @@ def test_stored_text_renders_as_text(
     text = "\n".join(rendered(source) for _, source in bodies(at))
     missing = [f for f in fields if f"{hostile.MARK}-{f}" not in text]
     assert not missing, missing
+
+
+# A bidi control as a table, chart or option sends it: raw UTF-8 (Arrow data, option
+# labels) or a JSON escape (a Vega-Lite spec).
+_BIDI_CHARS = (
+    "\u061c\u200e\u200f"
+    + "".join(map(chr, range(0x202A, 0x202F)))
+    + "".join(map(chr, range(0x2066, 0x206A)))
+)
+_BIDI_ESCAPED = re.compile(rb"(?i)\\u(?:061c|200[ef]|202[a-e]|206[6-9])")
+
+
+def _shown_elements(at: AppTest) -> list[tuple[str, bytes]]:
+    """``(kind, serialized element)`` of every table, chart and select box of the page."""
+    out = [("dataframe", e.proto.SerializeToString()) for e in at.dataframe]
+    out += [("chart", e.proto.SerializeToString()) for e in at.get("vega_lite_chart")]
+    out += [(f"selectbox {e.label}", e.proto.SerializeToString()) for e in at.selectbox]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "query"),
+    [(v[0], v[1]) for v in VIEWS] + [("run_view", {"run_id": hostile.RUNS["bidi_id"]})],
+    ids=[f"{v[0]}-{i}" for i, v in enumerate(VIEWS)] + ["run_view-bidi-id"],
+)
+def test_tables_charts_and_options_show_bidi_controls_visibly(
+    hostile_api: str, monkeypatch: pytest.MonkeyPatch, name: str, query: dict[str, str]
+) -> None:
+    """A U+202E in a name reversed the rest of its chart label or table cell (escape_md
+    covered Markdown only): every value a table, chart or select box shows has its bidi
+    controls as U+FFFD, as in Markdown."""
+    at = _render(hostile_api, monkeypatch, name, **query)
+    shown = _shown_elements(at)
+    found = [
+        kind
+        for kind, raw in shown
+        if _BIDI_ESCAPED.search(raw) or any(c.encode() in raw for c in _BIDI_CHARS)
+    ]
+    assert not found, found
+    if query.get("run_id") != PAYLOAD:  # not vacuous: the hostile names are there
+        assert any("\ufffd".encode() in raw for _, raw in shown), [k for k, _ in shown]
+
+
+def test_a_run_id_with_a_bidi_control_still_opens_from_its_links(
+    hostile_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runs table shows the id with U+FFFD; its link and the "Open run view" picker
+    carry the stored id, so they open the run."""
+    stored = hostile.RUNS["bidi_id"]
+    at = _render(hostile_api, monkeypatch, "stopped_runs", range="all")
+    table = at.dataframe[0].value
+    links = {
+        unquote(url.split("run_id=", 1)[1]): shown
+        for url, shown in zip(table["run"], table["run_id"], strict=True)
+    }
+    assert links[stored] == stored.replace("\u202e", "\ufffd")
+    at.selectbox(key="runs_pick").set_value(stored).run()
+    # Outside the router the link is a Markdown link to the run view's URL.
+    opens = [
+        m.group(1) for e in at.markdown if (m := re.search(r"\]\(run\?run_id=([^)&]*)", e.value))
+    ]
+    assert [unquote(o) for o in opens] == [stored]
+    opened = _render(hostile_api, monkeypatch, "run_view", run_id=stored)
+    assert any(s.value.startswith("Stop: ") for s in opened.subheader)
 
 
 def test_a_line_break_in_a_name_cannot_make_a_heading(

@@ -75,7 +75,7 @@ def test_overview(fed_source: str) -> None:
     assert metrics(at) == {
         "Stops": "12",
         "Abnormal-stop ratio": "92%",
-        "Loop stops": "5",
+        "Loop detections": "5",
         "Canary-flagged runs": "1",
     }
     captions = texts(at)
@@ -265,7 +265,7 @@ def test_tools(fed_source: str) -> None:
     no_failure(at)
     page_text = texts(at)
     # no_progress and repeated_decision name no tool: "(no tool) 2" (as the metric).
-    assert "5 loop stops over 4 tools: (no tool) 2" in page_text
+    assert "5 loop detections over 4 tools: (no tool) 2" in page_text
     looped = frame(at, -1)
     assert list(looped["run_id"]) == [LOOP_RUN]
     table = frame(at, 0).set_index("tool")
@@ -344,7 +344,27 @@ def test_empty_store_says_what_to_do(
     use_source(db=empty_database(tmp_path / "empty.duckdb"))
     at = page(name)
     no_failure(at)
-    assert "http://127.0.0.1:4318/v1/traces" in texts(at)
+    # The page cannot know the collector's --otlp-http address: it names the default as
+    # the default, not as where this collector listens.
+    assert (
+        "the collector's OTLP endpoint, /v1/traces on its --otlp-http address "
+        "(http://127.0.0.1:4318/v1/traces by default" in texts(at)
+    )
+
+
+def test_a_filter_the_collector_refuses_says_to_change_the_filter(
+    fed: Fed, use_source: Callable[..., None]
+) -> None:
+    """A filter value past the collector's length cap is a 400 bad_parameter: narrowing
+    the time range or retrying sends the same value again."""
+    use_source(collector=fed.api_url)
+    at = page("stopped_runs", agent="a" * 600)
+    assert not at.exception
+    assert len(at.error) == 1
+    assert "agent is longer than" in at.error[0].value
+    hint = " ".join(c.value for c in at.caption)
+    assert "shorten or clear the filter" in hint
+    assert "Narrow the time range or retry" not in hint
 
 
 # ------------------------------------------------------------ the real server

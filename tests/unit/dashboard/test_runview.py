@@ -310,6 +310,30 @@ def test_progress_series_and_its_chart() -> None:
     assert charts.progress_text(series.iloc[0:0]).startswith("No steps-since-progress")
 
 
+def test_a_steps_value_is_its_last_rows_and_the_curve_ends_on_the_stop() -> None:
+    """A step's decision reports the count before its tool results, each result the count
+    after it: progress at step 2 resets 1 to 0, and the chart showed the max (1) where
+    the stop card said 0. A stop decided after its step (deadline) counts that step."""
+    rows = [
+        decision(1, ssp=0),
+        tool(1, ssp=0),
+        decision(2, ssp=1),
+        tool(2, progress=True, ssp=0, fp="f" * 64),
+    ]
+    steps = runview.build_steps(rows)
+    assert [s.steps_since_progress for s in steps] == [0, 0]
+    card = runview.stop_card({"reason": "completed", "step": 2, "steps_since_progress": 0}, {})
+    series = runview.progress_series(steps, card)
+    assert series["steps_since_progress"].tolist() == [0, 0]
+    assert runview.progress_series(steps)["steps_since_progress"].iloc[-1] == 0
+
+    thinking = [decision(i, "message", f"fp{i}", ssp=i - 1) for i in (1, 2, 3)]
+    stop = {"reason": "deadline_exceeded", "step": 3, "steps_since_progress": 3}
+    series = runview.progress_series(runview.build_steps(thinking), runview.stop_card(stop, {}))
+    assert series.to_dict("list") == {"step": [1, 2, 3], "steps_since_progress": [0, 1, 3]}
+    assert runview.progress_series([], runview.stop_card(stop, {})).empty
+
+
 def test_rows_from_a_dataframe_with_missing_values() -> None:
     frame = pd.DataFrame(loop_rows(3))
     steps = runview.build_steps(frame.to_dict("records"))
@@ -350,7 +374,7 @@ def test_overview_charts_carry_their_text_equivalent() -> None:
     assert spec["description"] == charts.stops_text(STOPS)
     assert spec["encoding"]["color"]["scale"]["range"][0] == charts.REASON_COLORS["completed"]
     assert charts.loops_text(LOOPS) == (
-        "4 loop stops over 2 tools: lookup_order 3 (repeated_action 2, no_progress 1); "
+        "4 loop detections over 2 tools: lookup_order 3 (repeated_action 2, no_progress 1); "
         "(no tool) 1 (repeated_decision 1)."
     )
     assert charts.loops_table(LOOPS)["total"].tolist() == [3, 1]
