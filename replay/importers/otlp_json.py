@@ -64,6 +64,7 @@ from typing import Any, Final
 
 from loopwatch.instrumentation import _semconv as sc
 from loopwatch.replay.importers import Document
+from loopwatch.replay.importers._calls import OpenCalls
 from loopwatch.replay.trajectory import (
     AGENT,
     FAILURE,
@@ -490,7 +491,7 @@ def _third_party_run(
     source: str, trace_id: str, spans: list[_Span]
 ) -> Iterator[Trajectory | ImportProblem]:
     drafts: list[_Draft] = []
-    by_id: dict[str, _Call] = {}
+    by_id: OpenCalls[_Call] = OpenCalls()
     agent: str | None = None
     stop: str | None = None
     for span in spans:
@@ -503,8 +504,7 @@ def _third_party_run(
             if problem:
                 yield ImportProblem(source, span.where, problem)
             for call in draft.calls:
-                if call.call_id:
-                    by_id[call.call_id] = call
+                by_id.add(call.call_id, call)
             drafts.append(draft)
         elif kind == _TOOL_SPAN:
             _tool_result(span, drafts, by_id)
@@ -664,13 +664,13 @@ def _openai_response(raw: Any, draft: _Draft) -> None:
             draft.calls.append(_Call(name, _arguments(function.get("arguments")), call_id))
 
 
-def _tool_result(span: _Span, drafts: list[_Draft], by_id: dict[str, _Call]) -> None:
+def _tool_result(span: _Span, drafts: list[_Draft], by_id: OpenCalls[_Call]) -> None:
     attrs = span.attrs
     name = _tool_name(span)
     call_id = _str(attrs.get(sc.GEN_AI_TOOL_CALL_ID)) or _str(
         attrs.get(sc.OPENINFERENCE_TOOL_CALL_ID)
     )
-    call = by_id.get(call_id) if call_id else None
+    call = by_id.answer(call_id)
     if call is not None and call.answered:
         call = None
     if call is None and drafts and drafts[-1].model_call:
