@@ -139,6 +139,20 @@ def test_bad_policy_exits_2_naming_file_and_key(recordings: Path, tmp_path: Path
     assert missing.exit_code == 2 and "profiles.nope" in missing.stderr
 
 
+def test_policy_integer_past_a_float_exits_2_with_one_line(
+    recordings: Path, tmp_path: Path
+) -> None:
+    # Was: an OverflowError traceback, exit 1 (math.isfinite on a 400-digit integer).
+    huge = tmp_path / "huge.toml"
+    huge.write_text(f'[profiles.x]\nversion = "1"\nmax_cost_usd = {"9" * 400}\n')
+    result = invoke(str(recordings), "--policy", str(huge))
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        f"loopwatch replay: {huge}: profiles.x.max_cost_usd: too large for a number,"
+        " got a 400-digit integer"
+    ]
+
+
 def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     result = invoke(str(tmp_path / "absent"))
     assert result.exit_code == 2
