@@ -98,6 +98,7 @@ from loopwatch.instrumentation.guard import Decision, Guard, Stop, StopReason
 from loopwatch.instrumentation.guard import ToolCall as GuardCall
 from loopwatch.instrumentation.policy import DEFAULT_VOLATILE_FIELDS, Policy, load_policies
 
+from .importers._numbers import too_large
 from .trajectory import AGENT, ENVIRONMENT, FAILURE, SUCCESS, UNKNOWN, Step, Trajectory
 from .trajectory import ToolCall as RecordedCall
 
@@ -605,7 +606,12 @@ def _usable_time(timestamp: float | None) -> bool:
     ``1e15``) would otherwise jump the clock and stop the run ``deadline_exceeded``;
     such values are ignored, as a missing timestamp is.
     """
-    return timestamp is not None and math.isfinite(timestamp) and 0 <= timestamp < _MAX_UNIX_SECONDS
+    return (
+        timestamp is not None
+        and not too_large(timestamp)
+        and math.isfinite(timestamp)
+        and 0 <= timestamp < _MAX_UNIX_SECONDS
+    )
 
 
 class _RecordedClock:
@@ -652,8 +658,10 @@ def _turn_key(step: Step) -> tuple[Any, ...]:
 def _usage(value: float | None) -> float:
     """A recorded token count or cost the guard may add up: a missing, negative or
     non-finite value counts 0 (one NaN would make the run's total NaN, and no budget
-    comparison with NaN ever stops; Infinity would stop at once)."""
-    if value is None or not math.isfinite(value) or value < 0:
+    comparison with NaN ever stops; Infinity would stop at once). So does an integer too
+    large for a float: the importers report one as a problem, and a trajectory built in
+    code must not end the whole replay with ``OverflowError``."""
+    if value is None or too_large(value) or not math.isfinite(value) or value < 0:
         return 0
     return value
 

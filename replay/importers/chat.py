@@ -69,6 +69,7 @@ from typing import Any, Final
 
 from loopwatch.replay.importers import Document
 from loopwatch.replay.importers._calls import OpenCalls
+from loopwatch.replay.importers._numbers import check_fits
 from loopwatch.replay.trajectory import (
     AGENT,
     FAILURE,
@@ -239,6 +240,7 @@ def _trajectory(
     )
     steps = _mark_final(steps, ended_normally=ended_normally)
 
+    check_fits(record.get("reward"), "reward", error=_Malformed)
     reward = _reward(record.get("reward"))
     outcome: Outcome = UNKNOWN
     if reward is not None:

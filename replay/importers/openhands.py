@@ -62,6 +62,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from loopwatch.replay.importers import Document
+from loopwatch.replay.importers._numbers import check_fits
 from loopwatch.replay.trajectory import (
     AGENT,
     ENVIRONMENT,
@@ -323,8 +324,11 @@ def _build(
                 seen_responses.add(response_id)
                 usage = response.get("usage")
                 if isinstance(usage, Mapping):
-                    step.input_tokens = _int(usage.get("prompt_tokens"))
-                    step.output_tokens = _int(usage.get("completion_tokens"))
+                    at = f"history[{position}].tool_call_metadata.model_response.usage"
+                    step.input_tokens = _tokens(usage.get("prompt_tokens"), f"{at}.prompt_tokens")
+                    step.output_tokens = _tokens(
+                        usage.get("completion_tokens"), f"{at}.completion_tokens"
+                    )
         steps.append(step)
 
     error = record.get("error")
@@ -431,6 +435,14 @@ def _timestamp(value: Any) -> float | None:
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
+
+
+def _tokens(value: Any, where: str) -> int | None:
+    """A token count (a number or a numeric string); one too large for a float makes
+    the run unreadable (the guard adds counts up as floats)."""
+    count = _int(value)
+    check_fits(count, where, error=_Malformed)
+    return count
 
 
 def _int(value: Any) -> int | None:

@@ -65,6 +65,7 @@ from typing import Any, Final
 from loopwatch.instrumentation import _semconv as sc
 from loopwatch.replay.importers import Document
 from loopwatch.replay.importers._calls import OpenCalls
+from loopwatch.replay.importers._numbers import check_fits, describe_int
 from loopwatch.replay.trajectory import (
     AGENT,
     FAILURE,
@@ -92,6 +93,8 @@ _STATUS_ERROR: Final = frozenset({2, "STATUS_CODE_ERROR"})
 _TOOL_PREFIX: Final = sc.SPAN_TOOL.split("{", 1)[0]
 _RUN_PREFIX: Final = sc.SPAN_RUN.split("{", 1)[0]
 _MAX_VALUE_DEPTH: Final = 32
+_MIN_INT64: Final = -(2**63)
+_MAX_INT64: Final = 2**63 - 1
 _OI_OUTPUT: Final = re.compile(
     re.escape(sc.OPENINFERENCE_LLM_OUTPUT_MESSAGES)
     + r"\.(\d+)\.message\.(?:tool_calls\.(\d+)\.tool_call\.(id|function\.name|function\.arguments)"
@@ -283,7 +286,10 @@ def _attributes(raw: Any) -> dict[str, Any]:
     for index, item in enumerate(raw):
         if not isinstance(item, dict) or not isinstance(item.get("key"), str):
             raise _Malformed(f"attributes[{index}] is not a {{key, value}} pair")
-        attrs[item["key"]] = _value(item.get("value"), 0)
+        try:
+            attrs[item["key"]] = _value(item.get("value"), 0)
+        except _Malformed as exc:
+            raise _Malformed(f"attributes[{index}] ({item['key']}): {exc}") from None
     return attrs
 
 
@@ -301,15 +307,20 @@ def _value(raw: Any, depth: int) -> Any:
         value = raw["intValue"]
         if isinstance(value, str):
             try:
-                return int(value)
+                value = int(value)
             except ValueError:
                 return None
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        if not _MIN_INT64 <= value <= _MAX_INT64:
+            raise _Malformed(f"intValue outside the 64-bit range, got {describe_int(value)}")
+        return value
     if "doubleValue" in raw:
         value = raw["doubleValue"]
         if isinstance(value, bool):
             return None
         if isinstance(value, int | float):
+            check_fits(value, "doubleValue", error=_Malformed)
             return float(value)
         return float(value) if value in ("NaN", "Infinity", "-Infinity") else None
     if "arrayValue" in raw:

@@ -37,9 +37,9 @@ Mapping rules:
 
 A simulation that cannot be read (not an object, no message list, a message or tool
 call of the wrong shape, a tool result whose id matches no earlier call awaiting a
-result) is reported as one :class:`ImportProblem` naming ``simulations[i]`` and the
-message, and skipped whole: a partial run would replay as a different run. The other
-simulations are still read.
+result, a token count, cost or reward too large for a float) is reported as one
+:class:`ImportProblem` naming ``simulations[i]`` and the message, and skipped whole: a
+partial run would replay as a different run. The other simulations are still read.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from typing import Any, Final
 
 from loopwatch.replay.importers import Document
 from loopwatch.replay.importers._calls import OpenCalls
+from loopwatch.replay.importers._numbers import check_fits
 from loopwatch.replay.trajectory import (
     AGENT,
     FAILURE,
@@ -200,6 +201,7 @@ def _reward(reward_info: Any) -> float | None:
     if not isinstance(reward_info, dict):
         return None
     reward = reward_info.get("reward")
+    check_fits(reward, "reward_info.reward", error=_Malformed)
     if isinstance(reward, bool) or not isinstance(reward, int | float):
         return None
     return float(reward) if math.isfinite(reward) else None
@@ -247,6 +249,7 @@ def _steps(messages: list[Any], *, ended_normally: bool) -> list[Step]:
         drafts.append((index, message, timestamp, calls))
     steps: list[Step] = []
     for index, message, timestamp, calls in drafts:
+        where = f"messages[{index}]"
         if message.get("role") == "assistant":
             if calls:
                 decision = "tool"
@@ -257,7 +260,8 @@ def _steps(messages: list[Any], *, ended_normally: bool) -> list[Step]:
             actor = AGENT
         else:
             decision, actor = "message", USER
-        input_tokens, output_tokens = _usage(message.get("usage"))
+        input_tokens, output_tokens = _usage(message.get("usage"), where)
+        check_fits(message.get("cost"), f"{where}.cost", error=_Malformed)
         steps.append(
             Step(
                 index=len(steps),
@@ -312,9 +316,11 @@ def _arguments(raw: Any) -> Any:
     return raw
 
 
-def _usage(usage: Any) -> tuple[int | None, int | None]:
+def _usage(usage: Any, where: str) -> tuple[int | None, int | None]:
     if not isinstance(usage, dict):
         return None, None
+    for key in ("prompt_tokens", "completion_tokens"):
+        check_fits(usage.get(key), f"{where}.usage.{key}", error=_Malformed)
     return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
 
 

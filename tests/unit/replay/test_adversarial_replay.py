@@ -11,8 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from loopwatch.replay.engine import default_policy, replay
 from loopwatch.replay.importers import read_file
+from loopwatch.replay.trajectory import AGENT, Step, ToolCall, Trajectory
 
 
 def _tau2(*simulations: dict[str, Any]) -> str:
@@ -74,3 +76,107 @@ def test_tau2_second_result_for_one_call_is_a_problem(tmp_path: Path) -> None:
         "simulations[0]",
         "messages[3]: tool result id 'c1' matches no earlier call awaiting a result",
     )
+
+
+# ------------------------------------------------- integers too large for a float
+
+HUGE = 10**400  # parses as a Python int; float() and math.isfinite raise OverflowError
+DATA = Path(__file__).resolve().parents[2] / "testdata" / "trajectories"
+
+
+def _tau2_huge(key: str) -> str:
+    bad = _simulation(_poll(["a"], ["c1"]), "bad")
+    if key == "reward":
+        bad["reward_info"] = {"reward": HUGE}
+    elif key == "cost":
+        bad["messages"][1]["cost"] = HUGE
+    else:
+        bad["messages"][1]["usage"] = {key: HUGE}
+    return _tau2(bad, _simulation(_poll(["x"], ["c1"]), "ok"))
+
+
+def _chat_huge() -> str:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    return json.dumps(
+        [{"id": "bad", "reward": HUGE, "messages": messages}, {"id": "ok", "messages": messages}]
+    )
+
+
+def _native_huge(key: str) -> str:
+    bad = {"run_id": "bad", "steps": [{"actor": "agent", "decision": "final", key: HUGE}]}
+    ok = {"run_id": "ok", "steps": [{"actor": "agent", "decision": "final"}]}
+    return json.dumps({"format": "loopwatch.trajectory/1", "runs": [bad, ok]})
+
+
+def _openhands_huge() -> str:
+    lines = (DATA / "openhands" / "runs.jsonl").read_text(encoding="utf-8").splitlines()
+    return "\n".join(
+        [lines[0].replace('"prompt_tokens": 100', f'"prompt_tokens": {HUGE}', 1), lines[1]]
+    )
+
+
+def _otlp_huge(value: dict[str, Any]) -> str:
+    text = (DATA / "otlp_json" / "genai_agent.json").read_text(encoding="utf-8")
+    data = json.loads(text)
+    span = data["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    span["attributes"].append({"key": "loopwatch.cost.usd", "value": value})
+    return json.dumps(data)
+
+
+NUMBER_CASES = [
+    # (file name, content, problem record, field named in the message)
+    ("t.json", _tau2_huge("prompt_tokens"), "simulations[0]", "messages[1].usage.prompt_tokens"),
+    ("t.json", _tau2_huge("completion_tokens"), "simulations[0]", "usage.completion_tokens"),
+    ("t.json", _tau2_huge("cost"), "simulations[0]", "messages[1].cost"),
+    ("t.json", _tau2_huge("reward"), "simulations[0]", "reward_info.reward"),
+    ("c.json", _chat_huge(), "[0]", "reward"),
+    ("n.json", _native_huge("input_tokens"), "runs[0].steps[0].input_tokens", ""),
+    ("n.json", _native_huge("cost_usd"), "runs[0].steps[0].cost_usd", ""),
+    ("n.json", _native_huge("timestamp"), "runs[0].steps[0].timestamp", ""),
+    ("o.jsonl", _openhands_huge(), "line 1", "usage.prompt_tokens"),
+    (
+        "g.json",
+        _otlp_huge({"doubleValue": HUGE}),
+        "resourceSpans[0].scopeSpans[0].spans[0]",
+        "(loopwatch.cost.usd): doubleValue",
+    ),
+    (
+        "g.json",
+        _otlp_huge({"intValue": str(HUGE)}),
+        "resourceSpans[0].scopeSpans[0].spans[0]",
+        "(loopwatch.cost.usd): intValue outside the 64-bit range",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "record", "field"),
+    NUMBER_CASES,
+    ids=[f"{c[0]}:{c[3] or c[2]}" for c in NUMBER_CASES],
+)
+def test_an_integer_too_large_for_a_float_is_a_problem_naming_the_record(
+    name: str, content: str, record: str, field: str, tmp_path: Path
+) -> None:
+    # Was: OverflowError. In tau2, chat and native it aborted the importer (later valid
+    # runs of the file lost); in OpenHands and OTLP it reached the replay engine and
+    # killed the whole multi-file replay with a traceback.
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    loaded = read_file(path)
+    problems = [p for p in loaded.problems if p.record == record]
+    assert len(problems) == 1, loaded.problems
+    assert field in problems[0].message
+    assert "got a 401-digit integer" in problems[0].message
+    assert loaded.trajectories, "the file's other runs are still read"
+    assert replay(loaded.trajectories, [default_policy()])
+
+
+def test_engine_counts_an_integer_too_large_for_a_float_as_zero() -> None:
+    # Trajectories built in code skip the importers' checks; the replay must not die.
+    call = ToolCall("lookup", {"q": 1}, observation="x")
+    steps = (
+        Step(0, AGENT, "tool", tool_calls=(call,), input_tokens=HUGE, timestamp=HUGE),
+        Step(1, AGENT, "final", "done", cost_usd=HUGE),  # type: ignore[arg-type]
+    )
+    [result] = replay([Trajectory("mem", "r", "tau2", steps)], [default_policy()])
+    assert result.stop_reason is None
