@@ -121,8 +121,7 @@ class ChatImporter:
         such records."""
         data = doc.json
         if data is None:
-            lines = doc.json_lines
-            return bool(lines) and lines is not None and _is_record(lines[0][1])
+            return _is_record(doc.first_json_line)
         if isinstance(data, dict):
             return _is_record(data)
         if isinstance(data, list) and data:

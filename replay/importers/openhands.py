@@ -125,10 +125,7 @@ class OpenHandsImporter:
             return _looks_like_events(data)
         if isinstance(data, dict):
             return _looks_like_run(data)
-        if doc.text.lstrip()[:1] != "{":
-            return False
-        lines = doc.json_lines
-        return lines is not None and _looks_like_run(lines[0][1])
+        return _looks_like_run(doc.first_json_line)
 
     def read(self, doc: Document) -> Iterator[Trajectory | ImportProblem]:
         """Every run of the file; one problem per unreadable line.

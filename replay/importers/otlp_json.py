@@ -148,8 +148,7 @@ class OtlpJsonImporter:
         """A JSON object with a ``resourceSpans`` list, or JSON Lines of such objects."""
         data = doc.json
         if data is None:
-            lines = doc.json_lines
-            return bool(lines) and lines is not None and _is_request(lines[0][1])
+            return _is_request(doc.first_json_line)
         return _is_request(data)
 
     def read(self, doc: Document) -> Iterator[Trajectory | ImportProblem]:

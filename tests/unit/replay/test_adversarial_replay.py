@@ -180,3 +180,56 @@ def test_engine_counts_an_integer_too_large_for_a_float_as_zero() -> None:
     )
     [result] = replay([Trajectory("mem", "r", "tau2", steps)], [default_policy()])
     assert result.stop_reason is None
+
+
+# ------------------------------------------------------------- JSON Lines
+
+
+def _lines_file(kind: str) -> list[str]:
+    """Three valid records of ``kind`` (one per line), from the hand-made fixtures."""
+    if kind == "openhands":
+        return (DATA / "openhands" / "runs.jsonl").read_text(encoding="utf-8").splitlines()[:2]
+    if kind == "otlp_json":
+        one = json.loads((DATA / "otlp_json" / "genai_agent.json").read_text(encoding="utf-8"))
+        return [json.dumps(one)]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    return [json.dumps({"id": f"r{i}", "messages": messages}) for i in range(2)]
+
+
+@pytest.mark.parametrize("kind", ["openhands", "chat", "otlp_json"])
+@pytest.mark.parametrize("bad", ['{"id": "cut', '{"id": "a\x01b"}', "not json"])
+def test_json_lines_with_a_bad_first_line_reads_the_other_lines(
+    kind: str, bad: str, tmp_path: Path
+) -> None:
+    # Was: a bad *first* line made the whole file refused ("invalid JSON", no run),
+    # while the same line second was one problem and the rest imported.
+    good = _lines_file(kind)
+    first = tmp_path / "first.jsonl"
+    first.write_text("\n".join([bad, *good]) + "\n", encoding="utf-8")
+    second = tmp_path / "second.jsonl"
+    second.write_text("\n".join([good[0], bad, *good[1:]]) + "\n", encoding="utf-8")
+    got_first, got_second = read_file(first), read_file(second)
+    assert {t.format for t in got_first.trajectories} == {kind}
+    assert len(got_first.trajectories) == len(got_second.trajectories) == len(good)
+    line_one = [p for p in got_first.problems if p.record.startswith("line 1")]
+    assert len(line_one) == 1 and "JSON" in line_one[0].message, got_first.problems
+
+
+def test_a_pretty_printed_document_is_still_one_document(tmp_path: Path) -> None:
+    # The first line is also how JSON Lines is sniffed: a document whose one-line inner
+    # objects parse must not turn into "records", valid or cut short.
+    runs = [{"run_id": f"r{i}", "steps": []} for i in range(2)]
+    text = json.dumps({"format": "loopwatch.trajectory/1", "runs": runs}, indent=1)
+    text = text.replace(
+        '{\n   "run_id": "r1",\n   "steps": []\n  }', '{"run_id": "r1", "steps": []}'
+    )
+    whole = tmp_path / "runs.json"
+    whole.write_text(text, encoding="utf-8")
+    assert [t.run_id for t in read_file(whole).trajectories] == ["r0", "r1"]
+    cut = tmp_path / "cut.json"
+    assert '\n  {"run_id": "r1", "steps": []}\n' in text
+    cut.write_text(text[:-2], encoding="utf-8")  # the closing bracket lost
+    loaded = read_file(cut)
+    assert not loaded.trajectories
+    [problem] = loaded.problems
+    assert (problem.record, problem.message.split(":")[0]) == ("file", "invalid JSON")
