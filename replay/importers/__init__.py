@@ -277,7 +277,9 @@ def read_file(path: str | Path, *, format: str | None = None) -> ImportResult:
     socket is refused. A file that is not valid JSON but starts like JSON (a run cut off
     mid-write) is reported with the decoder's message and position, not as an unknown
     format. An importer that fails on unexpected input keeps the runs it read before,
-    and the failure becomes a problem naming the importer. Runs sharing a ``run_id``
+    and the failure becomes a problem naming the importer. A file that holds no run (an
+    empty tau2 ``simulations`` list, ``[]`` read as chat) is a problem naming it, so
+    that nothing is dropped silently. Runs sharing a ``run_id``
     within the file are renamed ``ID#2``, ``ID#3``... (a problem says so) so that every
     result names one run.
     """
@@ -326,6 +328,10 @@ def read_file(path: str | Path, *, format: str | None = None) -> ImportResult:
                 f"after run {len(result.trajectories)}",
                 f"{name} importer failed: {type(exc).__name__}: {exc}",
             )
+        )
+    if importer is not None and not result.trajectories and not result.problems:
+        result.problems.append(
+            ImportProblem(str(path), "file", f"no runs in this {importer.name} file")
         )
     _unique_run_ids(result)
     return result

@@ -136,6 +136,11 @@ class OpenHandsImporter:
         source = str(doc.path)
         data = doc.json
         if isinstance(data, list):
+            if not _looks_like_events(data):
+                raise ValueError(
+                    f"not an OpenHands event list (its first {_SAMPLE_EVENTS} items are not"
+                    " all objects, or none has an 'action' or 'observation')"
+                )
             try:
                 yield _build(source, doc.path.stem, data, {}, line=None)
             except _Malformed as exc:

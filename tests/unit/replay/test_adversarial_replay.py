@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
+from loopwatch.cli._replay import replay as replay_command
 from loopwatch.replay.engine import default_policy, replay
 from loopwatch.replay.importers import read_file
 from loopwatch.replay.trajectory import AGENT, Step, ToolCall, Trajectory
@@ -233,3 +235,40 @@ def test_a_pretty_printed_document_is_still_one_document(tmp_path: Path) -> None
     assert not loaded.trajectories
     [problem] = loaded.problems
     assert (problem.record, problem.message.split(":")[0]) == ("file", "invalid JSON")
+
+
+# ------------------------------------------------- files that hold no run
+
+
+def test_forced_openhands_on_a_list_that_is_not_events_is_a_file_problem(
+    tmp_path: Path,
+) -> None:
+    # Was: `--input-format openhands` on a tau-bench list gave one empty run, exit 0.
+    path = tmp_path / "tau.json"
+    path.write_text(_chat_huge().replace(str(HUGE), "1.0"), encoding="utf-8")
+    result = CliRunner().invoke(
+        replay_command, [str(path), "--input-format", "openhands", "--format", "json"]
+    )
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    assert f"{path}: file: not an OpenHands event list" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "fmt", "message"),
+    [
+        ('{"info": {}, "simulations": []}', None, "no runs in this tau2 file"),
+        ("[]", "chat", "no runs in this chat file"),
+        ("[]", "openhands", "not an OpenHands event list"),
+    ],
+)
+def test_a_file_with_no_run_is_named(
+    content: str, fmt: str | None, message: str, tmp_path: Path
+) -> None:
+    # Was: "no run could be read from 1 file(s)" and no word on which file, or why.
+    path = tmp_path / "empty.json"
+    path.write_text(content, encoding="utf-8")
+    loaded = read_file(path, format=fmt)
+    assert not loaded.trajectories
+    assert [(p.source, p.record) for p in loaded.problems] == [(str(path), "file")]
+    assert loaded.problems[0].message.startswith(message)
