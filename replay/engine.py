@@ -795,7 +795,9 @@ def _arguments(arguments: Any) -> Mapping[str, Any]:
     return {"_raw": arguments}
 
 
-def _policy_key(policy: Policy) -> Callable[[_Act], str | None]:
+def _policy_key(policy: Policy, *, observation: bool = True) -> Callable[[_Act], str | None]:
+    """Per act, the action fingerprint under ``policy`` plus (``observation``) its
+    observation digest; ``None`` for a step without tool calls."""
     cache: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
 
     def key(act: _Act) -> str | None:
@@ -811,7 +813,7 @@ def _policy_key(policy: Policy) -> Callable[[_Act], str | None]:
             cache[act.tool] = settings
         volatile, keep = settings
         fp: str = action_fingerprint(act.tool, _arguments(act.arguments), volatile, keep)
-        return fp + _obs_key(act, volatile, keep)
+        return fp + _obs_key(act, volatile, keep) if observation else fp
 
     return key
 
@@ -822,12 +824,18 @@ def _onset(stop: Stop, acts: Sequence[_Act], policy: Policy, hit: _Hit) -> int |
         index = _act_index(acts, hit.saved_from_call)
         if index is None:
             return None
-        key = _policy_key(policy)
-        k = key(acts[index])
+        # The refused call was never made, so the guard never saw its recorded result:
+        # it joins the identical run before it by its action alone.
         first = index
-        while first - 1 >= 0 and key(acts[first - 1]) == k:
-            first -= 1
-        return acts[first].step
+        action = _policy_key(policy, observation=False)
+        if index > 0 and action(acts[index - 1]) == action(acts[index]):
+            key = _policy_key(policy)
+            k = key(acts[index - 1])
+            first = index - 1
+            while first - 1 >= 0 and key(acts[first - 1]) == k:
+                first -= 1
+        onset = acts[first].step
+        return max(onset, min(ev.step_indices)) if ev.step_indices else onset
     if stop.reason is StopReason.ACTION_CYCLE and ev.matched_period:
         index = _act_index(acts, hit.saved_from_call - 1)
         if index is None:

@@ -272,3 +272,29 @@ def test_a_file_with_no_run_is_named(
     assert not loaded.trajectories
     assert [(p.source, p.record) for p in loaded.problems] == [(str(path), "file")]
     assert loaded.problems[0].message.startswith(message)
+
+
+# ------------------------------------------------------------------ loop onset
+
+
+def _polls(*observations: str | None) -> Trajectory:
+    steps = tuple(
+        Step(i, AGENT, "tool", tool_calls=(ToolCall("get_order", {"id": 42}, observation=obs),))
+        for i, obs in enumerate(observations)
+    )
+    return Trajectory("mem", "r", "tau2", (*steps, Step(len(steps), AGENT, "final", "ok")))
+
+
+@pytest.mark.parametrize(
+    "refused",
+    ['{"status": "shipped"}', None, '{"status": "pending"}'],
+    ids=["changed", "missing (a blocked call recorded live)", "unchanged"],
+)
+def test_repeated_action_onset_is_the_first_step_of_the_evidence(refused: str | None) -> None:
+    # Was: onset compared the refused call's *recorded* observation, which the guard
+    # never saw (the call was refused before it ran): onset 3, evidence steps [1, 2, 3].
+    pending = '{"status": "pending"}'
+    [result] = replay([_polls(pending, pending, refused)], [default_policy()])
+    assert (result.stop_reason, result.stop_step) == ("repeated_action", 3)
+    assert result.evidence is not None and result.evidence["step_indices"] == [1, 2, 3]
+    assert result.loop_onset_step == 1
