@@ -298,3 +298,53 @@ def test_repeated_action_onset_is_the_first_step_of_the_evidence(refused: str | 
     assert (result.stop_reason, result.stop_step) == ("repeated_action", 3)
     assert result.evidence is not None and result.evidence["step_indices"] == [1, 2, 3]
     assert result.loop_onset_step == 1
+
+
+# ------------------------------------------------------------ ToolBench trees
+
+
+def _comb(spine: int, leaves: int) -> str:
+    """A ToolBench tree: a chain of ``spine`` nodes ending in ``leaves`` leaves; every
+    leaf's path repeats the whole chain (the review's 1.3 MB file had 400 and 20,000)."""
+    leaf = {"node_type": "Thought", "description": "t", "children": []}
+    node: dict[str, Any] = {
+        "node_type": "Action Input",
+        "description": "{}",
+        "observation": '{"error": "", "response": "x"}',
+        "children": [leaf] * leaves,
+    }
+    for i in range(spine):
+        node = {
+            "node_type": "Action" if i % 2 else "Action Input",
+            "description": f"tool{i}" if i % 2 else json.dumps({"a": i}),
+            "observation": json.dumps({"error": "", "response": str(i)}),
+            "children": [node],
+        }
+    return json.dumps({"win": False, "tree": {"tree": node}, "answer_generation": {"query": "q"}})
+
+
+@pytest.mark.parametrize(
+    ("spine", "leaves", "runs", "message"),
+    [
+        (2, 1_500, 1_000, "more than 1,000 root-to-leaf paths: read the first 1000 paths"),
+        (
+            400,
+            5_000,
+            248,
+            "root-to-leaf paths of more than 100,000 nodes in all: read the first 248",
+        ),
+    ],
+)
+def test_a_toolbench_tree_expands_into_a_bounded_number_of_runs(
+    spine: int, leaves: int, runs: int, message: str, tmp_path: Path
+) -> None:
+    # Was: every root-to-leaf path became a run, whatever their number: 1.3 MB of JSON
+    # (a 400-node chain ending in 20,000 leaves) took 4 minutes and 2 GB to replay.
+    path = tmp_path / "G1_answer__1_comb.json"
+    path.write_text(_comb(spine, leaves), encoding="utf-8")
+    loaded = read_file(path)
+    assert len(loaded.trajectories) == runs
+    assert sum(len(t.steps) for t in loaded.trajectories) <= 100_000
+    [problem] = loaded.problems
+    assert problem.record == "tree.tree"
+    assert problem.message.startswith(message)
