@@ -198,7 +198,12 @@ def load_policy_spec(spec: str) -> list[NamedPolicy]:
     if not path.is_file():
         shipped = _shipped(path_text)
         if shipped is None:
-            raise PolicyError([PolicyProblem("<file>", "no such policy file", path_text)])
+            why = (
+                "is a directory, not a policy file (give FILE or FILE:PROFILE)"
+                if path.is_dir()
+                else "no such policy file"
+            )
+            raise PolicyError([PolicyProblem("<file>", why, path_text)])
         path = shipped
     profiles = load_policies(path)
     if profile is None:
@@ -429,7 +434,8 @@ class ReplayResult:
         }
 
     def csv_row(self) -> dict[str, Any]:
-        """One CSV row keyed by :data:`CSV_COLUMNS` (``None`` as an empty cell)."""
+        """One CSV row keyed by :data:`CSV_COLUMNS` (``None`` as an empty cell; the
+        ``false_stop`` flag as ``true``/``false``, as the JSON format writes it)."""
         return {
             "source": self.source,
             "run_id": self.run_id,
@@ -446,7 +452,7 @@ class ReplayResult:
             "calls_total": self.calls_total,
             "calls_saved": self.calls_saved,
             "model_calls_saved": self.model_calls_saved,
-            "false_stop": self.false_stop,
+            "false_stop": "true" if self.false_stop else "false",
             "loop_kind": self.loop.kind if self.loop is not None else None,
             "loop_actions": self.loop.actions if self.loop is not None else None,
             "evidence": (
