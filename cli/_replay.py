@@ -249,8 +249,8 @@ def render_csv(results: Sequence[Any]) -> str:
     "input_format",
     default=None,
     metavar="NAME",
-    help="Force one importer (tau2, chat, otlp_json, react, toolbench, openhands) "
-    "instead of detecting each file's format.",
+    help="Force one importer (loopwatch, tau2, toolbench, openhands, otlp_json, chat, "
+    "react) instead of detecting each file's format.",
 )
 def replay(
     paths: tuple[str, ...],

@@ -48,6 +48,7 @@ __all__ = [
     "check_policy_file",
     "load_policies",
     "load_policy",
+    "policy_from_table",
 ]
 
 Risk = Literal["read", "write"]
@@ -100,6 +101,7 @@ _LIMIT_SPEC: Final[dict[str, tuple[str, float, float, bool]]] = {
 }
 LIMIT_FIELDS: Final[tuple[str, ...]] = tuple(_LIMIT_SPEC)
 _MAX_DETECTOR_WINDOW: Final = 4096
+_MAX_INT: Final = 2**63 - 1
 _PROFILE_KEYS: Final = frozenset({*_LIMIT_SPEC, "version", "description", "strict_tools", "tools"})
 _TOOL_KEYS: Final = frozenset(
     {"risk", "volatile", "progress", "repeat_limit", "idempotency_key", "timeout_seconds"}
@@ -318,6 +320,11 @@ def _validate_values(values: Mapping[str, Any], prefix: str, source: str) -> lis
                 PolicyProblem(path, f"must be a number, got {type(value).__name__}", source)
             )
             continue
+        floor = f"{'>' if strict else '>='} {minimum:g}"
+        too_large = _out_of_range(value, kind, floor)
+        if too_large is not None:
+            problems.append(PolicyProblem(path, too_large, source))
+            continue
         if not math.isfinite(value):
             problems.append(
                 PolicyProblem(
@@ -337,6 +344,43 @@ def _validate_values(values: Mapping[str, Any], prefix: str, source: str) -> lis
                 PolicyProblem(path, f"must be <= {_MAX_DETECTOR_WINDOW}, got {value!r}", source)
             )
     return problems
+
+
+def _out_of_range(value: int | float, kind: str, floor: str) -> str | None:
+    """Why an integer ``value`` is too large in size for a limit of ``kind``, or ``None``.
+
+    TOML integers have no bound in Python. A whole-number limit must fit the 64-bit
+    integer that span attributes (OTLP ``intValue``) carry; a limit in seconds or USD
+    must fit a float (past about 1.8e308, ``float()`` and ``math.isfinite`` raise
+    ``OverflowError`` instead of failing validation). ``floor`` is the lower-bound rule
+    (``">= 0"``) named for a hugely negative value.
+    """
+    if not isinstance(value, int):
+        return None
+    if kind == _INT:
+        if -_MAX_INT <= value <= _MAX_INT:
+            return None
+    else:
+        try:
+            float(value)
+        except OverflowError:
+            pass
+        else:
+            return None
+    if value < 0:
+        return f"must be {floor}, got {_describe_int(value)}"
+    ceiling = f"must be <= {_MAX_INT}" if kind == _INT else "too large for a number"
+    return f"{ceiling}, got {_describe_int(value)}"
+
+
+def _describe_int(value: int) -> str:
+    """A huge integer by its size: printed whole it is unreadable (and past 4,300 digits
+    ``str()`` itself raises)."""
+    try:
+        digits = len(str(abs(value)))
+    except ValueError:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return f"a {digits}-digit integer"
 
 
 def _string_list(
@@ -374,6 +418,9 @@ def _parse_tool(
             )
         )
         repeat_limit = None
+    elif repeat_limit is not None and (too_large := _out_of_range(repeat_limit, _INT, ">= 1")):
+        problems.append(PolicyProblem(f"{path}.repeat_limit", too_large, source))
+        repeat_limit = None
     key = raw.get("idempotency_key")
     if key is not None and (not isinstance(key, str) or not key):
         problems.append(
@@ -387,7 +434,15 @@ def _parse_tool(
             )
         )
     timeout = raw.get("timeout_seconds")
-    if timeout is not None and (
+    too_large = (
+        _out_of_range(timeout, _FLOAT, "> 0")
+        if isinstance(timeout, int) and not isinstance(timeout, bool)
+        else None
+    )
+    if too_large is not None:
+        problems.append(PolicyProblem(f"{path}.timeout_seconds", too_large, source))
+        timeout = None
+    elif timeout is not None and (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)
         or not math.isfinite(timeout)
@@ -519,6 +574,32 @@ def load_policies(path: str | os.PathLike[str]) -> dict[str, Policy]:
     if problems:
         raise PolicyError(problems)
     return profiles
+
+
+def policy_from_table(name: str, table: Mapping[str, Any], *, source: str = "<table>") -> Policy:
+    """One profile from a table shaped like a file's ``[profiles.NAME]`` (parsed TOML or
+    JSON), checked by the same rules as a policy file.
+
+    For policies that travel inside other documents (a recorded run's own policy); limits
+    record source ``file``.
+
+    Args:
+        name: the profile name.
+        table: ``{"version": ..., limit: value, ..., "tools": {tool: {...}}}``.
+        source: what to name in problems (a file and record, say).
+
+    Raises:
+        PolicyError: every problem, each with its path (``profiles.NAME.max_tokens``).
+
+    Example::
+
+        policy_from_table("p", {"version": "1", "max_model_turns": 5})
+    """
+    problems: list[PolicyProblem] = []
+    parsed = _parse_profile(name, dict(table), source, problems)
+    if problems or parsed is None:
+        raise PolicyError(problems)
+    return parsed
 
 
 def load_policy(

@@ -77,10 +77,10 @@ from loopwatch.instrumentation import (
     PolicyError,
     Run,
     ToolFailure,
-    ToolPolicy,
     builtin_profiles,
 )
 from loopwatch.instrumentation import ToolCall as GuardToolCall
+from loopwatch.instrumentation.policy import policy_from_table
 from loopwatch.instrumentation.testing import FakeClock, ScriptedModel
 
 from .engine import DEFAULT_POLICY_FILE, classify_recorded_error, default_policy, load_policy_spec
@@ -196,32 +196,21 @@ def resolve_policy(spec: str | None = None) -> Policy:
 
 
 def _policy_from_table(table: Mapping[str, Any], where: str) -> Policy:
-    """A policy from a profile table of the policy file format (``name`` added).
+    """A policy from a profile table of the policy file format (``name`` added), checked
+    by the policy file's own rules (every limit and tool setting).
 
     Raises:
         ValueError: not a valid profile (the message names ``where``).
     """
     raw = dict(table)
     name = str(raw.pop("name", "recorded"))
-    version = str(raw.pop("version", "recorded"))
-    raw.pop("description", None)
-    tools_raw = raw.pop("tools", {}) or {}
+    raw["version"] = str(raw.get("version", "recorded"))
     try:
-        tools = []
-        for tool_name, raw_spec in dict(tools_raw).items():
-            spec = dict(raw_spec)
-            tools.append(
-                ToolPolicy(
-                    name=tool_name,
-                    risk=spec.pop("risk", "read"),
-                    volatile=frozenset(spec.pop("volatile", ())),
-                    progress=frozenset(spec.pop("progress", ())),
-                    **spec,
-                )
-            )
-        return Policy.build(name=name, version=version, tools=tools, **raw)
-    except (PolicyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: invalid policy: {str(exc).splitlines()[0][:200]}") from None
+        return policy_from_table(name, raw, source=where)
+    except PolicyError as exc:
+        first = exc.problems[0] if exc.problems else None
+        why = f"{first.path}: {first.reason}" if first is not None else str(exc)
+        raise ValueError(f"{where}: invalid policy: {why[:200]}") from None
 
 
 def _policy_to_table(policy: Policy) -> dict[str, Any]:

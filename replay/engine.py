@@ -98,6 +98,7 @@ from loopwatch.instrumentation.guard import Decision, Guard, Stop, StopReason
 from loopwatch.instrumentation.guard import ToolCall as GuardCall
 from loopwatch.instrumentation.policy import DEFAULT_VOLATILE_FIELDS, Policy, load_policies
 
+from .importers._numbers import too_large
 from .trajectory import AGENT, ENVIRONMENT, FAILURE, SUCCESS, UNKNOWN, Step, Trajectory
 from .trajectory import ToolCall as RecordedCall
 
@@ -197,7 +198,12 @@ def load_policy_spec(spec: str) -> list[NamedPolicy]:
     if not path.is_file():
         shipped = _shipped(path_text)
         if shipped is None:
-            raise PolicyError([PolicyProblem("<file>", "no such policy file", path_text)])
+            why = (
+                "is a directory, not a policy file (give FILE or FILE:PROFILE)"
+                if path.is_dir()
+                else "no such policy file"
+            )
+            raise PolicyError([PolicyProblem("<file>", why, path_text)])
         path = shipped
     profiles = load_policies(path)
     if profile is None:
@@ -428,7 +434,8 @@ class ReplayResult:
         }
 
     def csv_row(self) -> dict[str, Any]:
-        """One CSV row keyed by :data:`CSV_COLUMNS` (``None`` as an empty cell)."""
+        """One CSV row keyed by :data:`CSV_COLUMNS` (``None`` as an empty cell; the
+        ``false_stop`` flag as ``true``/``false``, as the JSON format writes it)."""
         return {
             "source": self.source,
             "run_id": self.run_id,
@@ -445,7 +452,7 @@ class ReplayResult:
             "calls_total": self.calls_total,
             "calls_saved": self.calls_saved,
             "model_calls_saved": self.model_calls_saved,
-            "false_stop": self.false_stop,
+            "false_stop": "true" if self.false_stop else "false",
             "loop_kind": self.loop.kind if self.loop is not None else None,
             "loop_actions": self.loop.actions if self.loop is not None else None,
             "evidence": (
@@ -605,7 +612,12 @@ def _usable_time(timestamp: float | None) -> bool:
     ``1e15``) would otherwise jump the clock and stop the run ``deadline_exceeded``;
     such values are ignored, as a missing timestamp is.
     """
-    return timestamp is not None and math.isfinite(timestamp) and 0 <= timestamp < _MAX_UNIX_SECONDS
+    return (
+        timestamp is not None
+        and not too_large(timestamp)
+        and math.isfinite(timestamp)
+        and 0 <= timestamp < _MAX_UNIX_SECONDS
+    )
 
 
 class _RecordedClock:
@@ -652,8 +664,10 @@ def _turn_key(step: Step) -> tuple[Any, ...]:
 def _usage(value: float | None) -> float:
     """A recorded token count or cost the guard may add up: a missing, negative or
     non-finite value counts 0 (one NaN would make the run's total NaN, and no budget
-    comparison with NaN ever stops; Infinity would stop at once)."""
-    if value is None or not math.isfinite(value) or value < 0:
+    comparison with NaN ever stops; Infinity would stop at once). So does an integer too
+    large for a float: the importers report one as a problem, and a trajectory built in
+    code must not end the whole replay with ``OverflowError``."""
+    if value is None or too_large(value) or not math.isfinite(value) or value < 0:
         return 0
     return value
 
@@ -787,7 +801,9 @@ def _arguments(arguments: Any) -> Mapping[str, Any]:
     return {"_raw": arguments}
 
 
-def _policy_key(policy: Policy) -> Callable[[_Act], str | None]:
+def _policy_key(policy: Policy, *, observation: bool = True) -> Callable[[_Act], str | None]:
+    """Per act, the action fingerprint under ``policy`` plus (``observation``) its
+    observation digest; ``None`` for a step without tool calls."""
     cache: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
 
     def key(act: _Act) -> str | None:
@@ -803,7 +819,7 @@ def _policy_key(policy: Policy) -> Callable[[_Act], str | None]:
             cache[act.tool] = settings
         volatile, keep = settings
         fp: str = action_fingerprint(act.tool, _arguments(act.arguments), volatile, keep)
-        return fp + _obs_key(act, volatile, keep)
+        return fp + _obs_key(act, volatile, keep) if observation else fp
 
     return key
 
@@ -814,12 +830,18 @@ def _onset(stop: Stop, acts: Sequence[_Act], policy: Policy, hit: _Hit) -> int |
         index = _act_index(acts, hit.saved_from_call)
         if index is None:
             return None
-        key = _policy_key(policy)
-        k = key(acts[index])
+        # The refused call was never made, so the guard never saw its recorded result:
+        # it joins the identical run before it by its action alone.
         first = index
-        while first - 1 >= 0 and key(acts[first - 1]) == k:
-            first -= 1
-        return acts[first].step
+        action = _policy_key(policy, observation=False)
+        if index > 0 and action(acts[index - 1]) == action(acts[index]):
+            key = _policy_key(policy)
+            k = key(acts[index - 1])
+            first = index - 1
+            while first - 1 >= 0 and key(acts[first - 1]) == k:
+                first -= 1
+        onset = acts[first].step
+        return max(onset, min(ev.step_indices)) if ev.step_indices else onset
     if stop.reason is StopReason.ACTION_CYCLE and ev.matched_period:
         index = _act_index(acts, hit.saved_from_call - 1)
         if index is None:

@@ -75,8 +75,11 @@ class Document:
             value.
         json_lines: parsed JSON Lines (lazy): a list of ``(line_number, value_or_error)``
             where an error is the :class:`json.JSONDecodeError` message; ``None`` when
-            the first non-blank line is not a JSON object. Lines are split on LF only:
-            U+2028, U+0085 and the like are legal unescaped inside JSON strings.
+            the text is not shaped as JSON Lines (see :attr:`json_lines`). Lines are
+            split on LF only: U+2028, U+0085 and the like are legal unescaped inside
+            JSON strings.
+        first_json_line: the first line of :attr:`json_lines` that parsed (a JSON
+            object: what format detection looks at), or ``None``.
         json_error: why :attr:`json` is ``None`` (the decoder's message with line and
             column), or ``None``.
     """
@@ -102,20 +105,41 @@ class Document:
 
     @cached_property
     def json_lines(self) -> list[tuple[int, Any]] | None:
+        """The text as JSON Lines, or ``None`` when it is not shaped as JSON Lines.
+
+        JSON Lines: the first line that parses is a JSON object. Lines that do not
+        parse, the first ones included (a record cut short or holding a raw control
+        character), are kept as errors so the importer reports them and reads the rest.
+        Not JSON Lines: no line parses, the first line that parses is not an object, or
+        the first line opens a pretty-printed document (a lone ``{``, or ``[``), whose
+        one-line inner objects would otherwise read as records.
+        """
+        head = self.text.lstrip().split("\n", 1)[0].strip()
+        if head == "{" or head.startswith("["):
+            return None
         lines: list[tuple[int, Any]] = []
+        first: Any = None
         for number, line in enumerate(self.text.split("\n"), start=1):
             if not line.strip():
                 continue
             try:
                 value: Any = json.loads(line)
             except (ValueError, RecursionError) as exc:
-                if not lines:
-                    return None
                 value = _LineError(str(exc))
-            if not lines and not isinstance(value, dict):
-                return None
+            else:
+                if first is None:
+                    if not isinstance(value, dict):
+                        return None
+                    first = value
             lines.append((number, value))
-        return lines or None
+        return lines if first is not None else None
+
+    @property
+    def first_json_line(self) -> Any:
+        lines = self.json_lines
+        if lines is None:
+            return None
+        return next((v for _, v in lines if not isinstance(v, _LineError)), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +277,9 @@ def read_file(path: str | Path, *, format: str | None = None) -> ImportResult:
     socket is refused. A file that is not valid JSON but starts like JSON (a run cut off
     mid-write) is reported with the decoder's message and position, not as an unknown
     format. An importer that fails on unexpected input keeps the runs it read before,
-    and the failure becomes a problem naming the importer. Runs sharing a ``run_id``
+    and the failure becomes a problem naming the importer. A file that holds no run (an
+    empty tau2 ``simulations`` list, ``[]`` read as chat) is a problem naming it, so
+    that nothing is dropped silently. Runs sharing a ``run_id``
     within the file are renamed ``ID#2``, ``ID#3``... (a problem says so) so that every
     result names one run.
     """
@@ -302,6 +328,10 @@ def read_file(path: str | Path, *, format: str | None = None) -> ImportResult:
                 f"after run {len(result.trajectories)}",
                 f"{name} importer failed: {type(exc).__name__}: {exc}",
             )
+        )
+    if importer is not None and not result.trajectories and not result.problems:
+        result.problems.append(
+            ImportProblem(str(path), "file", f"no runs in this {importer.name} file")
         )
     _unique_run_ids(result)
     return result

@@ -17,10 +17,11 @@ Messages (OpenAI Chat Completions API, ``messages`` parameter):
   arguments}}]`` are the tool calls; ``arguments`` is a JSON string, decoded when
   valid and kept as the raw string when not. The legacy ``function_call: {name,
   arguments}`` is one tool call.
-* ``tool`` messages are observations, matched to the call with the same
-  ``tool_call_id`` (without one, to the oldest unanswered call of the latest agent
-  step). Legacy ``function`` messages match the oldest unanswered call with the same
-  ``name``.
+* ``tool`` messages are observations, matched to the latest call with the same
+  ``tool_call_id`` that has no result yet (tau-bench reuses ids; see
+  :mod:`~loopwatch.replay.importers._calls`); without one, to the oldest unanswered
+  call of the latest agent step. Legacy ``function`` messages match the oldest
+  unanswered call with the same ``name``.
 * Error flag: an observation whose text starts with ``Error`` is an error. This is the
   tau-bench convention (its environment returns ``"Error: ..."`` for a failed call);
   plain chat logs carry no error flag, so the same rule is applied to them.
@@ -67,6 +68,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from loopwatch.replay.importers import Document
+from loopwatch.replay.importers._calls import OpenCalls
+from loopwatch.replay.importers._numbers import check_fits
 from loopwatch.replay.trajectory import (
     AGENT,
     FAILURE,
@@ -118,8 +121,7 @@ class ChatImporter:
         such records."""
         data = doc.json
         if data is None:
-            lines = doc.json_lines
-            return bool(lines) and lines is not None and _is_record(lines[0][1])
+            return _is_record(doc.first_json_line)
         if isinstance(data, dict):
             return _is_record(data)
         if isinstance(data, list) and data:
@@ -237,6 +239,7 @@ def _trajectory(
     )
     steps = _mark_final(steps, ended_normally=ended_normally)
 
+    check_fits(record.get("reward"), "reward", error=_Malformed)
     reward = _reward(record.get("reward"))
     outcome: Outcome = UNKNOWN
     if reward is not None:
@@ -292,7 +295,7 @@ class _Draft:
 def _steps(messages: list[Any], key: str) -> tuple[list[Step], str | None, str | None]:
     """Steps, the last user message's text and the last tool call's name."""
     drafts: list[_Draft] = []
-    by_id: dict[str, _Call] = {}
+    by_id: OpenCalls[_Call] = OpenCalls()
     last_user_text: str | None = None
     last_call: str | None = None
     for index, message in enumerate(messages):
@@ -312,8 +315,7 @@ def _steps(messages: list[Any], key: str) -> tuple[list[Step], str | None, str |
             draft = _Draft(AGENT, text, refusal=bool(message.get("refusal")))
             draft.calls = _calls(message, where)
             for call in draft.calls:
-                if call.call_id is not None:
-                    by_id[call.call_id] = call
+                by_id.add(call.call_id, call)
                 last_call = call.name
             drafts.append(draft)
         else:
@@ -390,14 +392,14 @@ def _answer(
     text: str | None,
     *,
     drafts: list[_Draft],
-    by_id: dict[str, _Call],
+    by_id: OpenCalls[_Call],
 ) -> None:
     """Attach a ``tool`` / ``function`` message to the call it answers."""
     call: _Call | None = None
     if role == "tool":
         call_id = message.get("tool_call_id")
         if isinstance(call_id, str) and call_id:
-            call = by_id.get(call_id)
+            call = by_id.answer(call_id)
             if call is None or call.answered:
                 raise _Malformed(f"{where}: tool result {call_id!r} answers no earlier call")
         else:

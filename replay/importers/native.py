@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from loopwatch.replay.importers import Document
+from loopwatch.replay.importers._numbers import check_fits
 from loopwatch.replay.trajectory import (
     FAILURE,
     SUCCESS,
@@ -92,6 +93,7 @@ _OUTCOMES = (SUCCESS, FAILURE, UNKNOWN)
 def _num(value: Any, where: str) -> float | None:
     if value is None:
         return None
+    check_fits(value, where)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{where}: not a finite number: {str(value)[:40]!r}")
     return float(value)

@@ -62,6 +62,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from loopwatch.replay.importers import Document
+from loopwatch.replay.importers._numbers import check_fits
 from loopwatch.replay.trajectory import (
     AGENT,
     ENVIRONMENT,
@@ -124,10 +125,7 @@ class OpenHandsImporter:
             return _looks_like_events(data)
         if isinstance(data, dict):
             return _looks_like_run(data)
-        if doc.text.lstrip()[:1] != "{":
-            return False
-        lines = doc.json_lines
-        return lines is not None and _looks_like_run(lines[0][1])
+        return _looks_like_run(doc.first_json_line)
 
     def read(self, doc: Document) -> Iterator[Trajectory | ImportProblem]:
         """Every run of the file; one problem per unreadable line.
@@ -138,6 +136,11 @@ class OpenHandsImporter:
         source = str(doc.path)
         data = doc.json
         if isinstance(data, list):
+            if not _looks_like_events(data):
+                raise ValueError(
+                    f"not an OpenHands event list (its first {_SAMPLE_EVENTS} items are not"
+                    " all objects, or none has an 'action' or 'observation')"
+                )
             try:
                 yield _build(source, doc.path.stem, data, {}, line=None)
             except _Malformed as exc:
@@ -323,8 +326,11 @@ def _build(
                 seen_responses.add(response_id)
                 usage = response.get("usage")
                 if isinstance(usage, Mapping):
-                    step.input_tokens = _int(usage.get("prompt_tokens"))
-                    step.output_tokens = _int(usage.get("completion_tokens"))
+                    at = f"history[{position}].tool_call_metadata.model_response.usage"
+                    step.input_tokens = _tokens(usage.get("prompt_tokens"), f"{at}.prompt_tokens")
+                    step.output_tokens = _tokens(
+                        usage.get("completion_tokens"), f"{at}.completion_tokens"
+                    )
         steps.append(step)
 
     error = record.get("error")
@@ -431,6 +437,14 @@ def _timestamp(value: Any) -> float | None:
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
+
+
+def _tokens(value: Any, where: str) -> int | None:
+    """A token count (a number or a numeric string); one too large for a float makes
+    the run unreadable (the guard adds counts up as floats)."""
+    count = _int(value)
+    check_fits(count, where, error=_Malformed)
+    return count
 
 
 def _int(value: Any) -> int | None:

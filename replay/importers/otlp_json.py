@@ -64,6 +64,8 @@ from typing import Any, Final
 
 from loopwatch.instrumentation import _semconv as sc
 from loopwatch.replay.importers import Document
+from loopwatch.replay.importers._calls import OpenCalls
+from loopwatch.replay.importers._numbers import check_fits, describe_int
 from loopwatch.replay.trajectory import (
     AGENT,
     FAILURE,
@@ -91,6 +93,8 @@ _STATUS_ERROR: Final = frozenset({2, "STATUS_CODE_ERROR"})
 _TOOL_PREFIX: Final = sc.SPAN_TOOL.split("{", 1)[0]
 _RUN_PREFIX: Final = sc.SPAN_RUN.split("{", 1)[0]
 _MAX_VALUE_DEPTH: Final = 32
+_MIN_INT64: Final = -(2**63)
+_MAX_INT64: Final = 2**63 - 1
 _OI_OUTPUT: Final = re.compile(
     re.escape(sc.OPENINFERENCE_LLM_OUTPUT_MESSAGES)
     + r"\.(\d+)\.message\.(?:tool_calls\.(\d+)\.tool_call\.(id|function\.name|function\.arguments)"
@@ -144,8 +148,7 @@ class OtlpJsonImporter:
         """A JSON object with a ``resourceSpans`` list, or JSON Lines of such objects."""
         data = doc.json
         if data is None:
-            lines = doc.json_lines
-            return bool(lines) and lines is not None and _is_request(lines[0][1])
+            return _is_request(doc.first_json_line)
         return _is_request(data)
 
     def read(self, doc: Document) -> Iterator[Trajectory | ImportProblem]:
@@ -282,7 +285,10 @@ def _attributes(raw: Any) -> dict[str, Any]:
     for index, item in enumerate(raw):
         if not isinstance(item, dict) or not isinstance(item.get("key"), str):
             raise _Malformed(f"attributes[{index}] is not a {{key, value}} pair")
-        attrs[item["key"]] = _value(item.get("value"), 0)
+        try:
+            attrs[item["key"]] = _value(item.get("value"), 0)
+        except _Malformed as exc:
+            raise _Malformed(f"attributes[{index}] ({item['key']}): {exc}") from None
     return attrs
 
 
@@ -300,15 +306,20 @@ def _value(raw: Any, depth: int) -> Any:
         value = raw["intValue"]
         if isinstance(value, str):
             try:
-                return int(value)
+                value = int(value)
             except ValueError:
                 return None
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        if not _MIN_INT64 <= value <= _MAX_INT64:
+            raise _Malformed(f"intValue outside the 64-bit range, got {describe_int(value)}")
+        return value
     if "doubleValue" in raw:
         value = raw["doubleValue"]
         if isinstance(value, bool):
             return None
         if isinstance(value, int | float):
+            check_fits(value, "doubleValue", error=_Malformed)
             return float(value)
         return float(value) if value in ("NaN", "Infinity", "-Infinity") else None
     if "arrayValue" in raw:
@@ -490,7 +501,7 @@ def _third_party_run(
     source: str, trace_id: str, spans: list[_Span]
 ) -> Iterator[Trajectory | ImportProblem]:
     drafts: list[_Draft] = []
-    by_id: dict[str, _Call] = {}
+    by_id: OpenCalls[_Call] = OpenCalls()
     agent: str | None = None
     stop: str | None = None
     for span in spans:
@@ -503,8 +514,7 @@ def _third_party_run(
             if problem:
                 yield ImportProblem(source, span.where, problem)
             for call in draft.calls:
-                if call.call_id:
-                    by_id[call.call_id] = call
+                by_id.add(call.call_id, call)
             drafts.append(draft)
         elif kind == _TOOL_SPAN:
             _tool_result(span, drafts, by_id)
@@ -664,13 +674,13 @@ def _openai_response(raw: Any, draft: _Draft) -> None:
             draft.calls.append(_Call(name, _arguments(function.get("arguments")), call_id))
 
 
-def _tool_result(span: _Span, drafts: list[_Draft], by_id: dict[str, _Call]) -> None:
+def _tool_result(span: _Span, drafts: list[_Draft], by_id: OpenCalls[_Call]) -> None:
     attrs = span.attrs
     name = _tool_name(span)
     call_id = _str(attrs.get(sc.GEN_AI_TOOL_CALL_ID)) or _str(
         attrs.get(sc.OPENINFERENCE_TOOL_CALL_ID)
     )
-    call = by_id.get(call_id) if call_id else None
+    call = by_id.answer(call_id)
     if call is not None and call.answered:
         call = None
     if call is None and drafts and drafts[-1].model_call:

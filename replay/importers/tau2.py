@@ -11,8 +11,9 @@ each message is ``{role, content, tool_calls, timestamp, cost, usage, ...}``:
 * ``user`` messages are simulated-user steps (actor ``user``); in dual-control domains
   (telecom) they carry the user's own device tool calls (``requestor: "user"``), kept
   on the user step and never counted as agent actions.
-* ``tool`` messages ``{id, content, error}`` are observations, matched to the call with
-  the same ``id``; ``error`` is the error flag.
+* ``tool`` messages ``{id, content, error}`` are observations, matched to the latest
+  call with the same ``id`` that has no result yet (tau2 may reuse an id within a
+  simulation: each result answers the call it follows); ``error`` is the error flag.
 * ``system`` messages are not turns and are skipped.
 
 Mapping rules:
@@ -35,9 +36,10 @@ Mapping rules:
   ``model`` is ``info.agent_info.llm``.
 
 A simulation that cannot be read (not an object, no message list, a message or tool
-call of the wrong shape, a tool result whose id matches no earlier call) is reported as
-one :class:`ImportProblem` naming ``simulations[i]`` and the message, and skipped whole:
-a partial run would replay as a different run. The other simulations are still read.
+call of the wrong shape, a tool result whose id matches no earlier call awaiting a
+result, a token count, cost or reward too large for a float) is reported as one
+:class:`ImportProblem` naming ``simulations[i]`` and the message, and skipped whole: a
+partial run would replay as a different run. The other simulations are still read.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from loopwatch.replay.importers import Document
+from loopwatch.replay.importers._calls import OpenCalls
+from loopwatch.replay.importers._numbers import check_fits
 from loopwatch.replay.trajectory import (
     AGENT,
     FAILURE,
@@ -170,8 +174,7 @@ def _trajectory(
     if reward is not None:
         outcome = SUCCESS if reward == 1.0 else FAILURE
 
-    results = _observations(messages)
-    steps = _steps(messages, results, ended_normally=stop in NORMAL_STOPS)
+    steps = _steps(messages, ended_normally=stop in NORMAL_STOPS)
     metadata: dict[str, Any] = {"task_id": task_id, "trial": sim.get("trial")}
     for key in ("id", "duration", "agent_cost", "user_cost"):
         if sim.get(key) is not None:
@@ -198,59 +201,56 @@ def _reward(reward_info: Any) -> float | None:
     if not isinstance(reward_info, dict):
         return None
     reward = reward_info.get("reward")
+    check_fits(reward, "reward_info.reward", error=_Malformed)
     if isinstance(reward, bool) or not isinstance(reward, int | float):
         return None
     return float(reward) if math.isfinite(reward) else None
 
 
-_Result = tuple[str | None, bool, float | None]
-_NO_RESULT: Final[_Result] = (None, False, None)
+def _steps(messages: list[Any], *, ended_normally: bool) -> list[Step]:
+    """The simulation's turns, each tool call paired with the result that follows it.
 
-
-def _observations(messages: list[Any]) -> dict[str, _Result]:
-    """``{tool call id: (content, error, timestamp)}`` from the ``tool`` messages."""
-    results: dict[str, _Result] = {}
+    Results are paired by :class:`~loopwatch.replay.importers._calls.OpenCalls`: tau2
+    may reuse a tool-call id within a simulation, and a result answers the latest call
+    with its id that has no result yet.
+    """
+    last_agent = -1
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise _Malformed(f"messages[{index}] is not an object")
-        if message.get("role") != "tool":
-            continue
-        call_id = message.get("id")
-        if not isinstance(call_id, str) or not call_id:
-            raise _Malformed(f"messages[{index}]: tool result has no 'id'")
-        results[call_id] = (
-            _text(message.get("content")),
-            message.get("error") is True,
-            _timestamp(message.get("timestamp")),
-        )
-    return results
-
-
-def _steps(messages: list[Any], results: dict[str, _Result], *, ended_normally: bool) -> list[Step]:
-    last_agent = -1
-    for index, message in enumerate(messages):
         if message.get("role") == "assistant":
             last_agent = index
-    steps: list[Step] = []
-    called: set[str] = set()
+    drafts: list[tuple[int, dict[str, Any], float | None, list[dict[str, Any]]]] = []
+    open_calls: OpenCalls[dict[str, Any]] = OpenCalls()
     for index, message in enumerate(messages):
         role = message.get("role")
         where = f"messages[{index}]"
         if role == "tool":
-            if message["id"] not in called:
+            call_id = message.get("id")
+            if not isinstance(call_id, str) or not call_id:
+                raise _Malformed(f"{where}: tool result has no 'id'")
+            call = open_calls.answer(call_id)
+            if call is None:
                 raise _Malformed(
-                    f"{where}: tool result id {message['id']!r} matches no earlier call"
+                    f"{where}: tool result id {call_id!r} matches no earlier call awaiting a result"
                 )
+            call["observation"] = _text(message.get("content"))
+            call["error"] = message.get("error") is True
+            call["ended_at"] = _timestamp(message.get("timestamp"))
             continue
         if role == "system":
             continue
         if role not in ("assistant", "user"):
             raise _Malformed(f"{where}: unknown role {role!r}")
         timestamp = _timestamp(message.get("timestamp"))
-        calls = _tool_calls(message.get("tool_calls"), where, results, timestamp)
-        called.update(c.call_id for c in calls if c.call_id)
-        text = _text(message.get("content"))
-        if role == "assistant":
+        calls = _tool_calls(message.get("tool_calls"), where, timestamp)
+        for call in calls:
+            open_calls.add(call["call_id"], call)
+        drafts.append((index, message, timestamp, calls))
+    steps: list[Step] = []
+    for index, message, timestamp, calls in drafts:
+        where = f"messages[{index}]"
+        if message.get("role") == "assistant":
             if calls:
                 decision = "tool"
             elif index == last_agent and ended_normally:
@@ -260,14 +260,15 @@ def _steps(messages: list[Any], results: dict[str, _Result], *, ended_normally: 
             actor = AGENT
         else:
             decision, actor = "message", USER
-        input_tokens, output_tokens = _usage(message.get("usage"))
+        input_tokens, output_tokens = _usage(message.get("usage"), where)
+        check_fits(message.get("cost"), f"{where}.cost", error=_Malformed)
         steps.append(
             Step(
                 index=len(steps),
                 actor=actor,
                 decision=decision,
-                text=text,
-                tool_calls=calls,
+                text=_text(message.get("content")),
+                tool_calls=tuple(ToolCall(**call) for call in calls),
                 timestamp=timestamp,
                 input_tokens=input_tokens,
                 output_tokens=output_tokens,
@@ -277,14 +278,13 @@ def _steps(messages: list[Any], results: dict[str, _Result], *, ended_normally: 
     return steps
 
 
-def _tool_calls(
-    raw: Any, where: str, results: dict[str, _Result], timestamp: float | None
-) -> tuple[ToolCall, ...]:
+def _tool_calls(raw: Any, where: str, timestamp: float | None) -> list[dict[str, Any]]:
+    """The message's tool calls as :class:`ToolCall` keyword arguments, results unset."""
     if raw is None:
-        return ()
+        return []
     if not isinstance(raw, list):
         raise _Malformed(f"{where}: 'tool_calls' is not a list")
-    calls: list[ToolCall] = []
+    calls: list[dict[str, Any]] = []
     for position, call in enumerate(raw):
         if not isinstance(call, dict):
             raise _Malformed(f"{where}: tool_calls[{position}] is not an object")
@@ -292,20 +292,15 @@ def _tool_calls(
         if not isinstance(name, str) or not name:
             raise _Malformed(f"{where}: tool_calls[{position}] has no name")
         call_id = call.get("id")
-        call_id = call_id if isinstance(call_id, str) and call_id else None
-        content, error, ended = results.get(call_id or "", _NO_RESULT)
         calls.append(
-            ToolCall(
-                name=name,
-                arguments=_arguments(call.get("arguments")),
-                observation=content,
-                error=error,
-                call_id=call_id,
-                started_at=timestamp,
-                ended_at=ended,
-            )
+            {
+                "name": name,
+                "arguments": _arguments(call.get("arguments")),
+                "call_id": call_id if isinstance(call_id, str) and call_id else None,
+                "started_at": timestamp,
+            }
         )
-    return tuple(calls)
+    return calls
 
 
 def _arguments(raw: Any) -> Any:
@@ -321,9 +316,11 @@ def _arguments(raw: Any) -> Any:
     return raw
 
 
-def _usage(usage: Any) -> tuple[int | None, int | None]:
+def _usage(usage: Any, where: str) -> tuple[int | None, int | None]:
     if not isinstance(usage, dict):
         return None, None
+    for key in ("prompt_tokens", "completion_tokens"):
+        check_fits(usage.get(key), f"{where}.usage.{key}", error=_Malformed)
     return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
 
 

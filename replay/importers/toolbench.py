@@ -33,6 +33,15 @@ DFS.py`` and the RapidAPI environment's status codes):
   ``give_answer`` path when ``win`` is missing; ``failure`` for every other path
   (pruned, given up, cut at the step cap, or in a query whose ``win`` is false).
 
+Size bound: paths share prefixes, so a small file can hold a huge number of long paths
+(a 400-node spine ending in 20,000 leaves is 1.3 MB and 8 million path nodes). A tree
+yields at most :data:`MAX_PATHS` paths (1,000) and :data:`MAX_PATH_NODES` nodes over all
+of its paths (100,000; a shared prefix counts once per path); past either, the rest of
+the tree is dropped and one :class:`~loopwatch.replay.trajectory.ImportProblem` naming
+``tree.tree`` says how many paths were read. The recorded corpus's largest tree has 38
+paths of at most 9 nodes: DFSDT's search budget (200 API calls per query) stays far
+below both caps.
+
 Malformed input: a node that is not an object with a ``node_type`` and a ``children``
 list is reported as an :class:`~loopwatch.replay.trajectory.ImportProblem` naming its
 tree path (``tree.tree.children[0].children[1]``); the paths through it are dropped,
@@ -44,6 +53,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from loopwatch.replay.importers import Document
@@ -71,6 +81,11 @@ _NODE_TYPES: Final = frozenset({"Thought", "Action", "Action Input"})
 _FAILURE_CODES: Final = frozenset({1, 2, *range(5, 13)})
 _ERROR_FIELD = re.compile(r'^\s*\{\s*"error"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _RETURN_TYPE = re.compile(r'"return_type"\s*:\s*"(\w+)"')
+
+MAX_PATHS: Final = 1_000
+"""Root-to-leaf paths read from one tree; the rest are dropped with a problem."""
+MAX_PATH_NODES: Final = 100_000
+"""Nodes over all paths read from one tree (a shared prefix counts once per path)."""
 
 
 class ToolBenchImporter:
@@ -113,30 +128,75 @@ class ToolBenchImporter:
             "finish_type": generation.get("finish_type"),
             "win": win,
         }
-        count = 0
-        stack: list[tuple[Any, str, tuple[Mapping[str, Any], ...]]] = [(root, "tree.tree", ())]
+        count = nodes = 0
+        # Each entry links to its parent's entry: a node's path and tree location are
+        # built only for the leaves read (bounded by the caps), never per node.
+        stack: list[_Frame] = [_Frame(root, None, -1, 1)]
         while stack:
-            node, where, ancestors = stack.pop()
+            frame = stack.pop()
+            node = frame.node
             problem = _check_node(node)
             if problem is not None:
-                yield ImportProblem(source, where, problem)
+                yield ImportProblem(source, frame.where(), problem)
                 continue
-            path = (*ancestors, node)
             children = node["children"]
             if children:
                 for position in range(len(children) - 1, -1, -1):
-                    stack.append((children[position], f"{where}.children[{position}]", path))
+                    stack.append(_Frame(children[position], frame, position, frame.length + 1))
                 continue
+            if count >= MAX_PATHS or nodes + frame.length > MAX_PATH_NODES:
+                over = (
+                    f"more than {MAX_PATHS:,} root-to-leaf paths"
+                    if count >= MAX_PATHS
+                    else f"root-to-leaf paths of more than {MAX_PATH_NODES:,} nodes in all"
+                )
+                yield ImportProblem(
+                    source,
+                    "tree.tree",
+                    f"{over}: read the first {count} paths, dropped the rest (the cap keeps"
+                    " a small file from expanding into millions of steps)",
+                )
+                return
             count += 1
+            nodes += frame.length
             yield _trajectory(
                 source,
                 f"{doc.path.stem}/path-{count}",
-                path,
-                leaf_where=where,
+                frame.path(),
+                leaf_where=frame.where(),
                 win=win,
                 max_step=max_step,
                 metadata=common,
             )
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """A tree node on the walk: its parent's frame, its index there, and its path length
+    (nodes from the root, itself included)."""
+
+    node: Any
+    parent: _Frame | None
+    position: int
+    length: int
+
+    def path(self) -> tuple[Mapping[str, Any], ...]:
+        """The nodes from the root to this one."""
+        nodes: list[Mapping[str, Any]] = []
+        frame: _Frame | None = self
+        while frame is not None:
+            nodes.append(frame.node)
+            frame = frame.parent
+        return tuple(reversed(nodes))
+
+    def where(self) -> str:
+        """This node's location in the file (``tree.tree.children[0].children[1]``)."""
+        parts: list[str] = []
+        frame: _Frame | None = self
+        while frame is not None and frame.parent is not None:
+            parts.append(f".children[{frame.position}]")
+            frame = frame.parent
+        return "tree.tree" + "".join(reversed(parts))
 
 
 def _check_node(node: Any) -> str | None:

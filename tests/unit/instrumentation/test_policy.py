@@ -47,6 +47,18 @@ INVALID = [
     ("missing_version.toml", ["profiles.p.version: required"]),
     ("not_toml.toml", ["<toml>: not valid TOML"]),
     ("no_profiles.toml", ["title: unknown top-level key", "profiles: no profiles"]),
+    (
+        # Was: OverflowError tracebacks (math.isfinite on an int past a float's range).
+        "huge_integers.toml",
+        [
+            "profiles.p.max_model_turns: must be <= 9223372036854775807, got a 400-digit integer",
+            "profiles.p.max_cost_usd: too large for a number, got a 400-digit integer",
+            "profiles.p.max_elapsed_seconds: must be > 0, got a 400-digit integer",
+            "profiles.p.max_tokens: must be <= 9223372036854775807, got a 19-digit integer",
+            "profiles.p.tools.t.repeat_limit: must be <= 9223372036854775807",
+            "profiles.p.tools.t.timeout_seconds: too large for a number",
+        ],
+    ),
 ]
 
 
@@ -115,6 +127,8 @@ def test_bad_env_override_is_reported() -> None:
         Policy().with_env({"LOOPWATCH_POLICY_MAX_TOKENS": "lots"})
     with pytest.raises(PolicyError, match="must be >= 0"):
         Policy().with_env({"LOOPWATCH_POLICY_MAX_TOKENS": "-1"})
+    with pytest.raises(PolicyError, match="must be <= 9223372036854775807"):
+        Policy().with_env({"LOOPWATCH_POLICY_MAX_TOKENS": "9" * 400})
 
 
 def test_profile_selection(tmp_path: Path) -> None:
@@ -136,6 +150,9 @@ def test_profile_selection(tmp_path: Path) -> None:
         ({"repeat_limit": True}, "must be a number, got bool"),
         ({"max_turns": 3}, "unknown key"),
         ({"detector_window": 10**6}, "must be <= 4096"),
+        ({"max_cost_usd": 10**400}, "max_cost_usd: too large for a number"),
+        ({"max_tokens": 2**63}, "max_tokens: must be <= 9223372036854775807"),
+        ({"max_model_turns": -(10**5000)}, "must be >= 0, got an integer of about 5001 digits"),
     ],
 )
 def test_policies_built_in_code_are_validated(kwargs: dict[str, object], fragment: str) -> None:

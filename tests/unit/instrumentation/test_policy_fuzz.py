@@ -195,6 +195,12 @@ def test_random_toml_documents(case: tuple[str, dict[str, Any]]) -> None:
         ("nul bytes", '[profiles.x]\x00version = "1"\n'),
         ("duplicate key", '[profiles.x]\nversion = "1"\nversion = "2"\n'),
         ("huge integer", '[profiles.x]\nversion = "1"\nmax_tokens = 1' + "0" * 5000 + "\n"),
+        ("integer past a float", '[profiles.x]\nversion = "1"\nmax_cost_usd = ' + "9" * 400),
+        ("integer past int64", '[profiles.x]\nversion = "1"\nmax_tokens = ' + "9" * 400),
+        (
+            "tool integer past a float",
+            '[profiles.x]\nversion = "1"\n[profiles.x.tools.t]\ntimeout_seconds = ' + "9" * 400,
+        ),
         ("long line", '[profiles.x]\nversion = "' + "v" * 1_000_000 + '"\n'),
         ("many profiles", "".join(f'[profiles.p{i}]\nversion = "1"\n' for i in range(5000))),
     ],

@@ -7,6 +7,7 @@ collector); spans go to the SDK's in-memory exporter.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -299,6 +300,31 @@ def test_policy_resolution() -> None:
     assert demo.resolve_policy("seed:change-small").name == "change-small"
     with pytest.raises(PolicyError):
         demo.resolve_policy("no-such-file.toml")
+
+
+@pytest.mark.parametrize(
+    ("table", "fragment"),
+    [
+        ({"max_cost_usd": 10**400}, "profiles.p.max_cost_usd: too large for a number"),
+        ({"max_model_turns": 10**400}, "profiles.p.max_model_turns: must be <="),
+        (
+            {"tools": {"t": {"timeout_seconds": 10**400}}},
+            "profiles.p.tools.t.timeout_seconds: too large",
+        ),
+        (
+            {"tools": {"t": {"risk": "sometimes"}}},
+            "profiles.p.tools.t.risk: must be 'read' or 'write'",
+        ),
+    ],
+)
+def test_a_recorded_policy_is_checked_like_a_policy_file(
+    table: dict[str, Any], fragment: str
+) -> None:
+    # Was: OverflowError out of replay_trajectory for a huge limit (only PolicyError,
+    # TypeError and ValueError were caught), and tool settings not checked at all.
+    t = _run(Step(0, AGENT, "final", "x"), metadata={"replay": {"policy": {"name": "p", **table}}})
+    with pytest.raises(ValueError, match=f"t: r: invalid policy: {re.escape(fragment)}"):
+        demo.replay_trajectory(t, Policy(), run_id="r", policy_override=False)
 
 
 def test_default_corpus_is_found_next_to_the_working_directory(tmp_path: Path) -> None:

@@ -110,6 +110,12 @@ def test_csv_to_a_file(recordings: Path, tmp_path: Path) -> None:
     assert list(rows[0]) == list(CSV_COLUMNS)
     assert rows[0]["stop_reason"] == "repeated_action" and rows[1]["stop_reason"] == ""
     assert json.loads(rows[0]["evidence"])["repetitions"] == 3
+    # Was Python's True/False; the cells now read as the JSON format's flag does.
+    assert [r["false_stop"] for r in rows] == ["false", "false"]
+    as_json = [
+        json.loads(line) for line in invoke(str(recordings), "--format", "json").stdout.splitlines()
+    ]
+    assert [r["false_stop"] for r in rows] == [json.dumps(d["false_stop"]) for d in as_json]
 
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
@@ -137,6 +143,36 @@ def test_bad_policy_exits_2_naming_file_and_key(recordings: Path, tmp_path: Path
     assert f"{bad}: profiles.x.repeat_limit: must be a number" in result.stderr
     missing = invoke(str(recordings), "--policy", "seed:nope")
     assert missing.exit_code == 2 and "profiles.nope" in missing.stderr
+
+
+def test_a_policy_directory_is_named_a_directory(recordings: Path, tmp_path: Path) -> None:
+    # Was: "no such policy file" for a directory that exists.
+    result = invoke(str(recordings), "--policy", str(tmp_path))
+    assert result.exit_code == 2
+    assert f"{tmp_path}: <file>: is a directory, not a policy file" in result.stderr
+
+
+def test_input_format_help_lists_every_importer() -> None:
+    # Was: `loopwatch` (the native format) missing from the list.
+    from loopwatch.replay.importers import importers
+
+    text = " ".join(CliRunner().invoke(cli, ["replay", "--help"]).output.split())
+    listed = text.split("Force one importer (", 1)[1].split(")", 1)[0]
+    assert listed.split(", ") == [i.name for i in importers()]
+
+
+def test_policy_integer_past_a_float_exits_2_with_one_line(
+    recordings: Path, tmp_path: Path
+) -> None:
+    # Was: an OverflowError traceback, exit 1 (math.isfinite on a 400-digit integer).
+    huge = tmp_path / "huge.toml"
+    huge.write_text(f'[profiles.x]\nversion = "1"\nmax_cost_usd = {"9" * 400}\n')
+    result = invoke(str(recordings), "--policy", str(huge))
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        f"loopwatch replay: {huge}: profiles.x.max_cost_usd: too large for a number,"
+        " got a 400-digit integer"
+    ]
 
 
 def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:

@@ -1,0 +1,350 @@
+"""Hostile input for ``loopwatch replay``, second review: each test keeps, in small
+hand-made form, an input that gave a wrong result, a crash or a runaway in review.
+
+Inputs are built here (a few lines of JSON each) rather than kept as data files, so
+each test shows the shape that broke and nothing resembles a corpus file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from loopwatch.cli._replay import replay as replay_command
+from loopwatch.replay.engine import default_policy, replay
+from loopwatch.replay.importers import read_file
+from loopwatch.replay.trajectory import AGENT, Step, ToolCall, Trajectory
+
+
+def _tau2(*simulations: dict[str, Any]) -> str:
+    return json.dumps({"info": {}, "tasks": [], "simulations": list(simulations)})
+
+
+def _simulation(messages: list[dict[str, Any]], task: str = "t") -> dict[str, Any]:
+    return {
+        "id": f"sim-{task}",
+        "task_id": task,
+        "trial": 0,
+        "termination_reason": "user_stop",
+        "reward_info": {"reward": 1.0},
+        "messages": messages,
+    }
+
+
+def _poll(results: list[str], ids: list[str]) -> list[dict[str, Any]]:
+    """A user asks; the agent polls ``job_status`` once per result; then answers."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "wait for the job"}]
+    for call_id, result in zip(ids, results, strict=True):
+        call = {"id": call_id, "name": "job_status", "arguments": {"job": "J1"}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "id": call_id, "content": result, "error": False})
+    messages.append({"role": "assistant", "content": "The job is done."})
+    return messages
+
+
+# --------------------------------------------------------------- tool-call ids
+
+
+def test_tau2_reused_call_ids_pair_each_call_with_the_result_that_follows(
+    tmp_path: Path,
+) -> None:
+    # Was: results keyed by id only, so every `call_1` got the last result ("done"):
+    # a poll that advanced read as one unchanged result, a false repeated_action.
+    results = ['{"state": "running", "pct": 0}', '{"state": "running", "pct": 50}', "done"]
+    path = tmp_path / "poll.json"
+    path.write_text(_tau2(_simulation(_poll(results, ["call_1"] * 3))), encoding="utf-8")
+    loaded = read_file(path)
+    assert not loaded.problems
+    [run] = loaded.trajectories
+    assert [c.observation for s in run.agent_steps for c in s.tool_calls] == results
+    [result] = replay([run], [default_policy()])
+    assert result.stop_reason is None
+
+
+def test_tau2_second_result_for_one_call_is_a_problem(tmp_path: Path) -> None:
+    messages = _poll(["a"], ["c1"])
+    messages.insert(3, {"role": "tool", "id": "c1", "content": "again", "error": False})
+    path = tmp_path / "twice.json"
+    path.write_text(
+        _tau2(_simulation(messages), _simulation(_poll(["x"], ["c1"]), "ok")), encoding="utf-8"
+    )
+    loaded = read_file(path)
+    assert [t.run_id for t in loaded.trajectories] == ["task=ok/trial=0"]
+    [problem] = loaded.problems
+    assert (problem.record, problem.message) == (
+        "simulations[0]",
+        "messages[3]: tool result id 'c1' matches no earlier call awaiting a result",
+    )
+
+
+# ------------------------------------------------- integers too large for a float
+
+HUGE = 10**400  # parses as a Python int; float() and math.isfinite raise OverflowError
+DATA = Path(__file__).resolve().parents[2] / "testdata" / "trajectories"
+
+
+def _tau2_huge(key: str) -> str:
+    bad = _simulation(_poll(["a"], ["c1"]), "bad")
+    if key == "reward":
+        bad["reward_info"] = {"reward": HUGE}
+    elif key == "cost":
+        bad["messages"][1]["cost"] = HUGE
+    else:
+        bad["messages"][1]["usage"] = {key: HUGE}
+    return _tau2(bad, _simulation(_poll(["x"], ["c1"]), "ok"))
+
+
+def _chat_huge() -> str:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    return json.dumps(
+        [{"id": "bad", "reward": HUGE, "messages": messages}, {"id": "ok", "messages": messages}]
+    )
+
+
+def _native_huge(key: str) -> str:
+    bad = {"run_id": "bad", "steps": [{"actor": "agent", "decision": "final", key: HUGE}]}
+    ok = {"run_id": "ok", "steps": [{"actor": "agent", "decision": "final"}]}
+    return json.dumps({"format": "loopwatch.trajectory/1", "runs": [bad, ok]})
+
+
+def _openhands_huge() -> str:
+    lines = (DATA / "openhands" / "runs.jsonl").read_text(encoding="utf-8").splitlines()
+    return "\n".join(
+        [lines[0].replace('"prompt_tokens": 100', f'"prompt_tokens": {HUGE}', 1), lines[1]]
+    )
+
+
+def _otlp_huge(value: dict[str, Any]) -> str:
+    text = (DATA / "otlp_json" / "genai_agent.json").read_text(encoding="utf-8")
+    data = json.loads(text)
+    span = data["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    span["attributes"].append({"key": "loopwatch.cost.usd", "value": value})
+    return json.dumps(data)
+
+
+NUMBER_CASES = [
+    # (file name, content, problem record, field named in the message)
+    ("t.json", _tau2_huge("prompt_tokens"), "simulations[0]", "messages[1].usage.prompt_tokens"),
+    ("t.json", _tau2_huge("completion_tokens"), "simulations[0]", "usage.completion_tokens"),
+    ("t.json", _tau2_huge("cost"), "simulations[0]", "messages[1].cost"),
+    ("t.json", _tau2_huge("reward"), "simulations[0]", "reward_info.reward"),
+    ("c.json", _chat_huge(), "[0]", "reward"),
+    ("n.json", _native_huge("input_tokens"), "runs[0].steps[0].input_tokens", ""),
+    ("n.json", _native_huge("cost_usd"), "runs[0].steps[0].cost_usd", ""),
+    ("n.json", _native_huge("timestamp"), "runs[0].steps[0].timestamp", ""),
+    ("o.jsonl", _openhands_huge(), "line 1", "usage.prompt_tokens"),
+    (
+        "g.json",
+        _otlp_huge({"doubleValue": HUGE}),
+        "resourceSpans[0].scopeSpans[0].spans[0]",
+        "(loopwatch.cost.usd): doubleValue",
+    ),
+    (
+        "g.json",
+        _otlp_huge({"intValue": str(HUGE)}),
+        "resourceSpans[0].scopeSpans[0].spans[0]",
+        "(loopwatch.cost.usd): intValue outside the 64-bit range",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "record", "field"),
+    NUMBER_CASES,
+    ids=[f"{c[0]}:{c[3] or c[2]}" for c in NUMBER_CASES],
+)
+def test_an_integer_too_large_for_a_float_is_a_problem_naming_the_record(
+    name: str, content: str, record: str, field: str, tmp_path: Path
+) -> None:
+    # Was: OverflowError. In tau2, chat and native it aborted the importer (later valid
+    # runs of the file lost); in OpenHands and OTLP it reached the replay engine and
+    # killed the whole multi-file replay with a traceback.
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    loaded = read_file(path)
+    problems = [p for p in loaded.problems if p.record == record]
+    assert len(problems) == 1, loaded.problems
+    assert field in problems[0].message
+    assert "got a 401-digit integer" in problems[0].message
+    assert loaded.trajectories, "the file's other runs are still read"
+    assert replay(loaded.trajectories, [default_policy()])
+
+
+def test_engine_counts_an_integer_too_large_for_a_float_as_zero() -> None:
+    # Trajectories built in code skip the importers' checks; the replay must not die.
+    call = ToolCall("lookup", {"q": 1}, observation="x")
+    steps = (
+        Step(0, AGENT, "tool", tool_calls=(call,), input_tokens=HUGE, timestamp=HUGE),
+        Step(1, AGENT, "final", "done", cost_usd=HUGE),  # type: ignore[arg-type]
+    )
+    [result] = replay([Trajectory("mem", "r", "tau2", steps)], [default_policy()])
+    assert result.stop_reason is None
+
+
+# ------------------------------------------------------------- JSON Lines
+
+
+def _lines_file(kind: str) -> list[str]:
+    """Three valid records of ``kind`` (one per line), from the hand-made fixtures."""
+    if kind == "openhands":
+        return (DATA / "openhands" / "runs.jsonl").read_text(encoding="utf-8").splitlines()[:2]
+    if kind == "otlp_json":
+        one = json.loads((DATA / "otlp_json" / "genai_agent.json").read_text(encoding="utf-8"))
+        return [json.dumps(one)]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    return [json.dumps({"id": f"r{i}", "messages": messages}) for i in range(2)]
+
+
+@pytest.mark.parametrize("kind", ["openhands", "chat", "otlp_json"])
+@pytest.mark.parametrize("bad", ['{"id": "cut', '{"id": "a\x01b"}', "not json"])
+def test_json_lines_with_a_bad_first_line_reads_the_other_lines(
+    kind: str, bad: str, tmp_path: Path
+) -> None:
+    # Was: a bad *first* line made the whole file refused ("invalid JSON", no run),
+    # while the same line second was one problem and the rest imported.
+    good = _lines_file(kind)
+    first = tmp_path / "first.jsonl"
+    first.write_text("\n".join([bad, *good]) + "\n", encoding="utf-8")
+    second = tmp_path / "second.jsonl"
+    second.write_text("\n".join([good[0], bad, *good[1:]]) + "\n", encoding="utf-8")
+    got_first, got_second = read_file(first), read_file(second)
+    assert {t.format for t in got_first.trajectories} == {kind}
+    assert len(got_first.trajectories) == len(got_second.trajectories) == len(good)
+    line_one = [p for p in got_first.problems if p.record.startswith("line 1")]
+    assert len(line_one) == 1 and "JSON" in line_one[0].message, got_first.problems
+
+
+def test_a_pretty_printed_document_is_still_one_document(tmp_path: Path) -> None:
+    # The first line is also how JSON Lines is sniffed: a document whose one-line inner
+    # objects parse must not turn into "records", valid or cut short.
+    runs = [{"run_id": f"r{i}", "steps": []} for i in range(2)]
+    text = json.dumps({"format": "loopwatch.trajectory/1", "runs": runs}, indent=1)
+    text = text.replace(
+        '{\n   "run_id": "r1",\n   "steps": []\n  }', '{"run_id": "r1", "steps": []}'
+    )
+    whole = tmp_path / "runs.json"
+    whole.write_text(text, encoding="utf-8")
+    assert [t.run_id for t in read_file(whole).trajectories] == ["r0", "r1"]
+    cut = tmp_path / "cut.json"
+    assert '\n  {"run_id": "r1", "steps": []}\n' in text
+    cut.write_text(text[:-2], encoding="utf-8")  # the closing bracket lost
+    loaded = read_file(cut)
+    assert not loaded.trajectories
+    [problem] = loaded.problems
+    assert (problem.record, problem.message.split(":")[0]) == ("file", "invalid JSON")
+
+
+# ------------------------------------------------- files that hold no run
+
+
+def test_forced_openhands_on_a_list_that_is_not_events_is_a_file_problem(
+    tmp_path: Path,
+) -> None:
+    # Was: `--input-format openhands` on a tau-bench list gave one empty run, exit 0.
+    path = tmp_path / "tau.json"
+    path.write_text(_chat_huge().replace(str(HUGE), "1.0"), encoding="utf-8")
+    result = CliRunner().invoke(
+        replay_command, [str(path), "--input-format", "openhands", "--format", "json"]
+    )
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    assert f"{path}: file: not an OpenHands event list" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "fmt", "message"),
+    [
+        ('{"info": {}, "simulations": []}', None, "no runs in this tau2 file"),
+        ("[]", "chat", "no runs in this chat file"),
+        ("[]", "openhands", "not an OpenHands event list"),
+    ],
+)
+def test_a_file_with_no_run_is_named(
+    content: str, fmt: str | None, message: str, tmp_path: Path
+) -> None:
+    # Was: "no run could be read from 1 file(s)" and no word on which file, or why.
+    path = tmp_path / "empty.json"
+    path.write_text(content, encoding="utf-8")
+    loaded = read_file(path, format=fmt)
+    assert not loaded.trajectories
+    assert [(p.source, p.record) for p in loaded.problems] == [(str(path), "file")]
+    assert loaded.problems[0].message.startswith(message)
+
+
+# ------------------------------------------------------------------ loop onset
+
+
+def _polls(*observations: str | None) -> Trajectory:
+    steps = tuple(
+        Step(i, AGENT, "tool", tool_calls=(ToolCall("get_order", {"id": 42}, observation=obs),))
+        for i, obs in enumerate(observations)
+    )
+    return Trajectory("mem", "r", "tau2", (*steps, Step(len(steps), AGENT, "final", "ok")))
+
+
+@pytest.mark.parametrize(
+    "refused",
+    ['{"status": "shipped"}', None, '{"status": "pending"}'],
+    ids=["changed", "missing (a blocked call recorded live)", "unchanged"],
+)
+def test_repeated_action_onset_is_the_first_step_of_the_evidence(refused: str | None) -> None:
+    # Was: onset compared the refused call's *recorded* observation, which the guard
+    # never saw (the call was refused before it ran): onset 3, evidence steps [1, 2, 3].
+    pending = '{"status": "pending"}'
+    [result] = replay([_polls(pending, pending, refused)], [default_policy()])
+    assert (result.stop_reason, result.stop_step) == ("repeated_action", 3)
+    assert result.evidence is not None and result.evidence["step_indices"] == [1, 2, 3]
+    assert result.loop_onset_step == 1
+
+
+# ------------------------------------------------------------ ToolBench trees
+
+
+def _comb(spine: int, leaves: int) -> str:
+    """A ToolBench tree: a chain of ``spine`` nodes ending in ``leaves`` leaves; every
+    leaf's path repeats the whole chain (the review's 1.3 MB file had 400 and 20,000)."""
+    leaf = {"node_type": "Thought", "description": "t", "children": []}
+    node: dict[str, Any] = {
+        "node_type": "Action Input",
+        "description": "{}",
+        "observation": '{"error": "", "response": "x"}',
+        "children": [leaf] * leaves,
+    }
+    for i in range(spine):
+        node = {
+            "node_type": "Action" if i % 2 else "Action Input",
+            "description": f"tool{i}" if i % 2 else json.dumps({"a": i}),
+            "observation": json.dumps({"error": "", "response": str(i)}),
+            "children": [node],
+        }
+    return json.dumps({"win": False, "tree": {"tree": node}, "answer_generation": {"query": "q"}})
+
+
+@pytest.mark.parametrize(
+    ("spine", "leaves", "runs", "message"),
+    [
+        (2, 1_500, 1_000, "more than 1,000 root-to-leaf paths: read the first 1000 paths"),
+        (
+            400,
+            5_000,
+            248,
+            "root-to-leaf paths of more than 100,000 nodes in all: read the first 248",
+        ),
+    ],
+)
+def test_a_toolbench_tree_expands_into_a_bounded_number_of_runs(
+    spine: int, leaves: int, runs: int, message: str, tmp_path: Path
+) -> None:
+    # Was: every root-to-leaf path became a run, whatever their number: 1.3 MB of JSON
+    # (a 400-node chain ending in 20,000 leaves) took 4 minutes and 2 GB to replay.
+    path = tmp_path / "G1_answer__1_comb.json"
+    path.write_text(_comb(spine, leaves), encoding="utf-8")
+    loaded = read_file(path)
+    assert len(loaded.trajectories) == runs
+    assert sum(len(t.steps) for t in loaded.trajectories) <= 100_000
+    [problem] = loaded.problems
+    assert problem.record == "tree.tree"
+    assert problem.message.startswith(message)
