@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,27 @@ def corpus_dir() -> Path:
 def slow_enabled() -> bool:
     """Slow soak and long benchmark runs run only with LOOPWATCH_SLOW=1."""
     return os.environ.get("LOOPWATCH_SLOW") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left_current() -> Iterator[None]:
+    """Fail the test (or fixture) that leaves a loopwatch run, or any span, current.
+
+    The current run and the current span are context variables of the test process: a
+    run left open becomes the parent of every later ``@agent`` run, whose tools then
+    resolve against its registry, and its span the parent of every later span, so
+    unrelated tests fail far from the cause. Both are cleared before failing, so the leak
+    is reported once, where it happened.
+    """
+    from loopwatch.instrumentation import run as run_module
+    from opentelemetry import context, trace
+
+    yield
+    left = run_module.current_run()
+    span = trace.get_current_span()
+    if left is None and not span.get_span_context().is_valid:
+        return
+    run_module._current.set(None)
+    context.attach(context.Context())
+    what = f"run of agent {left.agent!r}" if left is not None else "span"
+    pytest.fail(f"a test left a loopwatch {what} current")

@@ -13,15 +13,15 @@ Both through the collector's API and through a copy of its file.
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import streamlit as st
-from loopwatch.instrumentation import Decision, Policy, Run, ToolCall
-from loopwatch.instrumentation.otlp import configure_otlp
-from loopwatch.instrumentation.testing import CursorTool
 
 from tests.docs_examples import OBSERVE_RUN_ID, observe_example
 from tests.integration.services import poll_until, start_collector
@@ -32,23 +32,42 @@ OPEN_RUN = "dash-open-killed"
 OBSERVED_TOOL = "get_weather"
 
 
+# The agent runs in a child process that kills itself once its spans are flushed: the run
+# span never ends, as when an agent process dies. Opening the run in this process instead
+# left it as the current run of the test session, so every later @agent became its child
+# and inherited its tool registry ("unknown tool" in the instrumentation tests).
+_KILLED_AGENT = """
+import os, signal, sys
+from loopwatch.instrumentation import Decision, Policy, Run, ToolCall
+from loopwatch.instrumentation.otlp import configure_otlp
+from loopwatch.instrumentation.testing import CursorTool
+
+provider = configure_otlp(endpoint=sys.argv[1], set_global=False, schedule_delay_millis=50)
+run = Run(
+    "killed-agent", Policy.build(), tools={"page": CursorTool()}, run_id=sys.argv[2],
+    tracer_provider=provider,
+)
+run.__enter__()
+for i in range(3):
+    decision = run.decide(lambda i=i: Decision.tool(ToolCall("page", {"cursor": str(i)})))
+    for call in decision.tool_calls:
+        run.call_tool(call.name, call.arguments)
+provider.force_flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
 def _open_run(otlp_url: str) -> None:
-    """Three steps of a run whose process dies before its stop: the run span never ends."""
-    provider = configure_otlp(endpoint=otlp_url, set_global=False, schedule_delay_millis=50)
-    run = Run(
-        "killed-agent",
-        Policy.build(),
-        tools={"page": CursorTool()},
-        run_id=OPEN_RUN,
-        tracer_provider=provider,
+    """Three steps of a run whose process is killed before its stop: the run span never
+    ends."""
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_AGENT, otlp_url, OPEN_RUN],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
-    run.__enter__()
-    for i in range(3):
-        decision = run.decide(lambda i=i: Decision.tool(ToolCall("page", {"cursor": str(i)})))
-        for call in decision.tool_calls:
-            run.call_tool(call.name, call.arguments)
-    provider.force_flush()
-    provider.shutdown()
+    assert done.returncode == -signal.SIGKILL, done.stderr
 
 
 @pytest.fixture(scope="module")
