@@ -17,8 +17,8 @@ Messages (OpenAI Chat Completions API, ``messages`` parameter):
   arguments}}]`` are the tool calls; ``arguments`` is a JSON string, decoded when
   valid and kept as the raw string when not. The legacy ``function_call: {name,
   arguments}`` is one tool call.
-* ``tool`` messages are observations, matched to the latest call with the same
-  ``tool_call_id`` that has no result yet (tau-bench reuses ids; see
+* ``tool`` messages are observations, matched to the oldest unanswered call with the
+  same ``tool_call_id`` of the latest turn that has one (tau-bench reuses ids; see
   :mod:`~loopwatch.replay.importers._calls`); without one, to the oldest unanswered
   call of the latest agent step. Legacy ``function`` messages match the oldest
   unanswered call with the same ``name``.
@@ -314,6 +314,7 @@ def _steps(messages: list[Any], key: str) -> tuple[list[Step], str | None, str |
         elif role == "assistant":
             draft = _Draft(AGENT, text, refusal=bool(message.get("refusal")))
             draft.calls = _calls(message, where)
+            by_id.begin_turn()
             for call in draft.calls:
                 by_id.add(call.call_id, call)
                 last_call = call.name

@@ -513,6 +513,7 @@ def _third_party_run(
             draft, problem = _model_step(span)
             if problem:
                 yield ImportProblem(source, span.where, problem)
+            by_id.begin_turn()
             for call in draft.calls:
                 by_id.add(call.call_id, call)
             drafts.append(draft)

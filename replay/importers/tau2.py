@@ -11,9 +11,10 @@ each message is ``{role, content, tool_calls, timestamp, cost, usage, ...}``:
 * ``user`` messages are simulated-user steps (actor ``user``); in dual-control domains
   (telecom) they carry the user's own device tool calls (``requestor: "user"``), kept
   on the user step and never counted as agent actions.
-* ``tool`` messages ``{id, content, error}`` are observations, matched to the latest
-  call with the same ``id`` that has no result yet (tau2 may reuse an id within a
-  simulation: each result answers the call it follows); ``error`` is the error flag.
+* ``tool`` messages ``{id, content, error}`` are observations, matched to the oldest
+  unanswered call with the same ``id`` of the latest turn that has one (tau2 may reuse
+  an id within a simulation and within one turn: each result answers the call it
+  follows); ``error`` is the error flag.
 * ``system`` messages are not turns and are skipped.
 
 Mapping rules:
@@ -211,8 +212,9 @@ def _steps(messages: list[Any], *, ended_normally: bool) -> list[Step]:
     """The simulation's turns, each tool call paired with the result that follows it.
 
     Results are paired by :class:`~loopwatch.replay.importers._calls.OpenCalls`: tau2
-    may reuse a tool-call id within a simulation, and a result answers the latest call
-    with its id that has no result yet.
+    may reuse a tool-call id within a simulation (and within one turn's parallel calls),
+    and a result answers the first call with its id that has no result yet of the
+    latest turn that has one.
     """
     last_agent = -1
     for index, message in enumerate(messages):
@@ -244,6 +246,7 @@ def _steps(messages: list[Any], *, ended_normally: bool) -> list[Step]:
             raise _Malformed(f"{where}: unknown role {role!r}")
         timestamp = _timestamp(message.get("timestamp"))
         calls = _tool_calls(message.get("tool_calls"), where, timestamp)
+        open_calls.begin_turn()
         for call in calls:
             open_calls.add(call["call_id"], call)
         drafts.append((index, message, timestamp, calls))

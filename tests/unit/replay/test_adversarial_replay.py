@@ -80,6 +80,57 @@ def test_tau2_second_result_for_one_call_is_a_problem(tmp_path: Path) -> None:
     )
 
 
+def test_tau2_parallel_calls_sharing_an_id_take_their_results_in_order(tmp_path: Path) -> None:
+    # Was (helper review, 2026-12-01): the second call with id c1 replaced the first in
+    # the pending set, so the first result took it and the second matched nothing: the
+    # whole simulation was refused.
+    calls = [
+        {"id": "c1", "name": "check_status", "arguments": {"job": 1}},
+        {"id": "c1", "name": "check_status", "arguments": {"job": 2}},
+    ]
+    messages = [
+        {"role": "user", "content": "check both jobs"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "id": "c1", "content": "running", "error": False},
+        {"role": "tool", "id": "c1", "content": "done", "error": False},
+        {"role": "assistant", "content": "Both checked."},
+    ]
+    path = tmp_path / "parallel.json"
+    path.write_text(_tau2(_simulation(messages)), encoding="utf-8")
+    loaded = read_file(path)
+    assert not loaded.problems
+    [run] = loaded.trajectories
+    pairs = [(c.arguments, c.observation) for s in run.agent_steps for c in s.tool_calls]
+    assert pairs == [({"job": 1}, "running"), ({"job": 2}, "done")]
+
+
+@pytest.mark.parametrize(
+    ("turns", "answers", "expected"),
+    [
+        # one turn, parallel calls with one id: first made, first answered
+        ([["a", "b"]], 3, ["a", "b", None]),
+        # a call left unanswered in an earlier turn does not take the later turn's result
+        ([["old"], ["new"]], 1, ["new"]),
+        # ... and is answered once the later turn's calls are
+        ([["old"], ["new"]], 3, ["new", "old", None]),
+        # the latest turn first, then its parallel calls in order
+        ([["x"], ["y", "z"]], 4, ["y", "z", "x", None]),
+    ],
+)
+def test_open_calls_pairing_rule(
+    turns: list[list[str]], answers: int, expected: list[str | None]
+) -> None:
+    from loopwatch.replay.importers._calls import OpenCalls
+
+    open_calls: OpenCalls[str] = OpenCalls()
+    for turn in turns:
+        open_calls.begin_turn()
+        for call in turn:
+            open_calls.add("c1", call)
+    assert [open_calls.answer("c1") for _ in range(answers)] == expected
+    assert open_calls.answer("other") is None and open_calls.answer(None) is None
+
+
 # ------------------------------------------------- integers too large for a float
 
 HUGE = 10**400  # parses as a Python int; float() and math.isfinite raise OverflowError
