@@ -31,6 +31,8 @@ from typing import Any, Final
 
 import pandas as pd
 
+from .bidi import neutralise
+
 __all__ = [
     "DEFAULT_LAST_STEPS",
     "HEADLINE_FACTS",
@@ -706,6 +708,10 @@ class Folded:
 def fold(value: str | None, limit: int = _FOLD_CHARS) -> Folded:
     """Shorten ``value`` to ``limit`` characters; pretty-print the whole if it is JSON.
 
+    Both forms have their bidi controls shown as U+FFFD (:func:`~.bidi.neutralise`), as
+    every value the dashboard shows: the whole form goes to ``st.code``, which no other
+    escaping reaches.
+
     Raises:
         ValueError: ``limit`` < 2.
     """
@@ -717,6 +723,9 @@ def fold(value: str | None, limit: int = _FOLD_CHARS) -> Folded:
     full = text
     with contextlib.suppress(ValueError, RecursionError):
         full = json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False)
+    # After the JSON round trip: it turns an escaped \u202e into a live control.
+    full = neutralise(full)
+    text = neutralise(text)
     one_line = " ".join(text.split())
     if len(one_line) <= limit:
         return Folded(one_line, full, False)

@@ -214,8 +214,10 @@ _BIDI_ESCAPED = re.compile(rb"(?i)\\u(?:061c|200[ef]|202[a-e]|206[6-9])")
 
 
 def _shown_elements(at: AppTest) -> list[tuple[str, bytes]]:
-    """``(kind, serialized element)`` of every table, chart and select box of the page."""
+    """``(kind, serialized element)`` of every table, chart, select box and code block of
+    the page (code blocks show captured tool arguments and results)."""
     out = [("dataframe", e.proto.SerializeToString()) for e in at.dataframe]
+    out += [("code", e.proto.SerializeToString()) for e in at.code]
     out += [("chart", e.proto.SerializeToString()) for e in at.get("vega_lite_chart")]
     out += [(f"selectbox {e.label}", e.proto.SerializeToString()) for e in at.selectbox]
     return out
