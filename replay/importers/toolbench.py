@@ -83,9 +83,11 @@ _ERROR_FIELD = re.compile(r'^\s*\{\s*"error"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _RETURN_TYPE = re.compile(r'"return_type"\s*:\s*"(\w+)"')
 
 MAX_PATHS: Final = 1_000
-"""Root-to-leaf paths read from one tree; the rest are dropped with a problem."""
+"""Root-to-leaf paths read from one tree (a malformed node ends its path and counts); the
+rest are dropped with a problem."""
 MAX_PATH_NODES: Final = 100_000
-"""Nodes over all paths read from one tree (a shared prefix counts once per path)."""
+"""Nodes over all paths read from one tree (a shared prefix counts once per path; a path
+ending in a malformed node counts too)."""
 
 
 class ToolBenchImporter:
@@ -128,37 +130,42 @@ class ToolBenchImporter:
             "finish_type": generation.get("finish_type"),
             "win": win,
         }
-        count = nodes = 0
+        count = ended = nodes = 0
         # Each entry links to its parent's entry: a node's path and tree location are
-        # built only for the leaves read (bounded by the caps), never per node.
+        # built only for the paths that end (bounded by the caps), never per node.
         stack: list[_Frame] = [_Frame(root, None, -1, 1)]
         while stack:
             frame = stack.pop()
             node = frame.node
             problem = _check_node(node)
-            if problem is not None:
-                yield ImportProblem(source, frame.where(), problem)
-                continue
-            children = node["children"]
-            if children:
+            if problem is None and node["children"]:
+                children = node["children"]
                 for position in range(len(children) - 1, -1, -1):
                     stack.append(_Frame(children[position], frame, position, frame.length + 1))
                 continue
-            if count >= MAX_PATHS or nodes + frame.length > MAX_PATH_NODES:
+            # A leaf, or a malformed node, which ends its path as a problem: both count
+            # against the caps, or a tree of malformed leaves under a long chain would
+            # make one problem (with a location the length of the chain) per leaf.
+            if ended >= MAX_PATHS or nodes + frame.length > MAX_PATH_NODES:
                 over = (
                     f"more than {MAX_PATHS:,} root-to-leaf paths"
-                    if count >= MAX_PATHS
+                    if ended >= MAX_PATHS
                     else f"root-to-leaf paths of more than {MAX_PATH_NODES:,} nodes in all"
                 )
+                malformed = f" and {ended - count} malformed nodes" if ended > count else ""
                 yield ImportProblem(
                     source,
                     "tree.tree",
-                    f"{over}: read the first {count} paths, dropped the rest (the cap keeps"
-                    " a small file from expanding into millions of steps)",
+                    f"{over}: read the first {count} paths{malformed}, dropped the rest (the"
+                    " cap keeps a small file from expanding into millions of steps)",
                 )
                 return
-            count += 1
+            ended += 1
             nodes += frame.length
+            if problem is not None:
+                yield ImportProblem(source, frame.where(), problem)
+                continue
+            count += 1
             yield _trajectory(
                 source,
                 f"{doc.path.stem}/path-{count}",

@@ -131,6 +131,27 @@ def test_open_calls_pairing_rule(
     assert open_calls.answer("other") is None and open_calls.answer(None) is None
 
 
+def test_malformed_toolbench_leaves_count_against_the_caps(tmp_path: Path) -> None:
+    # Was (helper review of 5c8d852): only good leaves counted, so 20,000 malformed
+    # leaves under a 400-node chain made 20,000 problems, each locating its leaf with the
+    # whole chain: an 88 kB file held 96 MB of problem text.
+    tree = json.loads(_comb(400, 20_000))
+    chain = tree["tree"]["tree"]
+    while chain["children"] and isinstance(chain["children"][0], dict):
+        last, chain = chain, chain["children"][0]
+    last["children"] = [1] * 20_000  # each "child" is not a node
+    path = tmp_path / "G1_answer__1_bad.json"
+    path.write_text(json.dumps(tree), encoding="utf-8")
+    loaded = read_file(path)
+    assert not loaded.trajectories
+    assert len(loaded.problems) <= 1_001
+    assert sum(len(p.record) for p in loaded.problems) < 20_000_000
+    summary = loaded.problems[-1]
+    assert summary.record == "tree.tree"
+    assert "read the first 0 paths and " in summary.message
+    assert "malformed nodes, dropped the rest" in summary.message
+
+
 # ------------------------------------------------- integers too large for a float
 
 HUGE = 10**400  # parses as a Python int; float() and math.isfinite raise OverflowError
