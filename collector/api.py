@@ -12,10 +12,12 @@ Read endpoints (JSON; times in nanoseconds since the Unix epoch):
   it); paging ``limit`` (1..max rows) and ``offset``, newest first by ``order``:
   ``time`` (default; the run's time moves when its stop arrives, so pages read while
   data arrives can skip or repeat a run) or ``first_seen`` (never moves; the answer
-  carries ``seen_before``, to pass back with the next offsets: each run is then listed
-  once, and runs first seen later are left out). Answers ``{"items": [...],
-  "next_offset": int | null}`` (plus ``seen_before``); each item has
-  ``steps_since_progress`` of its stop (``null`` without one).
+  carries ``next_cursor``, to pass back as ``cursor`` for the next page: each run that
+  matches throughout is then listed once, and runs first seen later are left out; the
+  older ``seen_before`` with offsets still works, but skips a run when one listed
+  earlier is removed). Answers ``{"items": [...], "next_offset": int | null}`` (plus
+  ``seen_before`` and ``next_cursor``); each item has ``steps_since_progress`` of its
+  stop (``null`` without one).
 - ``GET /api/v1/runs/{run_id}`` (any run id, slashes included, percent-encoded): the
   run (with its effective ``limits``, parsed, and ``detector_version``), its steps, its
   stop and parsed evidence, stop anomalies, tool call counts.
@@ -160,7 +162,25 @@ def _list_runs(reader: StoreReader, **filters: Any) -> RunsPage:
     """One page of runs, each with ``steps_since_progress`` (worker thread)."""
     page = reader.list_runs(**filters)
     items = queries.attach_steps_since_progress(reader, page.items)
-    return RunsPage(items, page.next_offset, page.seen_before)
+    return RunsPage(items, page.next_offset, page.seen_before, page.next_cursor)
+
+
+def _cursor_param(request: Request) -> tuple[int, int] | None:
+    """``cursor``: a ``next_cursor`` of an earlier ``order=first_seen`` page,
+    ``<first_seen_unix_nano>.<run_key>`` (400 when it is not one)."""
+    raw = request.query_params.get("cursor")
+    if raw is None or raw == "":
+        return None
+    seen, dot, key = raw.partition(".")
+    if dot and seen.isdigit() and key.isdigit() and len(seen) <= 19 and len(key) <= 20:
+        first_seen, run_key = int(seen), int(key)
+        if first_seen <= _INT64_MAX and run_key < 2**64:
+            return first_seen, run_key
+    raise ApiError(400, "bad_parameter", "cursor must be a next_cursor of an earlier page")
+
+
+def _cursor_text(cursor: tuple[int, int]) -> str:
+    return f"{cursor[0]}.{cursor[1]}"
 
 
 def _get_run(reader: StoreReader, run_id: str) -> RunDetail | None:
@@ -226,6 +246,10 @@ def create_api_app(
     async def runs(request: Request) -> Response:
         stop_reason = _choice_param(request, "stop_reason", _STOP_REASONS)
         detector = _choice_param(request, "detector", LOOP_DETECTORS)
+        order = _choice_param(request, "order", RUN_ORDERS) or "time"
+        after = _cursor_param(request)
+        if after is not None and order != "first_seen":
+            raise ApiError(400, "bad_parameter", "cursor pages order=first_seen only")
         page = await run_in_threadpool(
             _list_runs,
             reader,
@@ -239,12 +263,16 @@ def create_api_app(
             detector=detector,
             limit=min(_int_param(request, "limit", 50, minimum=1) or 50, max_rows),
             offset=_int_param(request, "offset", 0, minimum=0) or 0,
-            order=_choice_param(request, "order", RUN_ORDERS) or "time",
+            order=order,
             seen_before=_int_param(request, "seen_before"),
+            after=after,
         )
         body: dict[str, Any] = {"items": page.items, "next_offset": page.next_offset}
         if page.seen_before is not None:
             body["seen_before"] = page.seen_before
+        if order == "first_seen":
+            cursor = page.next_cursor
+            body["next_cursor"] = None if cursor is None else _cursor_text(cursor)
         return JSONResponse(body)
 
     async def run(request: Request) -> Response:

@@ -2169,11 +2169,14 @@ class RunsPage:
         next_offset: offset of the next page, or ``None`` on the last page.
         seen_before: with ``order="first_seen"``, the bound to pass back with the next
             offsets (runs first seen from then on are left out); ``None`` otherwise.
+        next_cursor: with ``order="first_seen"``, the ``after`` of the next page (the
+            last row's position), or ``None`` on the last page and for ``order="time"``.
     """
 
     items: list[dict[str, Any]]
     next_offset: int | None
     seen_before: int | None = None
+    next_cursor: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -2376,6 +2379,7 @@ class StoreReader:
         offset: int = 0,
         order: str = "time",
         seen_before: int | None = None,
+        after: tuple[int, int] | None = None,
     ) -> RunsPage:
         """List runs, newest first (by stop time, else end, start or first-seen time).
 
@@ -2384,8 +2388,13 @@ class StoreReader:
         skip or repeat such a run. ``order="first_seen"`` sorts by when the collector
         stored the run's first span, which never changes; with ``seen_before`` (the
         first page's :attr:`RunsPage.seen_before`, computed in the same snapshot as that
-        page) later pages leave out runs first seen since, so each run that matches
-        the filters throughout is listed exactly once.
+        page) later pages leave out runs first seen since. Offsets still shift when a
+        run listed on an earlier page is removed (a third-party trace's provisional run
+        merged into its agent run, retention), which skips a run; ``after`` (the
+        previous page's :attr:`RunsPage.next_cursor`: keyset paging on
+        ``(first_seen_unix_nano, run_key)``) does not, and leaves out runs first seen
+        later by itself: each run that matches the filters throughout is listed exactly
+        once.
 
         Args:
             stop_reason / agent: exact match. tool: the run called this tool.
@@ -2398,14 +2407,19 @@ class StoreReader:
             limit: page size, 1..``max_rows``. offset: rows to skip, >= 0.
             order: ``"time"`` or ``"first_seen"``. seen_before: only runs first seen
                 before this collector time (ns), for ``order="first_seen"`` paging.
+            after: ``(first_seen_unix_nano, run_key)`` of the last run already read;
+                only runs after it in ``order="first_seen"`` order.
 
         Raises:
-            ValueError: ``limit``, ``offset`` or ``order`` out of range.
+            ValueError: ``limit``, ``offset`` or ``order`` out of range, or ``after``
+                with ``order="time"``.
         """
         if not 1 <= limit <= self.max_rows or offset < 0:
             raise ValueError(f"limit must be in 1..{self.max_rows} and offset >= 0")
         if order not in RUN_ORDERS:
             raise ValueError("order must be one of " + ", ".join(RUN_ORDERS))
+        if after is not None and order != "first_seen":
+            raise ValueError("a cursor pages order=first_seen only")
         where: list[str] = []
         params: list[Any] = []
         for clause, value in (
@@ -2431,7 +2445,10 @@ class StoreReader:
                 "(SELECT run_key FROM stops WHERE observe_reason = ?))"
             )
             params += [detector, detector]
-        snapshot = order == "first_seen" and seen_before is None
+        if after is not None:
+            where.append("(first_seen_unix_nano < ? OR (first_seen_unix_nano = ? AND run_key > ?))")
+            params += [after[0], after[0], after[1]]
+        snapshot = order == "first_seen" and seen_before is None and after is None
         # The bound is read in the page's own snapshot: the writer stamps each group
         # with its clock when it starts, so a run not yet committed is first seen later.
         bound = (
@@ -2440,11 +2457,16 @@ class StoreReader:
         sql = f"SELECT *{bound} FROM ({_RUNS_VIEW}) v"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        key = "time_unix_nano" if order == "time" else "first_seen_unix_nano"
-        sql += f" ORDER BY {key} DESC, run_id LIMIT ? OFFSET ?"
+        if order == "time":
+            sql += " ORDER BY time_unix_nano DESC, run_id LIMIT ? OFFSET ?"
+        else:  # run_key: unique, so a cursor names one position
+            sql += " ORDER BY first_seen_unix_nano DESC, run_key LIMIT ? OFFSET ?"
         rows, _ = self._query(sql, [*params, limit + 1, offset], max_rows=limit + 1)
         more = len(rows) > limit
         page = rows[:limit]
+        cursor = None
+        if order == "first_seen" and more:
+            cursor = (int(page[-1]["first_seen_unix_nano"]), int(page[-1]["run_key"]))
         if snapshot:
             for row in rows:
                 seen_before = row.pop("_lw_bound")
@@ -2453,7 +2475,10 @@ class StoreReader:
                 seen_before = found[0]["b"] if found else None
         self._attach_top_tools(page)
         return RunsPage(
-            page, offset + limit if more else None, seen_before if order == "first_seen" else None
+            page,
+            offset + limit if more else None,
+            seen_before if order == "first_seen" else None,
+            cursor,
         )
 
     def _attach_top_tools(self, runs: list[dict[str, Any]]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -401,9 +402,50 @@ def test_first_seen_order_pages_each_run_once_while_stops_arrive(collector: Coll
         listed += [r["run_id"] for r in body["items"]]
         offset = body["next_offset"]
     assert listed == [f"pg-{i}" for i in (5, 4, 3, 2, 1, 0)]
+    # The same by cursor: pg-6, first seen after the first page, is left out by itself.
+    body = client.get("/api/v1/runs", params={"limit": 2, "order": "first_seen"}).json()
+    by_cursor = [r["run_id"] for r in body["items"]]
+    assert by_cursor == ["pg-6", "pg-5"]
+    asyncio.run(collector.submit(to_batch(record(looping_run("pg", calls=1, run_id="pg-7")))))
+    while body["next_cursor"] is not None:
+        params = {"limit": 2, "order": "first_seen", "cursor": body["next_cursor"]}
+        body = client.get("/api/v1/runs", params=params).json()
+        by_cursor += [r["run_id"] for r in body["items"]]
+    assert by_cursor == [f"pg-{i}" for i in (6, 5, 4, 3, 2, 1, 0)]
     assert "seen_before" not in client.get("/api/v1/runs").json()
+    assert "next_cursor" not in client.get("/api/v1/runs").json()
     bad = client.get("/api/v1/runs", params={"order": "stop"})
     assert bad.status_code == 400 and "order must be one of" in bad.json()["error"]["message"]
+
+
+def test_a_cursor_pages_past_a_run_removed_from_an_earlier_page(collector: Collector) -> None:
+    """A third-party tool span ends (and is exported) before its agent span: it is first
+    filed under a provisional run named by its trace id, which is removed once the agent
+    span arrives. Listed on page 1, its removal shifted every later offset back by one,
+    and a run stored before either was never listed (helper review of 17c7556)."""
+    from .test_pipeline import _genai, _split
+
+    for run_id in ("A-oldest", "B-middle"):
+        submit(collector, looping_run("pg", calls=1, run_id=run_id))
+        time.sleep(0.002)  # distinct first-seen times, so the order below is fixed
+    tool_only, agent_span = _split(_genai(None, True), "invoke_agent")
+    asyncio.run(collector.submit(tool_only))
+    client = api(collector)
+    params: dict[str, Any] = {"limit": 1, "order": "first_seen"}
+    body = client.get("/api/v1/runs", params=params).json()
+    listed = [r["run_id"] for r in body["items"]]
+    assert listed == [tool_only.spans[0].trace_id]  # the provisional run, newest
+    asyncio.run(collector.submit(agent_span))  # ... now merged into its agent run
+    while body["next_cursor"] is not None:
+        params["cursor"] = body["next_cursor"]
+        body = client.get("/api/v1/runs", params=params).json()
+        listed += [r["run_id"] for r in body["items"]]
+    assert listed[1:] == ["B-middle", "A-oldest"]
+    for bad in ({"cursor": "12.x", "order": "first_seen"}, {"cursor": f"1.{2**64}"}):
+        refused = client.get("/api/v1/runs", params={"order": "first_seen", **bad})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "bad_parameter"
+    timed = client.get("/api/v1/runs", params={"cursor": "12.34"})
+    assert timed.status_code == 400 and "order=first_seen only" in timed.text
 
 
 def test_long_names_can_be_filtered_and_opened(collector: Collector) -> None:
