@@ -226,6 +226,7 @@ def build_steps(rows: Iterable[Mapping[str, Any]]) -> list[StepView]:
     """
     decisions: dict[int, Mapping[str, Any]] = {}
     calls: dict[int, list[ToolCallView]] = {}
+    ends: dict[int, list[int]] = {}
     order: list[int] = []
     for row in rows:
         step = _int(row.get("step")) or 0
@@ -236,6 +237,7 @@ def build_steps(rows: Iterable[Mapping[str, Any]]) -> list[StepView]:
             decisions[step] = row
             calls.setdefault(step, [])
         elif kind == "tool_result":
+            ends.setdefault(step, []).append(_int(row.get("end_unix_nano")) or 0)
             calls.setdefault(step, []).append(
                 ToolCallView(
                     tool=_str(row.get("tool")) or "(unnamed tool)",
@@ -255,13 +257,18 @@ def build_steps(rows: Iterable[Mapping[str, Any]]) -> list[StepView]:
     for step in sorted(set(order)):
         decision = decisions.get(step, {})
         step_calls = tuple(calls.get(step, ()))
-        # The step's last row is its final figure: the decision reports the count before
+        # The step's last figure is its final one: the decision reports the count before
         # the step's tool results, each result the count after it (0 after progress), and
         # the stop reports the last one. A max() showed 1 where the stop card showed 0.
-        reported = [_int(decision.get("steps_since_progress"))] + [
-            c.steps_since_progress for c in step_calls
-        ]
-        final = next((v for v in reversed(reported) if v is not None), None)
+        # "Last" is the result that ended last: rows are stored in start order, and a
+        # call started first can end last (parallel tool calls); the guard counts each
+        # result as it is recorded, when its call ends.
+        final = _int(decision.get("steps_since_progress"))
+        step_ends = ends.get(step, [])
+        by_end = sorted(range(len(step_calls)), key=lambda i: step_ends[i])
+        for i in by_end:
+            if step_calls[i].steps_since_progress is not None:
+                final = step_calls[i].steps_since_progress
         steps.append(
             StepView(
                 step=step,

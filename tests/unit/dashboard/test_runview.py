@@ -471,3 +471,23 @@ def test_client_json_too_deep_for_the_parser_is_shown_as_text() -> None:
     assert card is not None and card.observe_reason == "repeated_action"
     assert data._evidence(deep) == {"raw": deep}
     assert data._limits_frame(deep) is None
+
+
+@pytest.mark.parametrize(
+    ("slow_ends_last", "expected"), [(True, 0), (False, 1)], ids=["slow-last", "fast-last"]
+)
+def test_a_steps_figure_is_the_one_of_the_result_that_ended_last(
+    slow_ends_last: bool, expected: int
+) -> None:
+    """Parallel calls: ``slow`` starts first and makes progress, ``fast`` starts second
+    and makes none. Rows are stored in start order, but the guard counts each result as
+    its call ends: the step's figure is that of the result that ended last (helper
+    review of 2cfc793: the curve showed 1 where the guard's count was 0)."""
+    slow = {
+        **tool(3, "slow", progress=True, ssp=0),
+        "end_unix_nano": 900 if slow_ends_last else 300,
+    }
+    fast = {**tool(3, "fast", ssp=1), "end_unix_nano": 500}
+    [step] = [s for s in runview.build_steps([decision(3, ssp=1), slow, fast]) if s.step == 3]
+    assert [c.tool for c in step.calls] == ["slow", "fast"]  # shown in start order
+    assert step.steps_since_progress == expected
