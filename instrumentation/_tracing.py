@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from . import _semconv as sc
-from .guard import Decision, Guard, Outcome, Stop, ToolRecord, ToolTicket
+from .guard import Decision, Guard, Outcome, Stop, ToolRecord, ToolTicket, _usage_tokens
 
 __all__ = ["RunTelemetry", "telemetry_drops"]
 
@@ -199,9 +199,9 @@ class RunTelemetry:
                 if decision.type.value != "tool":
                     attrs[sc.LW_DECISION_FINGERPRINT] = decision.fingerprint()
                 if decision.input_tokens:
-                    attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = int(decision.input_tokens)
+                    attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = _usage_tokens(decision.input_tokens)
                 if decision.output_tokens:
-                    attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(decision.output_tokens)
+                    attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = _usage_tokens(decision.output_tokens)
                 if decision.cost_usd and math.isfinite(decision.cost_usd):
                     attrs[sc.LW_COST_USD] = float(decision.cost_usd)
             span.set_attributes(attrs)

@@ -79,6 +79,7 @@ from .policy import DEFAULT_VOLATILE_FIELDS, Policy
 
 __all__ = [
     "MAX_LOOKBACK",
+    "MAX_REPORTED_TOKENS",
     "REPEAT_ACROSS_PROGRESS_FACTOR",
     "Decision",
     "DecisionType",
@@ -200,10 +201,20 @@ def _dollars(amount: float) -> float:
 _NEAR: Final = 10.0**-COST_DECIMALS  # closer to a budget than this, compare rounded
 
 
+MAX_REPORTED_TOKENS: Final = 2**40
+"""The most tokens one reported count stands for (about 1.1e12, far past any model's).
+
+A larger count (a corrupt recording, a unit mix-up) counts as this: OTLP carries
+integers as signed 64-bit, and an exporter drops an attribute past that range without
+raising, so the decision's usage and the run's totals would silently vanish from the
+trace. Capped per report, a run's totals stay within range for 2**23 reports.
+"""
+
+
 def _usage_tokens(value: Any) -> int:
-    """A reported token count as a non-negative int; ``None`` (providers that report no
-    usage, streaming responses) counts as 0."""
-    return max(int(value), 0) if value is not None else 0
+    """A reported token count as an int in ``0..MAX_REPORTED_TOKENS``; ``None`` (providers
+    that report no usage, streaming responses) counts as 0."""
+    return min(max(int(value), 0), MAX_REPORTED_TOKENS) if value is not None else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -631,3 +631,35 @@ def test_the_policy_environment_yields_to_code_and_to_an_opt_out(
     path.write_text('[profiles.p]\nversion = "1"\nmax_model_turns = 7\n')
     assert Run("e", load_policy(path, environ={})).guard.policy.max_model_turns == 7
     assert Run("e", load_policy(path)).guard.policy.max_model_turns == 5
+
+
+def test_a_token_count_past_int64_is_capped_so_the_trace_keeps_its_usage() -> None:
+    """A recording with prompt_tokens = 10**30 (it fits a float, so the importer took it)
+    replayed through a Run: the OTLP encoder dropped gen_ai.usage.input_tokens and
+    loopwatch.usage.tokens ("Value out of range") with a log line only (helper review of
+    10d3833). Every reported count is capped at MAX_REPORTED_TOKENS."""
+    from loopwatch.instrumentation.guard import MAX_REPORTED_TOKENS
+    from loopwatch.instrumentation.testing import ScriptedModel
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    model = ScriptedModel([Decision.final("ok", input_tokens=10**30, output_tokens=2**70)])
+    with Run("a", Policy.build(max_tokens=10**15), tracer_provider=provider) as run:
+        run.decide(model)
+    assert run.outcome.usage.tokens == 2 * MAX_REPORTED_TOKENS
+    spans = exporter.get_finished_spans()
+    decoded = {
+        kv.key: kv.value
+        for resource in encode_spans(spans).resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+        for kv in span.attributes
+    }
+    assert decoded["gen_ai.usage.input_tokens"].int_value == MAX_REPORTED_TOKENS
+    assert decoded["gen_ai.usage.output_tokens"].int_value == MAX_REPORTED_TOKENS
+    assert decoded["loopwatch.usage.tokens"].int_value == 2 * MAX_REPORTED_TOKENS
