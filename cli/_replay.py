@@ -226,8 +226,11 @@ def render_csv(results: Sequence[Any]) -> str:
     multiple=True,
     metavar="FILE[:PROFILE]",
     help="Policy file and profile (every profile of FILE when PROFILE is omitted); "
-    "'default' and 'seed' name the shipped files. Repeat to compare. "
-    "Default: the shipped replay policy.",
+    "'default' and 'seed' name the shipped files, and a built-in profile name "
+    "(investigate-readonly, ...) that profile. Repeat to compare. "
+    "Default: the shipped replay policy. Every run is judged under these, also a run "
+    "that records its own policy (loopwatch demo, without --policy, plays such a run "
+    "under its own).",
 )
 @click.option(
     "--format",

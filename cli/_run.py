@@ -143,7 +143,9 @@ _CORPUS_HELP = (
 )
 _POLICY_HELP = (
     "Replay policy: FILE[:PROFILE] or a built-in profile name. Default: the package's "
-    "replay/policies/default.toml, else the guard's default profile."
+    "replay/policies/default.toml, else the guard's default profile; without --policy, a "
+    "run that records its own policy (metadata.replay.policy, as the shipped examples "
+    "do) plays under that one."
 )
 
 

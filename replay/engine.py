@@ -182,8 +182,10 @@ def load_policy_spec(spec: str) -> list[NamedPolicy]:
 
     ``FILE`` is a path, or ``default`` / ``seed`` for the shipped files (a file of that
     name in the working directory wins). Without ``:PROFILE`` every profile of the file
-    is returned, in file order. Environment overrides (``LOOPWATCH_POLICY_*``) are not
-    applied: replay judges the file as written.
+    is returned, in file order. A spec that is none of these but a built-in profile name
+    (``investigate-readonly``, ...: the profiles of ``seed``) is that profile, as
+    ``loopwatch demo --policy`` takes it. Environment overrides (``LOOPWATCH_POLICY_*``)
+    are not applied: replay judges the file as written.
 
     Raises:
         PolicyError: the file is missing, unreadable or invalid, or has no such profile
@@ -197,6 +199,11 @@ def load_policy_spec(spec: str) -> list[NamedPolicy]:
     path = Path(path_text)
     if not path.is_file():
         shipped = _shipped(path_text)
+        if shipped is None and profile is None and not path.exists():
+            seed = SHIPPED_POLICY_FILES["seed"]
+            builtin = load_policies(seed)
+            if spec in builtin:
+                return [NamedPolicy(spec, builtin[spec], str(seed))]
         if shipped is None:
             why = (
                 "is a directory, not a policy file (give FILE or FILE:PROFILE)"

@@ -152,6 +152,20 @@ def test_a_policy_directory_is_named_a_directory(recordings: Path, tmp_path: Pat
     assert f"{tmp_path}: <file>: is a directory, not a policy file" in result.stderr
 
 
+def test_a_built_in_profile_name_is_a_policy_as_in_demo(recordings: Path) -> None:
+    # Was (new-user trial): `demo --policy investigate-readonly` worked, `replay --policy
+    # investigate-readonly` said "no such policy file".
+    by_name = invoke(str(recordings), "--policy", "investigate-readonly", "--format", "json")
+    by_file = invoke(str(recordings), "--policy", "seed:investigate-readonly", "--format", "json")
+    assert by_name.exit_code == 0, by_name.stderr
+    assert by_name.stdout == by_file.stdout
+    assert {json.loads(line)["policy"] for line in by_name.stdout.splitlines()} == {
+        "investigate-readonly"
+    }
+    unknown = invoke(str(recordings), "--policy", "investigate-readonly-typo")
+    assert unknown.exit_code == 2 and "no such policy file" in unknown.stderr
+
+
 def test_input_format_help_lists_every_importer() -> None:
     # Was: `loopwatch` (the native format) missing from the list.
     from loopwatch.replay.importers import importers
