@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from loopwatch.instrumentation import _semconv as sc
+from loopwatch.instrumentation.guard import MAX_REPORTED_TOKENS
 
 from .records import STATUS_ERROR, Attributes, AttrValue, SpanBatch, SpanRecord, pickled_as_tuple
 
@@ -679,18 +680,23 @@ def _third_party_decision(span: SpanRecord, run_id: str, source: str, step: int)
         end_unix_nano=span.end_unix_nano,
         status_code=span.status_code,
         error_type=_str(attrs, sc.ERROR_TYPE),
-        input_tokens=_first_int(
+        input_tokens=_tokens(
             attrs, sc.GEN_AI_USAGE_INPUT_TOKENS, sc.OPENINFERENCE_LLM_TOKEN_COUNT_PROMPT
         ),
-        output_tokens=_first_int(
+        output_tokens=_tokens(
             attrs, sc.GEN_AI_USAGE_OUTPUT_TOKENS, sc.OPENINFERENCE_LLM_TOKEN_COUNT_COMPLETION
         ),
     )
 
 
-def _first_int(attrs: Attributes, key: str, fallback: str) -> int | None:
+def _tokens(attrs: Attributes, key: str, fallback: str | None = None) -> int | None:
+    """A token count in ``0..MAX_REPORTED_TOKENS``, as the guard counts reports (``key``,
+    else ``fallback``). Unbounded, two int64 counts summed into ``runs.tokens`` overflowed
+    it: the commit failed, and the request was refused on every retry (a poison batch)."""
     value = _int(attrs, key)
-    return _int(attrs, fallback) if value is None else value
+    if value is None and fallback is not None:
+        value = _int(attrs, fallback)
+    return None if value is None else min(max(value, 0), MAX_REPORTED_TOKENS)
 
 
 def _third_party_tool(span: SpanRecord, run_id: str, source: str, step: int) -> StepRow:
@@ -802,8 +808,8 @@ def _lw_step(span: SpanRecord, run_id: str, kind: str) -> StepRow:
         observation_digest=_str(attrs, sc.LW_OBSERVATION_DIGEST),
         progress=_bool(attrs, sc.LW_PROGRESS),
         steps_since_progress=_int(attrs, sc.LW_STEPS_SINCE_PROGRESS),
-        input_tokens=_int(attrs, sc.GEN_AI_USAGE_INPUT_TOKENS),
-        output_tokens=_int(attrs, sc.GEN_AI_USAGE_OUTPUT_TOKENS),
+        input_tokens=_tokens(attrs, sc.GEN_AI_USAGE_INPUT_TOKENS),
+        output_tokens=_tokens(attrs, sc.GEN_AI_USAGE_OUTPUT_TOKENS),
         cost_usd=_float(attrs, sc.LW_COST_USD),
         arguments=_text(attrs, sc.GEN_AI_TOOL_CALL_ARGUMENTS),
         result=_text(attrs, sc.GEN_AI_TOOL_CALL_RESULT),

@@ -1009,7 +1009,7 @@ def _count_step(
             row["tool_errors"] += sign
         elif outcome == sc.OUTCOME_BLOCKED:
             row["tool_blocked"] += sign
-    row["tokens"] += sign * tokens
+    row["tokens"] = min(row["tokens"] + sign * tokens, _INT64_MAX)  # BIGINT: saturate
 
 
 def _stop_tuple(run_key: int, stop_row: StopRow, now_ns: int, counted: bool) -> tuple[Any, ...]:
@@ -1763,7 +1763,7 @@ class Store:
                     decisions += 1
             row["steps"] = highest
             row["decisions"] += decisions
-            row["tokens"] += tokens
+            row["tokens"] = min(row["tokens"] + tokens, _INT64_MAX)  # BIGINT: saturate
             for (tool, outcome, agent), n in calls.items():
                 group.tool(row["run_key"], tool, outcome, n, agent)
                 row["tool_calls"] += n

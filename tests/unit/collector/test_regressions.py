@@ -160,3 +160,38 @@ def test_every_redaction_rule_is_exported_from_start(tmp_path: Path) -> None:
         assert rules == set(c.redact.redactor.rule_names) and {"canary", "aws_access_key"} <= rules
     finally:
         c.close()
+
+
+def test_token_counts_past_int64_sums_are_capped_not_a_poison_batch(tmp_path: Path) -> None:
+    """Two int64-max token counts on one model span summed past runs.tokens (BIGINT): the
+    commit failed and the request got 503 on every retry (helper review, 2026-12-01).
+    Counts are capped as the guard caps them, and run totals saturate."""
+    from loopwatch.collector.events import MapStage
+    from loopwatch.collector.records import SpanBatch, SpanRecord
+    from loopwatch.collector.store import Store
+    from loopwatch.instrumentation import _semconv as sc
+    from loopwatch.instrumentation.guard import MAX_REPORTED_TOKENS
+
+    trace, big = "cd" * 16, 2**63 - 1
+    mapper = MapStage()
+    with Store(tmp_path / "t.duckdb") as store:
+        for n in range(3):  # the run's total grows over three requests
+            usage = {sc.GEN_AI_USAGE_INPUT_TOKENS: big, sc.GEN_AI_USAGE_OUTPUT_TOKENS: big}
+            chat = SpanRecord(
+                trace,
+                f"{n + 1:016x}",
+                "00000000000000a0",
+                "chat m",
+                1,
+                10 + n,
+                11 + n,
+                {sc.GEN_AI_OPERATION_NAME: "chat", **usage},
+            )
+            result = store.submit(mapper.process(SpanBatch(spans=[chat]))).result(timeout=30)
+            assert len(result.new_span_keys) == 1
+        detail = store.reader().get_run(trace)
+    assert detail is not None
+    assert detail.run["tokens"] == 6 * MAX_REPORTED_TOKENS
+    assert {(s["input_tokens"], s["output_tokens"]) for s in detail.steps} == {
+        (MAX_REPORTED_TOKENS, MAX_REPORTED_TOKENS)
+    }
