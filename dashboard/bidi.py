@@ -4,7 +4,8 @@ A right-to-left override (U+202E) or isolate in an agent name, tool name or run 
 reorders the text after it wherever it is shown: a Markdown caption, an Altair axis label,
 a ``st.dataframe`` cell, a select box option. Every client string is client-controlled
 (whoever can post OTLP), so each value the dashboard shows goes through one mapping:
-each bidi control becomes U+FFFD, visibly. :func:`loopwatch.dashboard.ui.escape_md` uses
+each bidi control becomes U+FFFD, visibly (and so does each lone surrogate, which
+Streamlit cannot send at all). :func:`loopwatch.dashboard.ui.escape_md` uses
 it for Markdown; charts and tables use :func:`neutralise_frame`.
 
 Only what is shown is mapped: a run id used to open a run (a link's URL, a page link's
@@ -31,12 +32,19 @@ BIDI_CONTROLS: Final = re.compile(r"[\u061c\u200e\u200f\u202a-\u202e\u2066-\u206
 (U+2066..U+2069)."""
 
 REPLACEMENT: Final = "\ufffd"
-"""What each bidi control becomes."""
+"""What each bidi control (and each lone surrogate) becomes."""
+
+_SHOWN_AS_REPLACEMENT: Final = re.compile(BIDI_CONTROLS.pattern[:-1] + "\ud800-\udfff]")
 
 
 def neutralise(text: str) -> str:
-    """``text`` with every bidi control replaced by U+FFFD."""
-    return BIDI_CONTROLS.sub(REPLACEMENT, text)
+    """``text`` with every bidi control replaced by U+FFFD, and every lone surrogate.
+
+    A lone surrogate is no Unicode text: Streamlit cannot encode it, so one in a shown
+    value (an escaped ``\\udcff`` in a stored JSON argument, which a JSON round trip
+    makes a real one) raised ``UnicodeEncodeError`` and cut the rest of the page.
+    """
+    return _SHOWN_AS_REPLACEMENT.sub(REPLACEMENT, text)
 
 
 def _cell(value: object) -> object:

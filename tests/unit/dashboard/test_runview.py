@@ -491,3 +491,28 @@ def test_a_steps_figure_is_the_one_of_the_result_that_ended_last(
     [step] = [s for s in runview.build_steps([decision(3, ssp=1), slow, fast]) if s.step == 3]
     assert [c.tool for c in step.calls] == ["slow", "fast"]  # shown in start order
     assert step.steps_since_progress == expected
+
+
+@pytest.mark.parametrize(
+    "stored", ['{"path": "/data/report-\\udcff.csv"}', '{"q": "\\ud800 x"}', "raw \udcff text"]
+)
+def test_a_lone_surrogate_in_a_captured_value_is_shown_as_a_replacement(stored: str) -> None:
+    """``json.dumps`` of a file name that ``os.fsdecode`` decoded from bad bytes escapes a
+    lone surrogate; the JSON round trip made it a real one again, and ``st.code`` raised
+    ``UnicodeEncodeError``, cutting the rest of the run view (helper review of ba3814e)."""
+    folded = runview.fold(stored)
+    for text in (folded.full, folded.short):
+        text.encode("utf-8")  # no lone surrogate left
+    assert "\ufffd" in folded.full
+    from streamlit.testing.v1 import AppTest
+
+    def page(value: str) -> None:
+        import streamlit as st
+        from loopwatch.dashboard import runview
+
+        st.code(runview.fold(value).full, language="json")
+        st.write("after the code block")
+
+    at = AppTest.from_function(page, args=(stored,)).run(timeout=30)
+    assert not at.exception
+    assert [m.value for m in at.markdown] == ["after the code block"]
