@@ -48,6 +48,7 @@ from .http import REJECT_REASONS, REQUEST_REJECT_REASONS
 __all__ = [
     "COMMIT_BUCKETS_SECONDS",
     "METRIC_NAMES",
+    "NO_TOOL",
     "OTHER",
     "STEPS_BUCKETS",
     "STEPS_SINCE_PROGRESS_BUCKETS",
@@ -57,6 +58,8 @@ __all__ = [
 ]
 
 OTHER: Final = "_other"
+NO_TOOL: Final = "none"
+"""The ``tool`` label of a loop detection that names no tool (decision-level detectors)."""
 STOP_REASONS: Final = frozenset(reason.value for reason in StopReason)
 OUTCOMES: Final = frozenset({"ok", "error", "blocked"})
 DETECTORS: Final = frozenset(
@@ -274,10 +277,16 @@ class LoopwatchMetrics(Collector):
             self._tool_calls[key] += n
 
     def record_detection(self, agent: str, tool: str | None, detector: str, n: int = 1) -> None:
-        """Count a loop detection; ``tool`` is ``none`` for decision-level detectors."""
+        """Count a loop detection; ``tool`` is ``none`` for decision-level detectors.
+
+        ``none`` is a fixed label, outside the tool top-N: admitted like a tool name, it
+        became ``_other`` once ``top_n_tools`` names were in, and the series the
+        dashboards and runbooks read for ``no_progress`` never appeared.
+        """
         if detector not in DETECTORS:
             return
-        key = (self.agents(agent), self.tools(tool or "none"), detector)
+        label = NO_TOOL if not tool or tool == NO_TOOL else self.tools(tool)
+        key = (self.agents(agent), label, detector)
         with self._lock:
             self._detections[key] += n
 

@@ -64,7 +64,7 @@ from .events import (
     premap,
 )
 from .http import InflightLimit, create_otlp_app
-from .metrics import LoopwatchMetrics, MetricsSnapshot
+from .metrics import NO_TOOL, LoopwatchMetrics, MetricsSnapshot
 from .records import SpanBatch
 from .redact import REDACTION_FAILED, RedactStage
 from .sampling import SamplingConfig
@@ -350,7 +350,7 @@ def restore_stop_totals(
         histograms[key] = histograms.get(key, 0) + int(row["n"])
         detector = row["reason"] if row["reason"] in LOOP_DETECTORS else row["observe_reason"]
         if detector in LOOP_DETECTORS:
-            dkey = (row["agent"], row["loop_tool"] or "none", detector)
+            dkey = (row["agent"], row["loop_tool"] or NO_TOOL, detector)
             detections[dkey] = detections.get(dkey, 0) + int(row["n"])
     return histograms, detections
 
@@ -510,8 +510,9 @@ class Collector:
                 bound_tools(step.tool or "unknown")
         for stop in mapped.stops:
             bound_agents(stop.agent or _UNKNOWN_AGENT)
-            if loop_detector(stop) is not None:
-                bound_tools(loop_tool(stop) or "none")
+            tool = loop_tool(stop)
+            if tool and tool != NO_TOOL and loop_detector(stop) is not None:
+                bound_tools(tool)  # "none" is a fixed label, outside the top-N
         mapped.metric_labels = [
             ("agent", label, order) for label, order in bound_agents.unpersisted()
         ] + [("tool", label, order) for label, order in bound_tools.unpersisted()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from loopwatch.collector.metrics import (
     METRIC_NAMES,
+    NO_TOOL,
     OTHER,
     LabelBound,
     LoopwatchMetrics,
@@ -60,6 +61,29 @@ def test_label_values_are_bounded() -> None:
     assert len(agents) == 4 and OTHER in agents and len(tools) == 6
     assert all(len(a) <= 128 for a in agents)
     assert sum(v for _, v in samples) == 10_000
+
+
+def test_a_detection_naming_no_tool_keeps_the_none_label_past_the_top_n() -> None:
+    # Was (helper review of 4b73cb2): "none" went through the tool top-N, so once
+    # top_n_tools names were admitted a no_progress detection was counted as _other,
+    # and the series the dashboards and runbooks read never appeared; live and restored.
+    m = LoopwatchMetrics(top_n_agents=5, top_n_tools=2)
+    for tool in ("search", "fetch", "third"):
+        m.record_tool_call("a", tool, "ok")
+    m.record_detection("a", None, "no_progress")
+    m.record_detection("a", "", "repeated_decision")
+    m.restore(
+        MetricsSnapshot(
+            stops={}, tool_calls={}, detections={("a", NO_TOOL, "no_progress"): 2}, canaries={}
+        )
+    )
+    samples = {
+        (labels["tool"], labels["detector"]): v
+        for labels, v in scrape(m)["loopwatch_loop_detections_total"]
+        if v
+    }
+    assert samples == {(NO_TOOL, "no_progress"): 3, (NO_TOOL, "repeated_decision"): 1}
+    assert m.tools("another") == OTHER  # the bound is still full of real tool names
 
 
 def test_unknown_closed_set_values_do_not_create_series() -> None:
