@@ -250,6 +250,10 @@ def create_api_app(
         after = _cursor_param(request)
         if after is not None and order != "first_seen":
             raise ApiError(400, "bad_parameter", "cursor pages order=first_seen only")
+        offset = _int_param(request, "offset", 0, minimum=0) or 0
+        if after is not None and offset:
+            # Both would apply, and the rows the offset passes over would be skipped.
+            raise ApiError(400, "bad_parameter", "give cursor or offset, not both")
         page = await run_in_threadpool(
             _list_runs,
             reader,
@@ -262,7 +266,7 @@ def create_api_app(
             sampled=_bool_param(request, "sampled"),
             detector=detector,
             limit=min(_int_param(request, "limit", 50, minimum=1) or 50, max_rows),
-            offset=_int_param(request, "offset", 0, minimum=0) or 0,
+            offset=offset,
             order=order,
             seen_before=_int_param(request, "seen_before"),
             after=after,

@@ -446,6 +446,8 @@ def test_a_cursor_pages_past_a_run_removed_from_an_earlier_page(collector: Colle
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "bad_parameter"
     timed = client.get("/api/v1/runs", params={"cursor": "12.34"})
     assert timed.status_code == 400 and "order=first_seen only" in timed.text
+    both = client.get("/api/v1/runs", params={**params, "offset": 1})
+    assert both.status_code == 400 and "not both" in both.text
 
 
 def test_long_names_can_be_filtered_and_opened(collector: Collector) -> None:
