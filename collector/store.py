@@ -1096,9 +1096,11 @@ class _Group:
     merged: dict[str, dict[str, Any]] = field(default_factory=dict)
     existing: set[str] = field(default_factory=set)
     tool_deltas: dict[tuple[int, str, str, str | None], int] = field(default_factory=dict)
-    # Tool calls by run of rows moved in from ``steps`` (a decided run's kept steps),
-    # which _decide cannot read from ``staged_steps``.
-    new_tools: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Tool rows moved to a run from earlier groups' rows: (target run id, job index of
+    # the request that carried the move, tool, table). _decide counts a moved row only
+    # when its move came no later than the run's stop, as one by one.
+    moved_tools: list[tuple[str, int, str, str]] = field(default_factory=list)
+    move_jobs: list[int] = field(default_factory=list)  # job index of each of ``moves``
     step_jobs: list[int] = field(default_factory=list)  # job index of each of ``steps``
     labels: dict[tuple[str, str], int] = field(default_factory=dict)  # metric_labels rows
     settle: set[str] = field(default_factory=set)
@@ -1488,6 +1490,7 @@ class Store:
                     group.stops.append(stop_row)
                     group.stop_jobs.append(index)
             group.moves.extend(batch.reassignments)
+            group.move_jobs += [index] * len(batch.reassignments)
             for kind, label, order in batch.metric_labels:
                 group.labels.setdefault((kind, label), order)
             group.canaries.update(batch.canary_run_ids)
@@ -1497,8 +1500,8 @@ class Store:
                     group.canary_hits[location] = group.canary_hits.get(location, 0) + hits
 
         self._load_runs(group)
-        for move in group.moves:
-            self._reassign(group, move)
+        for move, move_job in zip(group.moves, group.move_jobs, strict=True):
+            self._reassign(group, move, move_job)
         self._merge_rows(group)
         anomalies = self._merge_stops(group)
         self._write_rows(group, anomalies)
@@ -1623,7 +1626,9 @@ class Store:
         if row["stop_origin"] is not None:
             group.stopped_before.add(run_id)
 
-    def _reassign(self, group: _Group, move: RunReassignment) -> None:
+    def _reassign(self, group: _Group, move: RunReassignment, move_job: int = 0) -> None:
+        """Apply ``move``, carried by the group's request ``move_job``: a moved row counts
+        for its new run's sampling from that request on (``step_jobs``, ``moved_tools``)."""
         if move.to_run_id == move.from_run_id or not move.span_ids:
             return
         span_ids = set(move.span_ids)
@@ -1637,7 +1642,7 @@ class Store:
             ):
                 if move.to_run_id is not None:
                     kept.append(dataclasses.replace(step, run_id=move.to_run_id))
-                    jobs.append(job)
+                    jobs.append(max(job, move_job))
                 elif step.kind == KIND_TOOL_RESULT:
                     # Counted live when its request was committed (the counter never
                     # goes down): the +1 it would have had in a group of its own, and the
@@ -1698,9 +1703,7 @@ class Store:
                 _count_step(target, kind, step, outcome, tokens, sign=1)
                 if kind == KIND_TOOL_RESULT:
                     group.tool(target["run_key"], tool, outcome or "", 1, _MOVED)
-                    if table == "steps":  # _decide reads the moved staged rows itself
-                        tools = group.new_tools.setdefault(target["run_id"], {})
-                        tools[tool] = tools.get(tool, 0) + 1
+                    group.moved_tools.append((target["run_id"], move_job, tool, table))
         if source["run_span_id"] is None and source["stop_origin"] is None:
             remaining = self._con.execute(
                 f"SELECT count(*) FROM staged_steps WHERE run_key = {from_key}"
@@ -1869,7 +1872,7 @@ class Store:
         if not runs:
             return
         ids = [r for r, _ in runs]
-        tallies: dict[str, dict[str, int]] = {r: dict(group.new_tools.get(r, {})) for r in ids}
+        tallies: dict[str, dict[str, int]] = {r: {} for r in ids}
         for step, job in zip(group.steps, group.step_jobs, strict=True):
             if step.kind != KIND_TOOL_RESULT:
                 continue
@@ -1890,6 +1893,21 @@ class Store:
             for key, tool, calls in rows:
                 tally = tallies[staged_keys[int(key)]]
                 tally[tool] = tally.get(tool, 0) + int(calls)
+        # Rows moved in from earlier groups: those from ``steps`` (a decided run's kept
+        # steps) are not in the query above; those from ``staged_steps`` are, and leave
+        # the tally again when their move came after the run's stop.
+        for run_id, move_job, tool, table in group.moved_tools:
+            tally = tallies.get(run_id)
+            if tally is None:
+                continue
+            last = stop_job.get(run_id) if stop_job is not None else None
+            in_time = last is None or move_job <= last
+            if table == "steps" and in_time:
+                tally[tool] = tally.get(tool, 0) + 1
+            elif table == "staged_steps" and not in_time:
+                tally[tool] = tally.get(tool, 0) - 1
+                if tally[tool] <= 0:
+                    del tally[tool]
         hour = hour_bucket(group.now_ns / _NS)
         if hour != self._quota_hour:
             self._quota_hour = None

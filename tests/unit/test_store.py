@@ -1455,3 +1455,41 @@ def test_retention_off_keeps_everything(make_store: Any, clock: Clock) -> None:
     clock.now += 10 * 365 * 86_400
     store.run_maintenance().result(timeout=30)
     assert store.pruned_runs == 0 and store.reader().get_run("r1") is not None
+
+
+@pytest.mark.parametrize("mode", ["one by one", "one group", "last two grouped"])
+def test_a_move_after_the_stop_does_not_change_the_cap_tool(
+    make_store: Any, gate: Gate, mode: str
+) -> None:
+    """One third-party trace: two alpha calls under a span not yet known (filed under the
+    trace), then agent A with a beta call (A's stop is inferred: decided on {beta: 1}),
+    then the missing span, which moves the alpha calls to A, after A's stop. In a group
+    the moved calls were tallied for A's decision ({alpha: 2, beta: 1}): with the
+    (completed, alpha) quota full, A was refused by the hourly cap and its steps dropped
+    (helper review of d5b095e). A group now decides as its requests one by one."""
+    store = make_store(sampling=SamplingConfig(completed_fraction=1.0, max_full_runs_per_hour=1))
+    commit(store, full_run("fill", "completed", tools=("alpha", "alpha")))
+    stage = MapStage()
+    trace = "ab" * 16
+    tool = {sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL}
+    agent = {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT}
+    root = _span(trace, "workflow", {}, "", 0)
+    a = _span(trace, "invoke_agent A", agent, root.span_id, 1)
+    x = _span(trace, "chain X", {}, a.span_id, 2)
+    alpha = [
+        _span(trace, "execute_tool alpha", {**tool, sc.GEN_AI_TOOL_NAME: "alpha"}, x.span_id, t)
+        for t in (3, 4)
+    ]
+    beta = _span(trace, "execute_tool beta", {**tool, sc.GEN_AI_TOOL_NAME: "beta"}, a.span_id, 5)
+    b = _span(trace, "invoke_agent B", agent, root.span_id, 6)
+    requests = [stage.process(SpanBatch(spans=s)) for s in (alpha, [a, beta], [x, b])]
+    assert [len(r.reassignments) for r in requests] == [0, 0, 1]
+    if mode == "last two grouped":
+        commit(store, requests[0])
+        requests = requests[1:]
+    _submit_requests(store, gate, requests, grouped=mode != "one by one")
+    detail = store.reader().get_run(a.span_id)
+    assert detail is not None
+    run = detail.run
+    assert (run["sampled"], run["sample_tool"], run["tool_calls"]) == (True, "beta", 3)
+    assert sorted(s["tool"] for s in detail.steps) == ["alpha", "alpha", "beta"]
