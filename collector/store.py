@@ -1634,9 +1634,14 @@ class Store:
         span_ids = set(move.span_ids)
         kept: list[StepRow] = []
         jobs: list[int] = []
+        # A run decided not sampled in an earlier group drops its new steps (counted, not
+        # kept) when they arrive, before any later move can carry them: one by one, the
+        # move then finds nothing. Such in-group steps stay with it here too.
+        declined = group.merged.get(move.from_run_id, {}).get("sampled") is False
         for step, job in zip(group.steps, group.step_jobs, strict=True):
             if (
-                step.run_id == move.from_run_id
+                not declined
+                and step.run_id == move.from_run_id
                 and step.trace_id == move.trace_id
                 and step.span_id in span_ids
             ):

@@ -1493,3 +1493,48 @@ def test_a_move_after_the_stop_does_not_change_the_cap_tool(
     run = detail.run
     assert (run["sampled"], run["sample_tool"], run["tool_calls"]) == (True, "beta", 3)
     assert sorted(s["tool"] for s in detail.steps) == ["alpha", "alpha", "beta"]
+
+
+@pytest.mark.parametrize("takeover", [False, True], ids=["agent span", "loopwatch span"])
+@pytest.mark.parametrize("mode", ["one by one", "last two grouped"])
+def test_a_step_of_a_declined_run_is_not_moved_by_a_later_request(
+    make_store: Any, gate: Gate, mode: str, takeover: bool
+) -> None:
+    """The trace-level run is decided (not sampled) at its root span; a tool span whose
+    agent is not known yet is filed under it again, and dropped one by one (counted, not
+    kept); then the agent span (or a loopwatch span) moves the trace's calls. In a group
+    with the tool span, the move carried the step to the agent run anyway: counted there,
+    kept, and sampling decided on it (a differential fuzz of 017a2fa)."""
+    store = make_store(sampling=SamplingConfig(completed_fraction=0.0, max_full_runs_per_hour=1))
+    stage = MapStage()
+    trace = "ab" * 16
+    root = _span(trace, "workflow", {}, "", 1)
+    a = _span(
+        trace, "invoke_agent A", {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT}, root.span_id, 3
+    )
+    tool = _span(
+        trace,
+        "execute_tool alpha",
+        {sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.GEN_AI_TOOL_NAME: "alpha"},
+        a.span_id,
+        5,
+    )
+    lw = _span(
+        trace, "decide", {sc.LW_EVENT: sc.EVENT_DECISION, sc.LW_RUN_ID: "lw", sc.LW_STEP: 1}, "", 7
+    )
+    requests = [
+        stage.process(SpanBatch(spans=s)) for s in ([root], [tool], [lw if takeover else a])
+    ]
+    assert len(requests[2].reassignments) == 1
+    commit(store, requests[0])
+    assert store.reader().get_run(trace).run["sampled"] is False  # type: ignore[union-attr]
+    _submit_requests(store, gate, requests[1:], grouped=mode != "one by one")
+    declined = store.reader().get_run(trace)
+    assert declined is not None
+    assert (declined.run["tool_calls"], declined.steps) == (1, [])
+    restored, _ = store.reader().restore_tool_calls()
+    assert sum(n for (_, t, _), n in restored.items() if t == "alpha") == 1  # counted once
+    if not takeover:
+        agent = store.reader().get_run(a.span_id)
+        assert agent is not None
+        assert (agent.run["tool_calls"], agent.steps) == (0, [])
