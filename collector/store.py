@@ -1626,7 +1626,7 @@ class Store:
         if row["stop_origin"] is not None:
             group.stopped_before.add(run_id)
 
-    def _reassign(self, group: _Group, move: RunReassignment, move_job: int = 0) -> None:
+    def _reassign(self, group: _Group, move: RunReassignment, move_job: int) -> None:
         """Apply ``move``, carried by the group's request ``move_job``: a moved row counts
         for its new run's sampling from that request on (``step_jobs``, ``moved_tools``)."""
         if move.to_run_id == move.from_run_id or not move.span_ids:

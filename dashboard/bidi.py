@@ -34,7 +34,9 @@ BIDI_CONTROLS: Final = re.compile(r"[\u061c\u200e\u200f\u202a-\u202e\u2066-\u206
 REPLACEMENT: Final = "\ufffd"
 """What each bidi control (and each lone surrogate) becomes."""
 
-_SHOWN_AS_REPLACEMENT: Final = re.compile(BIDI_CONTROLS.pattern[:-1] + "\ud800-\udfff]")
+_SHOWN_AS_REPLACEMENT: Final = re.compile(
+    r"[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)  # BIDI_CONTROLS and every lone surrogate
 
 
 def neutralise(text: str) -> str:

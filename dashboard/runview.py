@@ -263,12 +263,12 @@ def build_steps(rows: Iterable[Mapping[str, Any]]) -> list[StepView]:
         # "Last" is the result that ended last: rows are stored in start order, and a
         # call started first can end last (parallel tool calls); the guard counts each
         # result as it is recorded, when its call ends.
-        final = _int(decision.get("steps_since_progress"))
-        step_ends = ends.get(step, [])
-        by_end = sorted(range(len(step_calls)), key=lambda i: step_ends[i])
-        for i in by_end:
-            if step_calls[i].steps_since_progress is not None:
-                final = step_calls[i].steps_since_progress
+        reported = [
+            (end, i, call.steps_since_progress)
+            for i, (end, call) in enumerate(zip(ends.get(step, []), step_calls, strict=True))
+            if call.steps_since_progress is not None
+        ]
+        final = max(reported)[2] if reported else _int(decision.get("steps_since_progress"))
         steps.append(
             StepView(
                 step=step,
@@ -726,13 +726,13 @@ def fold(value: str | None, limit: int = _FOLD_CHARS) -> Folded:
         raise ValueError("limit must be >= 2")
     if value is None:
         return Folded("", "", False)
-    text = str(value)
+    text = neutralise(str(value))
     full = text
     with contextlib.suppress(ValueError, RecursionError):
-        full = json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False)
-    # After the JSON round trip: it turns an escaped \u202e into a live control.
-    full = neutralise(full)
-    text = neutralise(text)
+        # Again after the round trip: it turns an escaped \u202e into a live control.
+        full = neutralise(
+            json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False)
+        )
     one_line = " ".join(text.split())
     if len(one_line) <= limit:
         return Folded(one_line, full, False)

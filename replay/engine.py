@@ -96,7 +96,12 @@ from loopwatch.instrumentation.fingerprint import (
 )
 from loopwatch.instrumentation.guard import Decision, Guard, Stop, StopReason
 from loopwatch.instrumentation.guard import ToolCall as GuardCall
-from loopwatch.instrumentation.policy import DEFAULT_VOLATILE_FIELDS, Policy, load_policies
+from loopwatch.instrumentation.policy import (
+    DEFAULT_VOLATILE_FIELDS,
+    Policy,
+    builtin_profiles,
+    load_policies,
+)
 
 from .importers._numbers import too_large
 from .trajectory import AGENT, ENVIRONMENT, FAILURE, SUCCESS, UNKNOWN, Step, Trajectory
@@ -200,10 +205,9 @@ def load_policy_spec(spec: str) -> list[NamedPolicy]:
     if not path.is_file():
         shipped = _shipped(path_text)
         if shipped is None and profile is None and not path.exists():
-            seed = SHIPPED_POLICY_FILES["seed"]
-            builtin = load_policies(seed)
+            builtin = builtin_profiles()
             if spec in builtin:
-                return [NamedPolicy(spec, builtin[spec], str(seed))]
+                return [NamedPolicy(spec, builtin[spec], str(SHIPPED_POLICY_FILES["seed"]))]
         if shipped is None:
             why = (
                 "is a directory, not a policy file (give FILE or FILE:PROFILE)"
