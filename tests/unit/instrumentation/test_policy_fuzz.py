@@ -8,6 +8,7 @@ document (or ``<file>`` / ``<toml>`` / ``profiles`` for the file as a whole);
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import tempfile
@@ -30,9 +31,14 @@ _TOOL_KEYS = ("risk", "volatile", "progress", "repeat_limit", "idempotency_key",
 _OTHER_KEYS = ("version", "description", "strict_tools", "tools", "unknown_knob")
 
 
+# One folder for every example, removed when the test process exits: a folder per
+# example left some 600 behind in /tmp on every run of the suite.
+_FOLDER = tempfile.TemporaryDirectory(prefix="lw-policy-fuzz-")
+_written = itertools.count()
+
+
 def _write(data: bytes) -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="lw-policy-fuzz-"))
-    path = folder / "hostile.toml"
+    path = Path(_FOLDER.name) / f"hostile-{next(_written)}.toml"
     path.write_bytes(data)
     return path
 
