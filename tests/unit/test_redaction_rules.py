@@ -647,6 +647,55 @@ def test_law_values_twice_equals_once(value: object) -> None:
     assert REDACTOR.redact_value(json.dumps(once)) == REDACTOR.redact_value(json.dumps(twice))
 
 
+def _fresh_redactor() -> Redactor:
+    return Redactor(canaries=[CANARY, CANARY_ODD], hmac_key=b"h" * 16)
+
+
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(st.lists(json_values, min_size=1, max_size=6))
+def test_law_warm_caches_change_nothing(values: list[object]) -> None:
+    # The clean caches (plain strings, and JSON text by the depth it was walked at) are
+    # memoization only: a redactor that has seen every value before, as JSON text at
+    # several depths too, answers exactly what a fresh one does, hits included.
+    warm = _fresh_redactor()
+    inputs = [*values, *(json.dumps(v) for v in values), *([v] for v in values)]
+    inputs += [{"n": [json.dumps(v)]} for v in values]
+    for value in inputs:
+        warm.scrub_value(value, {})
+    for value in inputs:
+        warm_hits: dict[str, int] = {}
+        fresh_hits: dict[str, int] = {}
+        assert warm.scrub_value(value, warm_hits) == _fresh_redactor().scrub_value(
+            value, fresh_hits
+        )
+        assert warm_hits == fresh_hits
+
+
+def test_clean_json_text_is_walked_once_per_depth(monkeypatch: pytest.MonkeyPatch) -> None:
+    limits = json.dumps(
+        {f"max_{k}": {"source": "default", "value": 4} for k in ("tokens", "turns")}
+    )
+    limits += " " * 300  # longer than the plain cache admits
+    redactor = _fresh_redactor()
+    parsed: list[str] = []
+    real_parse = redaction._parse_json
+    monkeypatch.setattr(redaction, "_parse_json", lambda t: parsed.append(t) or real_parse(t))
+    for _ in range(3):
+        assert redactor.redact_value({"loopwatch.limits": limits}) == {"loopwatch.limits": limits}
+    assert len(parsed) == 1
+    # Another depth is walked again, and at the depth limit the text is not parsed.
+    assert redactor.redact_value([[limits]]) == [[limits]]
+    assert len(parsed) == 2
+    deep: object = limits
+    for _ in range(redactor.rules.max_json_depth):
+        deep = [deep]
+    assert redactor.redact_value(deep) == _fresh_redactor().redact_value(deep)
+    # A secret is never remembered as clean.
+    leaky = json.dumps({"max_tokens": 4, "note": f"key {OPENAI}"})
+    for _ in range(2):
+        assert OPENAI not in redactor.redact_value({"a": leaky})["a"]
+
+
 # An alphabet that cannot spell any trigger, JSON, URL or assignment: no letter a, e,
 # i, k, o, no uppercase, no ':', '=', '/', '{', '['.
 SAFE = "bcdfghjlmnpqrstuvwxyz0123456789 .,;!?()-_'\"\téßøλж漢"
