@@ -24,6 +24,7 @@ from __future__ import annotations
 import codecs
 import importlib
 import json
+import re
 import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -110,12 +111,18 @@ class Document:
         JSON Lines: the first line that parses is a JSON object. Lines that do not
         parse, the first ones included (a record cut short or holding a raw control
         character), are kept as errors so the importer reports them and reads the rest.
-        Not JSON Lines: no line parses, the first line that parses is not an object, or
-        the first line opens a pretty-printed document (a lone ``{``, or ``[``), whose
-        one-line inner objects would otherwise read as records.
+        Not JSON Lines: no line parses, the first line that parses is not an object, the
+        text starts with ``[``, or the first JSON value runs past the first line (a
+        pretty-printed document: ``{``, ``{"runs": [``, ``{"a": {``...) while no two
+        adjacent lines are each a whole JSON value. Such a document, cut short, would
+        otherwise read its one-line inner objects as records. Two adjacent whole values
+        cannot occur in one JSON document, so they prove JSON Lines whose first record
+        is broken between tokens.
         """
         head = self.text.lstrip().split("\n", 1)[0].strip()
-        if head == "{" or head.startswith("["):
+        if head.startswith("["):
+            return None
+        if _first_value_spans_lines(self.text) and not _adjacent_whole_lines(self.text):
             return None
         lines: list[tuple[int, Any]] = []
         first: Any = None
@@ -145,6 +152,85 @@ class Document:
 @dataclass(frozen=True, slots=True)
 class _LineError:
     message: str
+
+
+_JSON_SPACE = " \t\n\r"
+# Integers kept as their digits: converting one past 4,300 digits raises a ValueError
+# that has no position.
+_DECODER = json.JSONDecoder(parse_int=str)
+_LITERALS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
+# The tail of a number cut in its fraction or exponent (``1.``, ``2e+``), or a cut
+# ``\u`` escape: the decoder stops at it although the text ends there.
+_CUT_TAIL = re.compile(r"\.|[eE][-+]?|u[0-9a-fA-F]{0,3}")
+
+
+def _at_end(text: str, exc: json.JSONDecodeError) -> bool:
+    """Whether the decoder broke for want of more text (a file cut short)."""
+    # An unterminated string met neither a quote nor a control character (a newline
+    # included) before the end; its position is where the string starts.
+    if exc.msg.startswith("Unterminated string"):
+        return True
+    rest = text[exc.pos :].rstrip(_JSON_SPACE)
+    return (
+        not rest
+        or any(word.startswith(rest) for word in _LITERALS)
+        or _CUT_TAIL.fullmatch(rest) is not None
+    )
+
+
+def _first_value_spans_lines(text: str) -> bool:
+    """Whether the decoder reads the first JSON value of ``text`` past its first line
+    (to the value's end or to where it breaks): one document over many lines."""
+    start = len(text) - len(text.lstrip(_JSON_SPACE))
+    line_end = text.find("\n", start)
+    if line_end < 0:
+        return False
+    try:
+        end = _DECODER.raw_decode(text, start)[1]
+    except json.JSONDecodeError as exc:
+        end = exc.pos
+    except RecursionError:
+        # Too deep: no position to go by, so the first line alone says whether the
+        # value runs on past it (a line too deep by itself is one bad record).
+        line = text[start:line_end]
+        try:
+            _DECODER.raw_decode(line)
+        except json.JSONDecodeError as exc:
+            return _at_end(line, exc)
+        except RecursionError:
+            pass
+        return False
+    return end > line_end
+
+
+# First and last characters a whole JSON value can have (a string, number, object,
+# array, or true, false, null, NaN, Infinity).
+_VALUE_STARTS = frozenset('{["-0123456789tfnNI')
+_VALUE_ENDS = frozenset('}]"0123456789elNy')
+
+
+def _adjacent_whole_lines(text: str) -> bool:
+    """Whether two adjacent non-blank lines of ``text`` are each a whole JSON value."""
+    # Lines that cannot be a value (``"key": 1,``, ``}``) are told by their first or
+    # last character, so a long pretty-printed document costs a few parses, not one a
+    # line.
+    lines = [line.strip(_JSON_SPACE) for line in text.split("\n")]
+    lines = [line for line in lines if line]
+    maybe = [line[0] in _VALUE_STARTS and line[-1] in _VALUE_ENDS for line in lines]
+    previous_whole = False
+    for i, line in enumerate(lines):
+        if not maybe[i] or not (previous_whole or (i + 1 < len(lines) and maybe[i + 1])):
+            previous_whole = False
+            continue
+        try:
+            json.loads(line)
+        except (ValueError, RecursionError):
+            previous_whole = False
+            continue
+        if previous_whole:
+            return True
+        previous_whole = True
+    return False
 
 
 class Importer(Protocol):

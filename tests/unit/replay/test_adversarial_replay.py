@@ -7,7 +7,9 @@ each test shows the shape that broke and nothing resembles a corpus file.
 
 from __future__ import annotations
 
+import codecs
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -307,6 +309,155 @@ def test_a_pretty_printed_document_is_still_one_document(tmp_path: Path) -> None
     assert not loaded.trajectories
     [problem] = loaded.problems
     assert (problem.record, problem.message.split(":")[0]) == ("file", "invalid JSON")
+
+
+def _sims() -> list[dict[str, Any]]:
+    return [_simulation(_poll(["done"], ["c1"]), f"t{i}") for i in range(3)]
+
+
+def _one_per_line(values: list[dict[str, Any]]) -> str:
+    return ",\n".join(json.dumps(v) for v in values)
+
+
+# A document over many lines, by its first line. In the last two, each tau2 simulation
+# sits on one line: the chat importer would read it as a JSON Lines record.
+_DOCUMENTS = {
+    "[": lambda: json.dumps(
+        [{"id": f"r{i}", "messages": _poll([], [])} for i in range(3)], indent=2
+    ),
+    "{": lambda: json.dumps({"info": {}, "tasks": [], "simulations": _sims()}, indent=2),
+    '{"simulations": [': lambda: (
+        '{"simulations": [\n' + _one_per_line(_sims()) + '\n], "info": {}, "tasks": []}\n'
+    ),
+    '{"info": {': lambda: (
+        '{"info": {\n  "num_trials": 1\n}, "tasks": [], "simulations": [\n'
+        + _one_per_line(_sims())
+        + "\n]}\n"
+    ),
+}
+# Where the file was cut: (the text kept, the offset the decoder stops at).
+_CUTS = {
+    "before the last ]": lambda t: (t[: t.rindex("]")], len(t[: t.rindex("]")])),
+    "inside a string": lambda t: (t[: t.rindex('"user"') + 3], t.rindex('"user"')),
+}
+# How editors and shells write the file: (text put before it, text to bytes).
+_WRAPPINGS: dict[str, tuple[str, Any]] = {
+    "plain": ("", str.encode),
+    "utf8-bom": ("", lambda t: codecs.BOM_UTF8 + t.encode()),
+    "leading blank lines": ("\n\n \t\n  ", str.encode),
+    "crlf": ("", lambda t: t.encode().replace(b"\n", b"\r\n")),
+}
+
+
+def _write(path: Path, text: str, wrapping: str) -> str:
+    """``text`` written to ``path`` as ``wrapping`` says; the text as the importers see it."""
+    prefix, encode = _WRAPPINGS[wrapping]
+    path.write_bytes(encode(prefix + text))
+    return prefix + text
+
+
+@pytest.mark.parametrize("wrapping", sorted(_WRAPPINGS))
+@pytest.mark.parametrize("first_line", sorted(_DOCUMENTS))
+def test_a_multi_line_document_reads_whole(first_line: str, wrapping: str, tmp_path: Path) -> None:
+    path = tmp_path / "runs.json"
+    _write(path, _DOCUMENTS[first_line](), wrapping)
+    loaded = read_file(path)
+    assert not loaded.problems
+    assert len(loaded.trajectories) == 3
+
+
+@pytest.mark.parametrize("wrapping", sorted(_WRAPPINGS))
+@pytest.mark.parametrize("cut", sorted(_CUTS))
+@pytest.mark.parametrize("first_line", sorted(_DOCUMENTS))
+def test_a_multi_line_document_cut_short_is_one_problem_saying_where(
+    first_line: str, cut: str, wrapping: str, tmp_path: Path
+) -> None:
+    # Was: unless its first line was a lone `{` or `[`, a cut document was sniffed as
+    # JSON Lines: its last one-line inner object read as a run and the other lines as
+    # "not valid JSON" records, or the file was "not a recognised trajectory format".
+    kept, stop = _CUTS[cut](_DOCUMENTS[first_line]())
+    path = tmp_path / "cut.json"
+    text = _write(path, kept, wrapping)
+    stop += len(text) - len(kept)
+    loaded = read_file(path)
+    assert not loaded.trajectories
+    [problem] = loaded.problems
+    line = text.count("\n", 0, stop) + 1
+    column = stop - text.rfind("\n", 0, stop)
+    assert (problem.source, problem.record) == (str(path), "file")
+    assert problem.message.startswith("invalid JSON: "), problem.message
+    assert f": line {line} column {column} (char " in problem.message, problem.message
+
+
+@pytest.mark.parametrize(
+    "last",
+    ['{"id": "r9", "mess', '{"id": "r9", "messages": [', "{", '{"id": "r9"'],
+)
+@pytest.mark.parametrize("wrapping", sorted(_WRAPPINGS))
+def test_json_lines_cut_in_the_last_line_keep_the_whole_lines(
+    last: str, wrapping: str, tmp_path: Path
+) -> None:
+    good = _lines_file("chat") + _lines_file("chat")[:1]
+    good[2] = good[2].replace('"r0"', '"r2"')
+    path = tmp_path / "runs.jsonl"
+    text = _write(path, "\n".join([*good, last]), wrapping)
+    loaded = read_file(path)
+    assert [t.run_id for t in loaded.trajectories] == ["r0", "r1", "r2"]
+    [problem] = loaded.problems
+    assert problem.record == f"line {text.count(chr(10)) + 1}"
+    assert problem.message.startswith("not valid JSON: "), problem.message
+
+
+def test_json_lines_with_a_first_line_cut_between_tokens_reads_the_other_lines(
+    tmp_path: Path,
+) -> None:
+    # The decoder reads such a line on into the next ones, as it does a document; two
+    # adjacent whole lines cannot occur in one JSON document, so the file is JSON Lines.
+    path = tmp_path / "runs.jsonl"
+    path.write_text('{"id": "r9", "messages": [\n' + "\n".join(_lines_file("chat")), "utf-8")
+    loaded = read_file(path)
+    assert [t.run_id for t in loaded.trajectories] == ["r0", "r1"]
+    [problem] = loaded.problems
+    assert problem.record == "line 1"
+
+
+def test_a_long_cut_document_is_not_parsed_line_by_line(tmp_path: Path) -> None:
+    """A coarse ceiling (about 0.3 s measured; parsing each of the 500,000 lines took
+    about 4 s) so that telling a document from JSON Lines stays one pass or two."""
+    path = tmp_path / "cut.json"
+    path.write_text("{\n" + '"k": [1, "x"],\n' * 500_000, encoding="utf-8")
+    started = time.perf_counter()
+    [problem] = read_file(path).problems
+    assert time.perf_counter() - started < 2.0
+    assert problem.message.startswith("invalid JSON: ")
+    assert ": line 500002 column 1 " in problem.message
+
+
+_TOO_LONG = "1" * 5000  # past int's 4,300-digit limit: ValueError without a position
+_TOO_DEEP = "[" * 5000 + "]" * 5000  # RecursionError
+
+
+@pytest.mark.parametrize(
+    ("first", "runs", "problem"),
+    [
+        (f'{{"id": {_TOO_LONG}, "messages": []}}', ["r0"], "line 1"),
+        (f'{{"id": {_TOO_DEEP}, "messages": []}}', ["r0"], "line 1"),
+        (f'{{"id": "x", "messages": [{_TOO_LONG},', [], "file"),
+        # Too deep to tell where it ends: taken for a bad record, as a line that deep is.
+        (f'{{"id": "x", "messages": [{_TOO_DEEP},', ["r0"], "line 1"),
+    ],
+    ids=["long int record", "deep record", "long int document", "deep document"],
+)
+def test_json_lines_sniff_without_a_decoder_position(
+    first: str, runs: list[str], problem: str, tmp_path: Path
+) -> None:
+    # Was, while the sniff was written: a ValueError out of read_file. Only the decoder
+    # says where the first value ends, and these two raise without saying it.
+    path = tmp_path / "runs.jsonl"
+    path.write_text(first + "\n" + _lines_file("chat")[0], encoding="utf-8")
+    loaded = read_file(path)
+    assert [t.run_id for t in loaded.trajectories] == runs
+    assert [p.record for p in loaded.problems] == [problem], loaded.problems
 
 
 # ------------------------------------------------- files that hold no run

@@ -655,6 +655,74 @@ def test_arbitrary_text_never_raises(text: str) -> None:
         _drain(importer, doc)
 
 
+def _reflow(value: Any, depth: int, head: int) -> str:
+    """``value`` as JSON over many lines, as writers lay it out: pretty-printed, with its
+    first ``head`` line breaks and whatever is nested deeper than ``depth`` joined onto one
+    line (first lines like ``{"info": {`` or ``{"simulations": [``, one-line records)."""
+    out: list[str] = []
+    for number, line in enumerate(json.dumps(value, indent=1).split("\n")):
+        indent = len(line) - len(line.lstrip(" "))
+        # A container opened at ``depth`` closes there: its bracket joins its content.
+        nested = indent > depth or (indent == depth and line.lstrip()[:1] in ("]", "}"))
+        if out and (nested or number <= head):
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+@_FUZZ
+@given(
+    data=st.data(),
+    seed=st.sampled_from(_SEEDS),
+    depth=st.integers(min_value=1, max_value=4),
+    head=st.integers(min_value=0, max_value=4),
+)
+def test_a_document_cut_anywhere_is_one_problem_naming_its_last_line(
+    data: st.DataObject, seed: str, depth: int, head: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    text = _reflow(_SEED_DATA[seed], depth, head)
+    # A line, then a place in it: cuts at line ends, where a one-line record ends, are
+    # then as likely as any.
+    lines = text.split("\n")
+    line = data.draw(st.integers(min_value=0, max_value=len(lines) - 1))
+    at = sum(len(x) + 1 for x in lines[:line]) + data.draw(
+        st.integers(min_value=0, max_value=len(lines[line]))
+    )
+    cut = text[: min(max(at, 1), len(text) - 1)]
+    path = tmp_path_factory.getbasetemp() / "cut.json"
+    path.write_text(cut, encoding="utf-8")
+    loaded = read_file(path)
+    assert not loaded.trajectories
+    [problem] = loaded.problems
+    assert problem.record == "file"
+    assert problem.message.startswith("invalid JSON: "), problem.message
+    assert f": line {cut.count(chr(10)) + 1} column " in problem.message, problem.message
+
+
+_LINE_SEEDS = ["chat/records.jsonl", "otlp_json/openinference.jsonl"]
+
+
+@_FUZZ
+@given(data=st.data(), seed=st.sampled_from(_LINE_SEEDS))
+def test_json_lines_cut_in_the_last_line_read_like_the_lines_before(
+    data: st.DataObject, seed: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    *lines, last = _fixture(seed).read_text(encoding="utf-8").splitlines()
+    keep = data.draw(st.integers(min_value=1, max_value=len(last) - 1))
+    path = tmp_path_factory.getbasetemp() / "runs.jsonl"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    before = read_file(path)
+    path.write_text("\n".join([*lines, last[:keep]]), encoding="utf-8")
+    cut = read_file(path)
+    assert cut.trajectories == before.trajectories
+    extra = Counter(cut.problems) - Counter(before.problems)
+    assert not Counter(before.problems) - Counter(cut.problems)
+    [problem] = extra.elements()
+    assert problem.record == f"line {len(lines) + 1}"
+    assert "JSON" in problem.message, problem.message
+
+
 def test_deeply_nested_documents_are_problems_not_crashes() -> None:
     deep = "[" * 5000 + '"x"' + "]" * 5000
     texts = ('{"info": {}, "simulations": [' + deep + "]}", "[" * 100_000, deep)
