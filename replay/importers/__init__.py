@@ -82,7 +82,8 @@ class Document:
         first_json_line: the first line of :attr:`json_lines` that parsed (a JSON
             object: what format detection looks at), or ``None``.
         json_error: why :attr:`json` is ``None`` (the decoder's message with line and
-            column), or ``None``.
+            column, and ``: the file ends before the document does`` when it broke at
+            the end of the text), or ``None``.
     """
 
     path: Path
@@ -102,6 +103,8 @@ class Document:
             except ValueError as exc:
                 self._json = None
                 self.json_error = str(exc)
+                if isinstance(exc, json.JSONDecodeError) and _at_end(self.text, exc):
+                    self.json_error += ": the file ends before the document does"
         return self._json
 
     @cached_property

@@ -117,6 +117,7 @@ def test_truncated_json_names_the_json_error_not_an_unknown_format(
     assert problem.source == str(cut)
     assert problem.message.startswith("invalid JSON: ")
     assert "line " in problem.message and "column " in problem.message
+    assert problem.message.endswith(": the file ends before the document does")
 
 
 @pytest.mark.parametrize(

@@ -387,6 +387,7 @@ def test_a_multi_line_document_cut_short_is_one_problem_saying_where(
     assert (problem.source, problem.record) == (str(path), "file")
     assert problem.message.startswith("invalid JSON: "), problem.message
     assert f": line {line} column {column} (char " in problem.message, problem.message
+    assert problem.message.endswith(": the file ends before the document does")
 
 
 @pytest.mark.parametrize(

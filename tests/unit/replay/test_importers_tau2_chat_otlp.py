@@ -698,6 +698,7 @@ def test_a_document_cut_anywhere_is_one_problem_naming_its_last_line(
     assert problem.record == "file"
     assert problem.message.startswith("invalid JSON: "), problem.message
     assert f": line {cut.count(chr(10)) + 1} column " in problem.message, problem.message
+    assert problem.message.endswith(": the file ends before the document does"), problem.message
 
 
 _LINE_SEEDS = ["chat/records.jsonl", "otlp_json/openinference.jsonl"]
