@@ -364,8 +364,10 @@ def read_file(path: str | Path, *, format: str | None = None) -> ImportResult:
     files come back as problems naming the file (and the record, where there is one).
     A pipe (``<(zcat runs.jsonl.gz)``) is read up to :data:`MAX_FILE_BYTES`; a device or
     socket is refused. A file that is not valid JSON but starts like JSON (a run cut off
-    mid-write) is reported with the decoder's message and position, not as an unknown
-    format. An importer that fails on unexpected input keeps the runs it read before,
+    mid-write) and is not JSON Lines is one problem with the decoder's message and
+    position (``invalid JSON: ... line 40 column 3 (char 557)``, plus ``: the file ends
+    before the document does`` for a cut), not an unknown format, also with ``format``
+    forced. An importer that fails on unexpected input keeps the runs it read before,
     and the failure becomes a problem naming the importer. A file that holds no run (an
     empty tau2 ``simulations`` list, ``[]`` read as chat) is a problem naming it, so
     that nothing is dropped silently. Runs sharing a ``run_id``
@@ -406,9 +408,12 @@ def read_file(path: str | Path, *, format: str | None = None) -> ImportResult:
             else:
                 result.trajectories.append(item)
     except UnknownFormat as exc:
-        result.problems.append(ImportProblem(str(path), "file", _unknown_message(doc, exc)))
+        message = "empty file" if not doc.text.strip() else _broken_json(doc) or str(exc)
+        result.problems.append(ImportProblem(str(path), "file", message))
     except (ValueError, RecursionError) as exc:
-        result.problems.append(ImportProblem(str(path), "file", str(exc) or type(exc).__name__))
+        # A forced format on a broken document: the JSON error is the cause.
+        message = _broken_json(doc) or str(exc) or type(exc).__name__
+        result.problems.append(ImportProblem(str(path), "file", message))
     except Exception as exc:  # an importer bug on odd input must not stop other files
         name = importer.name if importer is not None else "?"
         result.problems.append(
@@ -426,15 +431,14 @@ def read_file(path: str | Path, *, format: str | None = None) -> ImportResult:
     return result
 
 
-def _unknown_message(doc: Document, exc: UnknownFormat) -> str:
-    """The unknown-format message, or the JSON error for text that starts like JSON."""
-    head = doc.text.lstrip()[:1]
-    if not head:
-        return "empty file"
-    whole_json = head == "[" or doc.json_lines is None
-    if head in ("{", "[") and doc.json is None and doc.json_error is not None and whole_json:
-        return f"invalid JSON: {doc.json_error}"
-    return str(exc)
+def _broken_json(doc: Document) -> str | None:
+    """``invalid JSON: ...`` (where it broke) for text that starts like JSON but is
+    neither one JSON value nor JSON Lines, else ``None``."""
+    if doc.text.lstrip()[:1] not in ("{", "[") or doc.json is not None:
+        return None
+    if doc.json_error is None or doc.json_lines is not None:
+        return None
+    return f"invalid JSON: {doc.json_error}"
 
 
 def _unique_run_ids(result: ImportResult) -> None:

@@ -391,6 +391,22 @@ def test_a_multi_line_document_cut_short_is_one_problem_saying_where(
 
 
 @pytest.mark.parametrize(
+    "format", ["loopwatch", "tau2", "toolbench", "openhands", "otlp_json", "chat"]
+)
+def test_a_forced_format_on_a_cut_document_names_the_json_error(
+    format: str, tmp_path: Path
+) -> None:
+    # Was: "not JSON or JSON Lines", "not a tau2-bench results object"...: no position.
+    text, _ = _CUTS["before the last ]"](_DOCUMENTS['{"info": {']())
+    path = tmp_path / "cut.json"
+    path.write_text(text, encoding="utf-8")
+    [problem] = read_file(path, format=format).problems
+    assert problem.record == "file"
+    assert problem.message.startswith("invalid JSON: Expecting ',' delimiter: line 7 column 1 ")
+    assert read_file(path).problems == [problem]
+
+
+@pytest.mark.parametrize(
     "last",
     ['{"id": "r9", "mess', '{"id": "r9", "messages": [', "{", '{"id": "r9"'],
 )
