@@ -295,7 +295,8 @@ _BOMS: tuple[tuple[bytes, str], ...] = (
 def decode_text(raw: bytes) -> str:
     """A file's bytes as text, the way editors and shells write trajectory files.
 
-    The encoding is the BOM's (UTF-8, UTF-16 or UTF-32, LE or BE; the BOM is dropped),
+    The encoding is the BOM's (UTF-8, UTF-16 or UTF-32, LE or BE; the BOM is dropped,
+    and any U+FEFF after it),
     else UTF-16 when the first bytes have the NUL pattern of ASCII text in UTF-16
     (``x\\0y\\0`` or ``\\0x\\0y``: what Windows PowerShell's ``>`` writes), else
     UTF-8; undecodable bytes become U+FFFD. Trailing NUL padding (a file preallocated or
@@ -316,7 +317,8 @@ def decode_text(raw: bytes) -> str:
                 encoding = "utf-16-be"
     if encoding.startswith("utf-16"):
         raw = raw[: len(raw) - len(raw) % 2]
-    text = raw.decode(encoding, errors="replace").rstrip("\x00")
+    # A BOM kept as text by a tool that then wrote its own is a second one.
+    text = raw.decode(encoding, errors="replace").rstrip("\x00").lstrip("\ufeff")
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     return text

@@ -53,6 +53,8 @@ def _shape(path: Path) -> tuple[list[tuple[str, int]], list[str]]:
 
 ENCODINGS = {
     "utf8-bom": lambda raw: codecs.BOM_UTF8 + raw,
+    # A BOM read as text by a tool that then wrote one of its own.
+    "utf8-bom-twice": lambda raw: codecs.BOM_UTF8 * 2 + raw,
     "utf16-bom": lambda raw: raw.decode("utf-8").encode("utf-16"),
     "utf16be-bom": lambda raw: codecs.BOM_UTF16_BE + raw.decode("utf-8").encode("utf-16-be"),
     "utf16le-no-bom": lambda raw: raw.decode("utf-8").encode("utf-16-le"),
