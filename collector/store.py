@@ -43,8 +43,10 @@ Write semantics (each rule has a test in ``tests/unit/test_store.py``):
   when the decision falls in the same group they go straight to their table. Steps
   arriving after the decision go to ``steps`` or are dropped; they always count.
 - Third-party steps first filed under their trace id move to the agent run when the map
-  stage says so (:class:`~loopwatch.collector.events.RunReassignment`); the emptied
-  trace-level run row is deleted.
+  stage says so (:class:`~loopwatch.collector.events.RunReassignment`), with their counts,
+  highest step and times: the trace-level run's are those of what it keeps (its run
+  span, stops and remaining steps), as if the steps had never been filed under it; the
+  emptied trace-level run row is deleted.
 - Stops: one primary stop per run in ``stops``. Precedence ``stop_span`` > ``run_span`` >
   ``inferred`` (:data:`~loopwatch.collector.events.STOP_ORIGINS`). A stronger stop
   replaces a weaker one and a weaker one is ignored, in either arrival order (a loopwatch
@@ -80,12 +82,13 @@ it names (a flag by trace id then no longer marks later runs of that trace).
 Reads (:class:`StoreReader`) run on their own cursors with a time limit and a row cap,
 parameterized SQL only, so they never block or starve the writer.
 
-Schema (``SCHEMA_VERSION`` = 12; numbered migrations in :data:`MIGRATIONS` are applied in
+Schema (``SCHEMA_VERSION`` = 13; numbered migrations in :data:`MIGRATIONS` are applied in
 order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
 
 - ``runs``: one row per run (key ``run_key``), kept until retention removes it: counts,
   the primary stop denormalized, the sampling decision (``sampled``, ``sample_rule``,
-  ``sample_tool``).
+  ``sample_tool``); ``span_start_unix_nano`` / ``span_end_unix_nano``: the times of its
+  run span rows alone, so a move out of the run narrows its times to what is left.
 - ``staged_steps`` / ``steps``: decision and tool_result rows (same columns).
 - ``stops`` (primary, one per run, key ``run_key``; ``counted``: whether ``/metrics``
   counted it; ``loop_tool``: the tool label its loop detection was counted under,
@@ -526,6 +529,18 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             )""",
         ),
     ),
+    Migration(
+        13,
+        "runs.span_start_unix_nano / span_end_unix_nano: the times of the run spans alone",
+        (
+            "ALTER TABLE runs ADD COLUMN span_start_unix_nano BIGINT",
+            "ALTER TABLE runs ADD COLUMN span_end_unix_nano BIGINT",
+            # Rows stored before: their times so far stand in for their spans', so a
+            # later move never narrows them (as before this schema).
+            "UPDATE runs SET span_start_unix_nano = start_unix_nano, "
+            "span_end_unix_nano = end_unix_nano",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
@@ -841,6 +856,8 @@ _RUN_COLUMNS: Final = (
     "first_seen_unix_nano",
     "last_seen_unix_nano",
     "duplicate_stops",
+    "span_start_unix_nano",  # schema 13
+    "span_end_unix_nano",
 )
 _COUNT_COLUMNS: Final = ("decisions", "tool_calls", "tool_errors", "tool_blocked", "tokens")
 _INT_FIELDS: Final = frozenset(
@@ -871,6 +888,8 @@ _INT_FIELDS: Final = frozenset(
         "hour_unix",
         "duplicate_stops",
         "hits",
+        "span_start_unix_nano",
+        "span_end_unix_nano",
     }
 )
 _FLOAT_FIELDS: Final = frozenset(
@@ -1012,6 +1031,16 @@ def _count_step(
     row["tokens"] = min(row["tokens"] + sign * tokens, _INT64_MAX)  # BIGINT: saturate
 
 
+def _widen(row: dict[str, Any], start: int | None, end: int | None, prefix: str = "") -> None:
+    """Widen ``row``'s ``{prefix}start_unix_nano`` / ``{prefix}end_unix_nano`` to cover
+    ``start`` / ``end`` (``None``: unknown, changes nothing)."""
+    first, last = f"{prefix}start_unix_nano", f"{prefix}end_unix_nano"
+    if start is not None and (row[first] is None or start < row[first]):
+        row[first] = start
+    if end is not None and (row[last] is None or end > row[last]):
+        row[last] = end
+
+
 def _stop_tuple(run_key: int, stop_row: StopRow, now_ns: int, counted: bool) -> tuple[Any, ...]:
     values = _get_stop(stop_row)
     return (
@@ -1032,6 +1061,18 @@ def _anomaly_tuple(
     values = _stop_tuple(run_key, stop_row, now_ns, counted)
     return (*values[:-_AFTER_RECEIVED], kind, *values[-_AFTER_RECEIVED:])
 
+
+_SQL_KEPT_BOUNDS: Final = (
+    "SELECT count(step_row), max(step), min(start_ns), max(end_ns) FROM ("
+    "SELECT 1 AS step_row, step, start_unix_nano AS start_ns, end_unix_nano AS end_ns "
+    "FROM staged_steps WHERE run_key = {key} UNION ALL "
+    "SELECT 1, step, start_unix_nano, end_unix_nano FROM steps WHERE run_key = {key} "
+    "UNION ALL SELECT NULL, step, NULL, time_unix_nano FROM stops WHERE run_key = {key} "
+    "UNION ALL SELECT NULL, step, NULL, time_unix_nano FROM stop_anomalies "
+    "WHERE run_key = {key})"
+)
+"""Step rows, highest step, earliest start and latest end of a run's stored rows and
+stops (``key``: its run key, an int rendered here)."""
 
 _RESTORE_MAX_KEYS: Final = 1_000_000
 """Most label keys a restore read returns (the API's row cap does not apply to it)."""
@@ -1677,11 +1718,12 @@ class Store:
             return
         from_key = _run_key(move.from_run_id)
         tables = ["staged_steps"] + (["steps"] if source["sampled"] else [])
-        moved: list[tuple[Any, ...]] = []  # (table, kind, step, outcome, tool, tokens)
+        moved: list[tuple[Any, ...]] = []  # (table, kind, step, outcome, tool, tokens, start, end)
         where = f"run_key = {from_key} AND trace_id = ? AND list_contains(?, span_id)"
         returning = (
             "RETURNING kind, step, outcome, COALESCE(tool, ''), "
-            "COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0)"
+            "COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0), "
+            "start_unix_nano, end_unix_nano"
         )
         for table in tables:
             params: list[Any] = [move.trace_id, sorted(span_ids)]
@@ -1700,21 +1742,26 @@ class Store:
             group.staged_in_db.add(move.to_run_id)
         # A moved call keeps the agent label it was counted under (its first row): the
         # move's -1/+1 pair carries one label, "", so per-label totals are unchanged.
-        for table, kind, step, outcome, tool, tokens in moved:
+        for table, kind, step, outcome, tool, tokens, start, end in moved:
             _count_step(source, kind, step, outcome, tokens, sign=-1)
             if kind == KIND_TOOL_RESULT:
                 group.tool(from_key, tool, outcome or "", -1, _MOVED)
             if target is not None:
                 _count_step(target, kind, step, outcome, tokens, sign=1)
+                _widen(target, start, end)
                 if kind == KIND_TOOL_RESULT:
                     group.tool(target["run_key"], tool, outcome or "", 1, _MOVED)
                     group.moved_tools.append((target["run_id"], move_job, tool, table))
-        if source["run_span_id"] is None and source["stop_origin"] is None:
-            remaining = self._con.execute(
-                f"SELECT count(*) FROM staged_steps WHERE run_key = {from_key}"
-            ).fetchone()
-            if remaining is not None and remaining[0] == 0:
-                group.emptied.add(move.from_run_id)
+        # The highest step and the times are not sums: they are taken again over what
+        # the run keeps (earlier groups' rows; _merge_rows adds this group's).
+        found = self._con.execute(_SQL_KEPT_BOUNDS.format(key=from_key)).fetchone()
+        remaining, highest, start, end = found if found is not None else (0, None, None, None)
+        source["steps"] = max(0, highest or 0)
+        source["start_unix_nano"] = source["span_start_unix_nano"]
+        source["end_unix_nano"] = source["span_end_unix_nano"]
+        _widen(source, start, end)
+        if source["run_span_id"] is None and source["stop_origin"] is None and not remaining:
+            group.emptied.add(move.from_run_id)
 
     def _merge_rows(self, group: _Group) -> None:
         for run in group.runs:
@@ -1727,14 +1774,8 @@ class Store:
                     value = getattr(run, name)
                     if value is not None:
                         row[name] = value
-            if run.start_unix_nano is not None and (
-                row["start_unix_nano"] is None or run.start_unix_nano < row["start_unix_nano"]
-            ):
-                row["start_unix_nano"] = run.start_unix_nano
-            if run.end_unix_nano is not None and (
-                row["end_unix_nano"] is None or run.end_unix_nano > row["end_unix_nano"]
-            ):
-                row["end_unix_nano"] = run.end_unix_nano
+            for prefix in ("", "span_"):
+                _widen(row, run.start_unix_nano, run.end_unix_nano, prefix)
         by_run: dict[str, list[StepRow]] = {}
         for step in group.steps:
             rows = by_run.get(step.run_id)

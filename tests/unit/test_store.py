@@ -29,6 +29,7 @@ from loopwatch.collector.events import (
     STOP_ORIGINS,
     MappedBatch,
     MapStage,
+    RunReassignment,
     RunRow,
     StepRow,
     StopRow,
@@ -816,7 +817,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con.execute("INSERT INTO run_tools VALUES (?, 'search', 'ok', 2)", [_run_key("old")])
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 12
+        assert store.schema_version == SCHEMA_VERSION == 13
         # A v1 count row has no agent of its own: it is restored under the run's.
         assert tool_call_totals(store) == {("legacy", "search", "ok"): 2}
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
@@ -847,6 +848,42 @@ def test_tool_counts_keep_their_agent_when_the_run_span_comes_later(tmp_path: Pa
         ("orders", "search", "error"): 1,
         ("renamed", "search", "ok"): 1,  # a step without an agent of its own: the run's
     }
+
+
+def test_schema_13_keeps_the_times_of_older_runs_when_steps_move_out(tmp_path: Path) -> None:
+    """Before schema 13 a run's times did not say which of its spans they came from:
+    migration 13 takes them as its run spans' times, so a move out of an older run
+    narrows its highest step (taken again from its rows and stops) but not its times."""
+    path = tmp_path / "v12.duckdb"
+    trace = "ee" * 16
+    con = duckdb.connect(str(path))
+    assert apply_migrations(con, target=12) == 12
+    con.execute(
+        "INSERT INTO runs (run_key, run_id, trace_id, source, start_unix_nano, end_unix_nano, "
+        "steps, tool_calls, first_seen_unix_nano, last_seen_unix_nano) "
+        "VALUES (?, ?, ?, 'genai', 3, 9, 2, 2, 1, 1)",
+        [_run_key(trace), trace, trace],
+    )
+    for span_id, step, start, end in (("00000000000000c2", 1, 3, 4), ("00000000000000c3", 2, 5, 9)):
+        con.execute(
+            "INSERT INTO staged_steps (run_key, trace_id, span_id, run_id, source, kind, step, "
+            "start_unix_nano, end_unix_nano, tool, outcome, received_unix_nano) "
+            "VALUES (?, ?, ?, ?, 'genai', 'tool_result', ?, ?, ?, 'alpha', 'ok', 1)",
+            [_run_key(trace), trace, span_id, trace, step, start, end],
+        )
+    con.close()
+    moved = MappedBatch(
+        runs=[RunRow("00000000000000c1", trace, "00000000000000c1", "genai", True, agent="A")],
+        reassignments=[RunReassignment(trace, ("00000000000000c3",), trace, "00000000000000c1")],
+    )
+    with Store(path) as store:
+        commit(store, moved)
+        old = store.reader().get_run(trace)
+        agent = store.reader().get_run("00000000000000c1")
+    assert old is not None and agent is not None
+    assert [old.run[k] for k in ("steps", "start_unix_nano", "end_unix_nano")] == [1, 3, 9]
+    assert [agent.run[k] for k in ("steps", "start_unix_nano", "end_unix_nano")] == [2, 5, 9]
+    assert (old.run["tool_calls"], agent.run["tool_calls"]) == (1, 1)
 
 
 def test_schema_7_moves_observe_evidence_out_of_a_completed_stop(tmp_path: Path) -> None:
