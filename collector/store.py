@@ -1137,10 +1137,10 @@ class _Group:
     merged: dict[str, dict[str, Any]] = field(default_factory=dict)
     existing: set[str] = field(default_factory=set)
     tool_deltas: dict[tuple[int, str, str, str | None], int] = field(default_factory=dict)
-    # Tool rows moved to a run from earlier groups' rows: (target run id, job index of
-    # the request that carried the move, tool, table). _decide counts a moved row only
-    # when its move came no later than the run's stop, as one by one.
-    moved_tools: list[tuple[str, int, str, str]] = field(default_factory=list)
+    # Tool rows moved to a run's staged rows from earlier groups' rows: (target run id,
+    # job index of the request that carried the move, tool). _decide counts a moved row
+    # only when its move came no later than the run's stop, as one by one.
+    moved_tools: list[tuple[str, int, str]] = field(default_factory=list)
     move_jobs: list[int] = field(default_factory=list)  # job index of each of ``moves``
     step_jobs: list[int] = field(default_factory=list)  # job index of each of ``steps``
     labels: dict[tuple[str, str], int] = field(default_factory=dict)  # metric_labels rows
@@ -1718,21 +1718,40 @@ class Store:
             return
         from_key = _run_key(move.from_run_id)
         tables = ["staged_steps"] + (["steps"] if source["sampled"] else [])
-        moved: list[tuple[Any, ...]] = []  # (table, kind, step, outcome, tool, tokens, start, end)
+        # (table the row is in now or "" when deleted, kind, step, outcome, tool, tokens,
+        # start, end)
+        moved: list[tuple[Any, ...]] = []
         where = f"run_key = {from_key} AND trace_id = ? AND list_contains(?, span_id)"
         returning = (
             "RETURNING kind, step, outcome, COALESCE(tool, ''), "
             "COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0), "
             "start_unix_nano, end_unix_nano"
         )
+        to_run_id = move.to_run_id
+        to_key = None if to_run_id is None else _run_key(to_run_id)
+        to_sampled = None if to_run_id is None else group.merged.get(to_run_id, {}).get("sampled")
         for table in tables:
             params: list[Any] = [move.trace_id, sorted(span_ids)]
-            if move.to_run_id is None:
-                sql = f"DELETE FROM {table} WHERE {where} {returning}"
-            else:
+            if to_run_id is None:
+                sql, lands = f"DELETE FROM {table} WHERE {where} {returning}", ""
+            elif table == "staged_steps" or to_sampled:
+                # Staged rows follow the run's decision when its group settles.
                 sql = f"UPDATE {table} SET run_key = ?, run_id = ? WHERE {where} {returning}"
-                params = [_run_key(move.to_run_id), move.to_run_id, *params]
-            moved += [(table, *row) for row in self._con.execute(sql, params).fetchall()]
+                params, lands = [to_key, to_run_id, *params], table
+            elif to_sampled is None:
+                # A kept row of a sampled run, moved to a run not decided yet, waits for
+                # that run's decision like its own rows: one by one it would otherwise
+                # stay kept whatever the decision, while in a group it follows it.
+                self._con.execute(
+                    "INSERT INTO staged_steps SELECT * REPLACE (?::UBIGINT AS run_key, "
+                    f"?::VARCHAR AS run_id) FROM steps WHERE {where}",
+                    [to_key, to_run_id, *params],
+                )
+                sql, lands = f"DELETE FROM steps WHERE {where} {returning}", "staged_steps"
+            else:
+                # A declined run keeps no steps: the row is counted there, not kept.
+                sql, lands = f"DELETE FROM steps WHERE {where} {returning}", ""
+            moved += [(lands, *row) for row in self._con.execute(sql, params).fetchall()]
         if not moved:
             return
         target = None
@@ -1751,7 +1770,8 @@ class Store:
                 _widen(target, start, end)
                 if kind == KIND_TOOL_RESULT:
                     group.tool(target["run_key"], tool, outcome or "", 1, _MOVED)
-                    group.moved_tools.append((target["run_id"], move_job, tool, table))
+                    if table == "staged_steps":
+                        group.moved_tools.append((target["run_id"], move_job, tool))
         # The highest step and the times are not sums: they are taken again over what
         # the run keeps (earlier groups' rows; _merge_rows adds this group's).
         found = self._con.execute(_SQL_KEPT_BOUNDS.format(key=from_key)).fetchone()
@@ -1939,21 +1959,16 @@ class Store:
             for key, tool, calls in rows:
                 tally = tallies[staged_keys[int(key)]]
                 tally[tool] = tally.get(tool, 0) + int(calls)
-        # Rows moved in from earlier groups: those from ``steps`` (a decided run's kept
-        # steps) are not in the query above; those from ``staged_steps`` are, and leave
-        # the tally again when their move came after the run's stop.
-        for run_id, move_job, tool, table in group.moved_tools:
+        # Rows moved in from earlier groups are in the staged rows queried above; they
+        # leave the tally again when their move came after the run's stop.
+        for run_id, move_job, tool in group.moved_tools:
             tally = tallies.get(run_id)
-            if tally is None:
-                continue
             last = stop_job.get(run_id) if stop_job is not None else None
-            in_time = last is None or move_job <= last
-            if table == "steps" and in_time:
-                tally[tool] = tally.get(tool, 0) + 1
-            elif table == "staged_steps" and not in_time:
-                tally[tool] = tally.get(tool, 0) - 1
-                if tally[tool] <= 0:
-                    del tally[tool]
+            if tally is None or last is None or move_job <= last:
+                continue
+            tally[tool] = tally.get(tool, 0) - 1
+            if tally[tool] <= 0:
+                del tally[tool]
         hour = hour_bucket(group.now_ns / _NS)
         if hour != self._quota_hour:
             self._quota_hour = None

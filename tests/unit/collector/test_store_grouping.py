@@ -423,3 +423,58 @@ def test_a_move_leaves_the_times_of_the_run_span_and_stop(
     bounds = ("steps", "start_unix_nano", "end_unix_nano", "tool_calls")
     assert [runs[trace][k] for k in bounds] == [0, 10, 20, 0]
     assert [runs[a.span_id][k] for k in bounds] == [1, 5, 30, 1]
+
+
+def _kept_step_moved_to_a_declined_run(declined_first: bool) -> tuple[Case, str, str]:
+    trace = "cd" * 16
+    root = SpanRecord(trace, "00000000000000b1", "", "workflow", 1, 1, 2, {})
+    a = SpanRecord(trace, "00000000000000b2", root.span_id, "invoke_agent A", 1, 3, 4, AGENT)
+    if not declined_first:  # A is decided (on the moved call) in the move's request
+        tool = tool_span(trace, "00000000000000b4", a.span_id, "alpha", 7)
+        chunks = [[root], [tool], [a]]
+        return Case(map_requests(chunks), [], cap=1, fill=("alpha",)), trace, a.span_id
+    # A is declined first (the cap); a call under a chain span not known yet; the chain
+    # span comes with a new agent B, and the call moves to A, decided before.
+    x = SpanRecord(trace, "00000000000000b3", a.span_id, "chain X", 1, 5, 6, {})
+    tool = tool_span(trace, "00000000000000b4", x.span_id, "alpha", 7)
+    b = SpanRecord(trace, "00000000000000b5", root.span_id, "invoke_agent B", 1, 9, 10, AGENT)
+    chunks = [[root], [a], [tool], [x, b]]
+    return Case(map_requests(chunks), [], cap=2, fill=()), trace, a.span_id
+
+
+@pytest.mark.parametrize(
+    ("declined_first", "groups"),
+    [
+        (False, [1, 1, 1]),
+        (False, [1, 2]),
+        (False, [3]),
+        (True, [1, 1, 1, 1]),
+        (True, [1, 1, 2]),
+        (True, [1, 3]),
+    ],
+)
+def test_a_kept_step_moved_to_a_declined_run_is_not_kept(
+    tmp_path: Path, declined_first: bool, groups: list[int]
+) -> None:
+    """The trace-level run is sampled at its root span; a tool span whose agent is not
+    known yet is filed under it (kept in ``steps``); a later span moves it to its agent
+    run, which is declined by the hourly cap (before, or on this call). One by one the
+    move updated the kept row to the declined run, which then showed it; in a group it
+    was dropped, as the design says for every step of a declined run (counted, not
+    kept)."""
+    case, trace, agent_run = _kept_step_moved_to_a_declined_run(declined_first)
+    case.groups = groups
+    assert [len(r.reassignments) for r in case.requests][-1] == 1
+    one, _ = assert_same(tmp_path, case)
+    runs = _runs(one)
+    assert (runs[trace]["sampled"], runs[trace]["tool_calls"]) == (True, 0)
+    agent = runs[agent_run]
+    assert (agent["sampled"], agent["sample_rule"], agent["tool_calls"]) == (
+        False,
+        "hourly_cap",
+        1,
+    )
+    assert agent["sample_tool"] == ("" if declined_first else "alpha")
+    assert case.fill is not None
+    assert [run for run, _ in _kept(one)] == [f"fill-{case.seed}"] * 2 * len(case.fill)
+    assert _kept(one, "staged_steps") == []
