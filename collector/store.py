@@ -69,7 +69,9 @@ Write semantics (each rule has a test in ``tests/unit/test_store.py``):
   new span for ``undecided_timeout_seconds``. A stop replacing another later does not
   re-decide (deleted steps cannot come back). The hourly cap's tool is the run's most
   called tool among the calls known at that request (earlier groups' and this group's
-  up to it), so grouping does not change it either.
+  up to it), so grouping does not change it either. In a group, moves and decisions
+  are applied in request order too: a move in a later request than a run's stop finds
+  that run decided (a declined run's steps are gone by then, and stay counted there).
 
 Retention (``StoreConfig.retention_seconds``, off by default): the periodic maintenance
 removes decided runs whose last span arrived longer ago than that, with every row that
@@ -1137,10 +1139,6 @@ class _Group:
     merged: dict[str, dict[str, Any]] = field(default_factory=dict)
     existing: set[str] = field(default_factory=set)
     tool_deltas: dict[tuple[int, str, str, str | None], int] = field(default_factory=dict)
-    # Tool rows moved to a run's staged rows from earlier groups' rows: (target run id,
-    # job index of the request that carried the move, tool). _decide counts a moved row
-    # only when its move came no later than the run's stop, as one by one.
-    moved_tools: list[tuple[str, int, str]] = field(default_factory=list)
     move_jobs: list[int] = field(default_factory=list)  # job index of each of ``moves``
     step_jobs: list[int] = field(default_factory=list)  # job index of each of ``steps``
     labels: dict[tuple[str, str], int] = field(default_factory=dict)  # metric_labels rows
@@ -1149,9 +1147,12 @@ class _Group:
     stopped_before: set[str] = field(default_factory=set)
     emptied: set[str] = field(default_factory=set)
     stop_jobs: list[int] = field(default_factory=list)  # job index of each of ``stops``
+    primary: list[StopRow] = field(default_factory=list)  # the stops that win, to store
     counted: dict[str, StopRow] = field(default_factory=dict)  # run id -> stop counted now
     counted_by_job: dict[int, list[StopRow]] = field(default_factory=dict)
     replaced: list[tuple[StopRow, bool]] = field(default_factory=list)  # (stop, counted)
+    quota: dict[tuple[str, str], int] | None = None  # runs kept this hour, with the group's
+    quota_changed: set[tuple[str, str]] = field(default_factory=set)
 
     def run(self, run_id: str, trace_id: str, source: str) -> dict[str, Any]:
         row = self.merged.get(run_id)
@@ -1541,10 +1542,20 @@ class Store:
                     group.canary_hits[location] = group.canary_hits.get(location, 0) + hits
 
         self._load_runs(group)
+        anomalies, deciding = self._merge_stops(group)
+        # One by one, a run is decided when its stop's request is committed, before any
+        # later request's move carries steps into or out of it: apply them in that order.
+        stop_job = {run_id: job for run_id, _, job in deciding}
+        pending = deque(deciding)
         for move, move_job in zip(group.moves, group.move_jobs, strict=True):
+            due: list[tuple[str, str | None]] = []
+            while pending and pending[0][2] < move_job:
+                run_id, reason, _ = pending.popleft()
+                due.append((run_id, reason))
+            self._decide(group, due, stop_job)
             self._reassign(group, move, move_job)
+        self._decide(group, [(run_id, reason) for run_id, reason, _ in pending], stop_job)
         self._merge_rows(group)
-        anomalies = self._merge_stops(group)
         self._write_rows(group, anomalies)
 
         outcomes = []
@@ -1668,21 +1679,22 @@ class Store:
             group.stopped_before.add(run_id)
 
     def _reassign(self, group: _Group, move: RunReassignment, move_job: int) -> None:
-        """Apply ``move``, carried by the group's request ``move_job``: a moved row counts
-        for its new run's sampling from that request on (``step_jobs``, ``moved_tools``)."""
+        """Apply ``move``, carried by the group's request ``move_job``, after the decisions
+        of the group's earlier requests: a moved row counts for its new run's sampling
+        from that request on (``step_jobs``; a moved stored row is staged)."""
         if move.to_run_id == move.from_run_id or not move.span_ids:
+            return
+        source = group.merged.get(move.from_run_id)
+        if source is not None and source["sampled"] is False:
+            # A declined run drops its steps (counted, not kept) on arrival, and its
+            # decision deleted the staged ones: one by one, a later move finds nothing.
             return
         span_ids = set(move.span_ids)
         kept: list[StepRow] = []
         jobs: list[int] = []
-        # A run decided not sampled in an earlier group drops its new steps (counted, not
-        # kept) when they arrive, before any later move can carry them: one by one, the
-        # move then finds nothing. Such in-group steps stay with it here too.
-        declined = group.merged.get(move.from_run_id, {}).get("sampled") is False
         for step, job in zip(group.steps, group.step_jobs, strict=True):
             if (
-                not declined
-                and step.run_id == move.from_run_id
+                step.run_id == move.from_run_id
                 and step.trace_id == move.trace_id
                 and step.span_id in span_ids
             ):
@@ -1713,14 +1725,11 @@ class Store:
                 continue
             runs.append(run)
         group.runs = runs
-        source = group.merged.get(move.from_run_id)
-        if source is None:
+        if source is None or move.from_run_id not in group.existing:
             return
         from_key = _run_key(move.from_run_id)
         tables = ["staged_steps"] + (["steps"] if source["sampled"] else [])
-        # (table the row is in now or "" when deleted, kind, step, outcome, tool, tokens,
-        # start, end)
-        moved: list[tuple[Any, ...]] = []
+        moved: list[tuple[Any, ...]] = []  # (kind, step, outcome, tool, tokens, start, end)
         where = f"run_key = {from_key} AND trace_id = ? AND list_contains(?, span_id)"
         returning = (
             "RETURNING kind, step, outcome, COALESCE(tool, ''), "
@@ -1733,11 +1742,11 @@ class Store:
         for table in tables:
             params: list[Any] = [move.trace_id, sorted(span_ids)]
             if to_run_id is None:
-                sql, lands = f"DELETE FROM {table} WHERE {where} {returning}", ""
+                sql = f"DELETE FROM {table} WHERE {where} {returning}"
             elif table == "staged_steps" or to_sampled:
                 # Staged rows follow the run's decision when its group settles.
                 sql = f"UPDATE {table} SET run_key = ?, run_id = ? WHERE {where} {returning}"
-                params, lands = [to_key, to_run_id, *params], table
+                params = [to_key, to_run_id, *params]
             elif to_sampled is None:
                 # A kept row of a sampled run, moved to a run not decided yet, waits for
                 # that run's decision like its own rows: one by one it would otherwise
@@ -1747,11 +1756,11 @@ class Store:
                     f"?::VARCHAR AS run_id) FROM steps WHERE {where}",
                     [to_key, to_run_id, *params],
                 )
-                sql, lands = f"DELETE FROM steps WHERE {where} {returning}", "staged_steps"
+                sql = f"DELETE FROM steps WHERE {where} {returning}"
             else:
                 # A declined run keeps no steps: the row is counted there, not kept.
-                sql, lands = f"DELETE FROM steps WHERE {where} {returning}", ""
-            moved += [(lands, *row) for row in self._con.execute(sql, params).fetchall()]
+                sql = f"DELETE FROM steps WHERE {where} {returning}"
+            moved += self._con.execute(sql, params).fetchall()
         if not moved:
             return
         target = None
@@ -1761,7 +1770,7 @@ class Store:
             group.staged_in_db.add(move.to_run_id)
         # A moved call keeps the agent label it was counted under (its first row): the
         # move's -1/+1 pair carries one label, "", so per-label totals are unchanged.
-        for table, kind, step, outcome, tool, tokens, start, end in moved:
+        for kind, step, outcome, tool, tokens, start, end in moved:
             _count_step(source, kind, step, outcome, tokens, sign=-1)
             if kind == KIND_TOOL_RESULT:
                 group.tool(from_key, tool, outcome or "", -1, _MOVED)
@@ -1770,8 +1779,6 @@ class Store:
                 _widen(target, start, end)
                 if kind == KIND_TOOL_RESULT:
                     group.tool(target["run_key"], tool, outcome or "", 1, _MOVED)
-                    if table == "staged_steps":
-                        group.moved_tools.append((target["run_id"], move_job, tool))
         # The highest step and the times are not sums: they are taken again over what
         # the run keeps (earlier groups' rows; _merge_rows adds this group's).
         found = self._con.execute(_SQL_KEPT_BOUNDS.format(key=from_key)).fetchone()
@@ -1855,11 +1862,17 @@ class Store:
             and group.merged[run_id]["stop_origin"] is None
         }
 
-    def _merge_stops(self, group: _Group) -> list[StopRow]:
+    def _merge_stops(
+        self, group: _Group
+    ) -> tuple[list[StopRow], list[tuple[str, str | None, int]]]:
         """Apply the group's stops request by request (module docstring, "Stops" and
-        "Metrics count"); return the duplicate-stop anomalies."""
+        "Metrics count"); return the duplicate-stop anomalies and the runs their first
+        stop decides, ``(run_id, stop reason for sampling, job index)`` in request order.
+        """
         winners: dict[str, StopRow] = {}
         anomalies: list[StopRow] = []
+        for stop_row in group.stops:
+            group.run(stop_row.run_id, stop_row.trace_id, stop_row.source)
 
         def duplicate(stop_row: StopRow) -> None:
             anomalies.append(stop_row)
@@ -1912,15 +1925,18 @@ class Store:
         # Decided by the run's first stop, as when its requests are committed one by one.
         # A run that ended "completed" but looped while observed is abnormal for
         # sampling: its steps are the evidence an incident reviewer wants.
-        undecided = [
-            (run_id, s.observe_reason if s.observe_reason and s.reason == "completed" else s.reason)
+        stop_job = {s.run_id: job for job, stops in group.counted_by_job.items() for s in stops}
+        deciding: list[tuple[str, str | None, int]] = [
+            (
+                run_id,
+                s.observe_reason if s.observe_reason and s.reason == "completed" else s.reason,
+                stop_job[run_id],
+            )
             for run_id, s in group.counted.items()
             if group.merged[run_id]["sampled"] is None
         ]
-        stop_job = {s.run_id: job for job, stops in group.counted_by_job.items() for s in stops}
-        self._decide(group, undecided, stop_job)
-        group.stops = list(winners.values())
-        return anomalies
+        group.primary = list(winners.values())
+        return anomalies, deciding
 
     def _decide(
         self,
@@ -1931,9 +1947,11 @@ class Store:
         """Decide sampling for ``runs`` (``(run_id, stop reason)``; ``None``: timed out).
 
         The cap's tool is the run's most called tool among the calls stored before its
-        decision: earlier groups' (``staged_steps``), and this group's from the requests
-        up to the one that carried the run's stop (``stop_job``; all of them when the run
-        is not in it), so a group decides as its requests would one by one.
+        decision: earlier groups' (``staged_steps``, with the moves applied so far), and
+        this group's from the requests up to the one that carried the run's stop
+        (``stop_job``; all of them when the run is not in it), so a group decides as its
+        requests would one by one. The quota counts the group's earlier decisions
+        (:meth:`_write_rows` stores it).
         """
         if not runs:
             return
@@ -1959,30 +1977,21 @@ class Store:
             for key, tool, calls in rows:
                 tally = tallies[staged_keys[int(key)]]
                 tally[tool] = tally.get(tool, 0) + int(calls)
-        # Rows moved in from earlier groups are in the staged rows queried above; they
-        # leave the tally again when their move came after the run's stop.
-        for run_id, move_job, tool in group.moved_tools:
-            tally = tallies.get(run_id)
-            last = stop_job.get(run_id) if stop_job is not None else None
-            if tally is None or last is None or move_job <= last:
-                continue
-            tally[tool] = tally.get(tool, 0) - 1
-            if tally[tool] <= 0:
-                del tally[tool]
-        hour = hour_bucket(group.now_ns / _NS)
-        if hour != self._quota_hour:
-            self._quota_hour = None
-            self._quota = {
-                (reason, tool): kept
-                for reason, tool, kept in self._con.execute(
-                    "SELECT stop_reason, tool, max(kept) FROM sample_quota WHERE hour_unix = ? "
-                    "GROUP BY ALL",
-                    [hour],
-                ).fetchall()
-            }
-            self._quota_hour = hour
-        quota = dict(self._quota)
-        changed: set[tuple[str, str]] = set()
+        if group.quota is None:
+            hour = hour_bucket(group.now_ns / _NS)
+            if hour != self._quota_hour:
+                self._quota_hour = None
+                self._quota = {
+                    (reason, tool): kept
+                    for reason, tool, kept in self._con.execute(
+                        "SELECT stop_reason, tool, max(kept) FROM sample_quota "
+                        "WHERE hour_unix = ? GROUP BY ALL",
+                        [hour],
+                    ).fetchall()
+                }
+                self._quota_hour = hour
+            group.quota = dict(self._quota)
+        quota = group.quota
         for run_id, reason in runs:
             tally = tallies[run_id]
             tool = min(tally, key=lambda t: (-tally[t], t)) if tally else ""
@@ -1992,7 +2001,7 @@ class Store:
             )
             if decision.sampled:
                 quota[(quota_reason, tool)] = quota.get((quota_reason, tool), 0) + 1
-                changed.add((quota_reason, tool))
+                group.quota_changed.add((quota_reason, tool))
             group.merged[run_id].update(
                 sampled=decision.sampled,
                 sample_rule=decision.rule,
@@ -2000,14 +2009,6 @@ class Store:
                 decided_unix_nano=group.now_ns,
             )
             group.settle.add(run_id)
-        if changed:
-            # A few rows: bound parameters cost half of an Arrow view here.
-            rows = [(hour, r, t, quota[(r, t)]) for r, t in sorted(changed)]
-            self._con.execute(
-                "INSERT INTO sample_quota VALUES " + ", ".join(["(?, ?, ?, ?)"] * len(rows)),
-                [value for row in rows for value in row],
-            )
-            self._after_commit.append(lambda: self._publish_quota(hour, quota))
 
     def _publish_quota(self, hour: int, quota: dict[tuple[str, str], int]) -> None:
         if self._quota_hour == hour:
@@ -2015,6 +2016,16 @@ class Store:
 
     def _write_rows(self, group: _Group, anomalies: list[StopRow]) -> None:
         now_ns = group.now_ns
+        quota = group.quota
+        if quota is not None and group.quota_changed:
+            hour = hour_bucket(now_ns / _NS)
+            # A few rows: bound parameters cost half of an Arrow view here.
+            totals = [(hour, r, t, quota[(r, t)]) for r, t in sorted(group.quota_changed)]
+            self._con.execute(
+                "INSERT INTO sample_quota VALUES " + ", ".join(["(?, ?, ?, ?)"] * len(totals)),
+                [value for row in totals for value in row],
+            )
+            self._after_commit.append(lambda: self._publish_quota(hour, quota))
         if group.existing:
             keys = _key_list(group.merged[r]["run_key"] for r in group.existing)
             self._con.execute(f"DELETE FROM runs WHERE run_key IN ({keys})")
@@ -2056,8 +2067,8 @@ class Store:
                 f"INSERT INTO steps SELECT * FROM staged_steps WHERE run_key IN ({sampled})"
             )
             self._con.execute(f"DELETE FROM staged_steps WHERE run_key IN ({decided})")
-        if group.stops:
-            replaced = [s.run_id for s in group.stops if s.run_id in group.stopped_before]
+        if group.primary:
+            replaced = [s.run_id for s in group.primary if s.run_id in group.stopped_before]
             if replaced:
                 keys = _key_list(_run_key(r) for r in replaced)
                 self._con.execute(
@@ -2071,7 +2082,7 @@ class Store:
                     _STOP_COLUMNS,
                     [
                         _stop_tuple(_run_key(s.run_id), s, now_ns, group.counted.get(s.run_id) is s)
-                        for s in group.stops
+                        for s in group.primary
                     ],
                 ),
             )

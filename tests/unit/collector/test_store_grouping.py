@@ -478,3 +478,35 @@ def test_a_kept_step_moved_to_a_declined_run_is_not_kept(
     assert case.fill is not None
     assert [run for run, _ in _kept(one)] == [f"fill-{case.seed}"] * 2 * len(case.fill)
     assert _kept(one, "staged_steps") == []
+
+
+@pytest.mark.parametrize("takeover", [False, True], ids=["agent span", "loopwatch span"])
+@pytest.mark.parametrize("groups", [[1, 1, 1], [3], [2, 1], [1, 2]], ids=str)
+def test_a_run_declined_earlier_in_the_group_keeps_its_steps_from_a_move(
+    tmp_path: Path, groups: list[int], takeover: bool
+) -> None:
+    """The trace-level run is declined at its root span; a tool span whose agent is not
+    known yet is filed under it again (dropped, counted); then the agent span (or a
+    loopwatch span) moves the trace's calls. With all three requests in one group, the
+    group applied every move before any decision: the call moved to the agent run
+    (counted and kept there, or dropped with the takeover), where one by one the move
+    came after the decision and found nothing. Moves and decisions now follow the
+    requests' order."""
+    trace = "ab" * 16
+    root = SpanRecord(trace, "00000000000000a1", "", "workflow", 1, 1, 2, {})
+    a = SpanRecord(trace, "00000000000000a2", root.span_id, "invoke_agent A", 1, 3, 4, AGENT)
+    tool = tool_span(trace, "00000000000000a3", a.span_id, "alpha", 5)
+    attrs = {sc.LW_EVENT: sc.EVENT_DECISION, sc.LW_RUN_ID: "lw", sc.LW_STEP: 1}
+    lw = SpanRecord(trace, "00000000000000a4", "", "decide", 1, 7, 8, attrs)
+    case = Case(map_requests([[root], [tool], [lw if takeover else a]]), groups, fraction=0.0)
+    assert [len(r.reassignments) for r in case.requests] == [0, 0, 1]
+    one, _ = assert_same(tmp_path, case)
+    runs = _runs(one)
+    declined = runs[trace]
+    assert (declined["sampled"], declined["tool_calls"], declined["steps"]) == (False, 1, 1)
+    assert (declined["start_unix_nano"], declined["end_unix_nano"]) == (1, 6)
+    if not takeover:
+        assert runs[a.span_id]["tool_calls"] == 0
+    rows = _kept(one) + _kept(one, "staged_steps")
+    assert [run for run, _ in rows if run in (trace, a.span_id)] == []
+    assert one["tool_call_totals"] == [("workflow", "alpha", "ok", 1)]  # counted once
