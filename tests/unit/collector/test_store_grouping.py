@@ -18,6 +18,7 @@ import hashlib
 import random
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -313,32 +314,36 @@ def snapshot(path: Path) -> dict[str, Any]:
         con.close()
 
 
+def _commit_cases(
+    path: Path, cases: Sequence[Case], sampling: SamplingConfig, grouped: bool
+) -> None:
+    clock, gate = Clock(), Gate()
+    store = Store(path, config=StoreConfig(sampling=sampling), clock=clock, on_commit=gate)
+    try:
+        for case in cases:
+            clock.now += HOUR
+            commit_case(store, gate, case, grouped=grouped)
+    finally:
+        gate.release.set()
+        store.close()
+
+
 def run_cases(
     root: Path, cases: Sequence[Case], *, fraction: float, cap: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Commit ``cases`` one after the other into two stores, one by one and grouped (each
-    case in an hour of its own), and return both files' snapshots."""
-    out = []
-    for grouped in (False, True):
-        path = root / f"{'grouped' if grouped else 'one-by-one'}-{fraction}-{cap}.duckdb"
-        clock, gate = Clock(), Gate()
-        store = Store(
-            path,
-            config=StoreConfig(
-                sampling=SamplingConfig(completed_fraction=fraction, max_full_runs_per_hour=cap)
-            ),
-            clock=clock,
-            on_commit=gate,
-        )
-        try:
-            for case in cases:
-                clock.now += HOUR
-                commit_case(store, gate, case, grouped=grouped)
-        finally:
-            gate.release.set()
-            store.close()
-        out.append(snapshot(path))
-    return out[0], out[1]
+    case in an hour of its own; the two stores side by side), and return both files'
+    snapshots."""
+    sampling = SamplingConfig(completed_fraction=fraction, max_full_runs_per_hour=cap)
+    paths = [root / f"{mode}-{fraction}-{cap}.duckdb" for mode in ("one-by-one", "grouped")]
+    with ThreadPoolExecutor(2) as pool:
+        done = [
+            pool.submit(_commit_cases, path, cases, sampling, grouped)
+            for path, grouped in zip(paths, (False, True), strict=True)
+        ]
+        for future in done:
+            future.result()
+    return snapshot(paths[0]), snapshot(paths[1])
 
 
 def differences(one: dict[str, Any], grouped: dict[str, Any]) -> list[str]:
@@ -362,6 +367,37 @@ def assert_same(root: Path, case: Case) -> tuple[dict[str, Any], dict[str, Any]]
     one, grouped = run_cases(root, [case], fraction=case.fraction, cap=case.cap)
     assert differences(one, grouped) == []
     return one, grouped
+
+
+# ------------------------------------------------------------------ the law
+
+# This generator is a port of a review's fuzzer. One case at a time, before the fixes the
+# named tests below keep, it found differences in 63 of the first 200 seeds of the three
+# shapes (times and highest steps after a move, mostly); with those fixed, 8 of 1,000
+# seeds (0-399, 1000-1299, 2000-2299), all in the first shape: 6 moves out of order with
+# decisions (64, 128, 168, 169, 200, 398) and 2 kept steps moved to a declined run (297,
+# 308). The first seeds of each shape and those run here, stores shared per sampling
+# setting (a failure names the seeds of its setting; run one alone with run_cases).
+SHAPES: dict[str, tuple[dict[str, bool], list[int]]] = {
+    "roots anywhere": ({}, [*range(0, 120), 128, 168, 169, 200, 297, 308, 398]),
+    "roots last": ({"root_last": True}, list(range(1000, 1050))),
+    "children first": ({"root_last": True, "movey": True}, list(range(2000, 2050))),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_any_grouping_leaves_the_database_of_one_by_one(tmp_path: Path, shape: str) -> None:
+    options, seeds = SHAPES[shape]
+    cases = [generate(seed, **options) for seed in seeds]
+    by_setting: dict[tuple[float, int], list[Case]] = {}
+    for case in cases:
+        by_setting.setdefault((case.fraction, case.cap), []).append(case)
+    for (fraction, cap), some in sorted(by_setting.items()):
+        one, grouped = run_cases(tmp_path, some, fraction=fraction, cap=cap)
+        found = differences(one, grouped)
+        assert not found, (
+            f"seeds {[c.seed for c in some]} (fraction {fraction}, cap {cap}):\n" + "\n".join(found)
+        )
 
 
 # ------------------------------------------------------------------ the differences found
