@@ -651,7 +651,7 @@ def _fresh_redactor() -> Redactor:
     return Redactor(canaries=[CANARY, CANARY_ODD], hmac_key=b"h" * 16)
 
 
-@settings(derandomize=True, max_examples=200, deadline=None)
+@settings(derandomize=True, max_examples=100, deadline=None)
 @given(st.lists(json_values, min_size=1, max_size=6))
 def test_law_warm_caches_change_nothing(values: list[object]) -> None:
     # The clean caches (plain strings, and JSON text by the depth it was walked at) are
