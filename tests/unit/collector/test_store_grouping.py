@@ -16,7 +16,6 @@ import copy
 import dataclasses
 import hashlib
 import random
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,37 +37,16 @@ from loopwatch.collector.events import (
 )
 from loopwatch.collector.records import SpanBatch, SpanRecord
 from loopwatch.collector.sampling import SamplingConfig
-from loopwatch.collector.store import CommitStats, Store, StoreConfig
+from loopwatch.collector.store import Store, StoreConfig
 from loopwatch.instrumentation import _semconv as sc
+
+from tests.unit.test_store import Clock, Gate
 
 T0 = 1_800_000_000.0
 HOUR = 3600.0
 TOOLS = ("alpha", "beta", "gamma")
 AGENT = {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT}
 _PLUG = "plug"  # run id of the batch that holds the writer while a group is queued
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Gate:
-    """An ``on_commit`` hook that holds the writer after one commit, once armed."""
-
-    def __init__(self) -> None:
-        self.holding = threading.Event()
-        self.release = threading.Event()
-        self.armed = False
-
-    def __call__(self, stats: CommitStats) -> None:
-        if self.armed:
-            self.armed = False
-            self.holding.set()
-            self.release.wait(10)
 
 
 @dataclass
