@@ -27,16 +27,15 @@ import pandas as pd
 
 __all__ = ["BIDI_CONTROLS", "REPLACEMENT", "neutralise", "neutralise_frame"]
 
-BIDI_CONTROLS: Final = re.compile(r"[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_BIDI_CLASS: Final = r"\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+BIDI_CONTROLS: Final = re.compile(f"[{_BIDI_CLASS}]")
 """Arabic letter mark, LRM/RLM, embeddings and overrides (U+202A..U+202E), isolates
 (U+2066..U+2069)."""
 
 REPLACEMENT: Final = "\ufffd"
 """What each bidi control (and each lone surrogate) becomes."""
 
-_SHOWN_AS_REPLACEMENT: Final = re.compile(
-    r"[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
-)  # BIDI_CONTROLS and every lone surrogate
+_SHOWN_AS_REPLACEMENT: Final = re.compile(f"[{_BIDI_CLASS}\\ud800-\\udfff]")  # and lone surrogates
 
 
 def neutralise(text: str) -> str:
