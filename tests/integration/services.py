@@ -76,6 +76,16 @@ T = TypeVar("T")
 
 _live: set[subprocess.Popen[bytes]] = set()
 
+_CHILD_TMPDIR = Path(tempfile.mkdtemp(prefix="lw-test-children-"))
+"""``TMPDIR`` of the processes the tests start, removed when the test process exits.
+
+Tests SIGKILL collectors on purpose, and a killed collector cannot remove what it made in
+the temporary folder (multiprocessing's ``pymp-*`` folder of its decode workers'
+forkserver, for one): without this, every suite run left dozens of them in /tmp.
+"""
+# Registered before _kill_leftovers, so it runs after it (atexit runs last-in, first-out).
+atexit.register(shutil.rmtree, _CHILD_TMPDIR, ignore_errors=True)
+
 
 @atexit.register
 def _kill_leftovers() -> None:
@@ -137,6 +147,7 @@ def _child_env() -> dict[str, str]:
     # collector or client.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPWATCH_", "OTEL_"))}
     env["PYTHONUNBUFFERED"] = "1"
+    env["TMPDIR"] = str(_CHILD_TMPDIR)
     return env
 
 
