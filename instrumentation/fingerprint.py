@@ -11,8 +11,9 @@
 
 Canonical form: keys sorted, volatile keys dropped at any depth (progress-bearing keys are
 always kept), strings stripped, tuples and sets as lists (sets sorted), bytes as hex,
-non-finite floats as strings, other objects by ``str``. Hashing is constant work per value:
-no run state is involved.
+non-finite floats as strings, other objects by ``str``; a value whose conversion raises
+(a hostile subclass or ``__str__``) by identity, never an exception. Hashing is constant
+work per value: no run state is involved.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "digest",
     "fingerprint_with",
     "is_empty_result",
+    "key_text",
     "object_token",
     "observation_digest",
     "observation_digest_with",
@@ -72,7 +74,11 @@ def _safe_str(value: Any) -> str:
         return f"<{type(value).__name__}>"
 
 
-def _key_text(key: Any) -> str:
+def key_text(key: Any) -> str:
+    """A mapping key as text, as canonical values spell it (never raises: a key whose
+    ``__str__`` raises is its type name; an int too long for text is hex)."""
+    if type(key) is str:
+        return key
     if type(key) is int and key.bit_length() > _MAX_INT_BITS:
         return _big_int(key)
     return _safe_str(key)
@@ -214,7 +220,7 @@ def _canon(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
     if kind is dict:
         out: dict[str, Any] = {}
         for k, v in value.items():
-            key = k if type(k) is str else _key_text(k)
+            key = k if type(k) is str else key_text(k)
             if drop and key.lower() in drop:
                 continue
             vkind = type(v)
@@ -305,6 +311,19 @@ def _plain(  # noqa: PLR0917 - positional on purpose: recursive hot path
 
 
 def _canon_other(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
+    """Any value that is not an exact JSON type. A conversion that raises (a subclass
+    whose ``__iter__``, ``__str__``, ``__float__`` or ``__bytes__`` raises, a mapping
+    whose ``__getitem__`` raises, a dataclass field whose getter raises) gives the
+    value by identity (:func:`object_token`): it was raised into the agent, before or
+    after the tool ran. Identity can make equal values look different (a missed loop),
+    never different values look equal (a false stop)."""
+    try:
+        return _convert_other(value, drop, loose, depth)
+    except Exception:  # hostile input must not break the agent
+        return object_token(value)
+
+
+def _convert_other(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
     if isinstance(value, str):
         return _canon(str(value), drop, loose, depth)
     if isinstance(value, bool | int):

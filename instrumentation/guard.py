@@ -70,6 +70,7 @@ from .fingerprint import (
     digest,
     fields_lower,
     fingerprint_with,
+    key_text,
     observation_digest_with,
     preview,
     text_fingerprint,
@@ -209,6 +210,11 @@ integers as signed 64-bit, and an exporter drops an attribute past that range wi
 raising, so the decision's usage and the run's totals would silently vanish from the
 trace. Capped per report, a run's totals stay within range for 2**23 reports.
 """
+
+
+def _blank(value: Any) -> bool:
+    """An idempotency key value that is no key: None or the empty string."""
+    return value is None or (isinstance(value, str) and str.__len__(value) == 0)
 
 
 def _usage_tokens(value: Any) -> int:
@@ -1304,7 +1310,8 @@ class Guard:
             intent = fp
             if key_field is not None:
                 for k, v in args.items():
-                    if str(k).lower() == key_field and v not in (None, ""):
+                    # No == on the value: a hostile __eq__ (or an array) must not raise.
+                    if key_text(k).lower() == key_field and not _blank(v):
                         idem_value = canonical_json(canonicalize(v))
             if ts.write:
                 # Duplicate intent ignores the key and cosmetic case/space changes: a side
@@ -1736,7 +1743,7 @@ class Guard:
             return False
         changed = False
         for k, v in result.items():
-            lowered = str(k).lower()
+            lowered = key_text(k).lower()
             if lowered not in keep:
                 continue
             slot = (ticket.tool, lowered, canonical_json(canonicalize(v)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -663,3 +664,102 @@ def test_a_token_count_past_int64_is_capped_so_the_trace_keeps_its_usage() -> No
     assert decoded["gen_ai.usage.input_tokens"].int_value == MAX_REPORTED_TOKENS
     assert decoded["gen_ai.usage.output_tokens"].int_value == MAX_REPORTED_TOKENS
     assert decoded["loopwatch.usage.tokens"].int_value == 2 * MAX_REPORTED_TOKENS
+
+
+class _Raises:
+    """Hostile subclasses of JSON-like types: each conversion the canonical form makes
+    (iteration, ``str``, ``float``, ``int``, ``bytes``, item access, a field getter)
+    raises."""
+
+    class Map(Mapping[str, Any]):
+        def __getitem__(self, key: str) -> Any:
+            raise RuntimeError("getitem")
+
+        def __iter__(self) -> Any:
+            raise RuntimeError("iter")
+
+        def __len__(self) -> int:
+            return 1
+
+    class List(list):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            raise RuntimeError("iter")
+
+    class Str(str):
+        __slots__ = ()
+
+        def __str__(self) -> str:
+            raise RuntimeError("str")
+
+    class Float(float):
+        def __float__(self) -> float:
+            raise RuntimeError("float")
+
+    class Int(int):
+        def __int__(self) -> int:
+            raise RuntimeError("int")
+
+    class Set(set):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            raise RuntimeError("iter")
+
+    class Bytes(bytes):
+        def __bytes__(self) -> bytes:
+            raise RuntimeError("bytes")
+
+    @dataclass
+    class Field:
+        x: int = 1
+
+        def __getattribute__(self, name: str) -> Any:
+            if name == "x":
+                raise RuntimeError("field")
+            return object.__getattribute__(self, name)
+
+    class Eq:
+        def __eq__(self, other: object) -> bool:
+            raise RuntimeError("eq")
+
+        __hash__ = object.__hash__
+
+        def __repr__(self) -> str:
+            return "Eq()"
+
+
+_HOSTILE_VALUES = [
+    _Raises.Map(),
+    _Raises.List([1]),
+    _Raises.Str("x"),
+    _Raises.Float(1.5),
+    _Raises.Int(3),
+    _Raises.Set({1}),
+    _Raises.Bytes(b"x"),
+    _Raises.Field(),
+    _Raises.Eq(),
+]
+
+
+@pytest.mark.parametrize("value", _HOSTILE_VALUES, ids=lambda v: type(v).__name__)
+def test_hostile_values_in_arguments_or_results_never_break_the_agent(value: Any) -> None:
+    """Canonicalizing such a value raised into the agent: from before_tool_call (in the
+    arguments, or as a write's idempotency key, compared with ==), or from
+    record_tool_result after the tool had run, leaving its span open; with capture on,
+    from capturing them too. Each is now taken by identity."""
+    tools = (ToolPolicy("send", risk="write", idempotency_key="key"),)
+    tp, exporter = _traced()
+    policy = Policy.build(tools=tools)
+    with Run("h", policy, tracer_provider=tp, clock=FakeClock(), capture_content=True) as run:
+        run.decide(lambda: Decision.tool(ToolCall("read")))
+        assert run.call_tool("read", {"a": value}, fn=lambda a: {"r": a}) is not None
+        run.call_tool("read2", {}, fn=lambda: value)
+        run.call_tool("send", {"key": value, "to": "x"}, fn=lambda key, to: "sent")
+        run.decide(lambda: Decision.final("ok"))
+    assert run.outcome.stop.reason is StopReason.COMPLETED
+    assert run.outcome.usage.tool_successes == 3
+    assert_trace_invariants(exporter.get_finished_spans())
+    g = Guard(Policy(), clock=FakeClock())
+    g.before_model_call()
+    ticket = g.before_tool_call("t", {"a": value})
+    assert (
+        ticket.allowed and ticket.fingerprint == g.before_tool_call("t", {"a": value}).fingerprint
+    )
