@@ -18,7 +18,17 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from . import _semconv as sc
-from .guard import Decision, Guard, Outcome, Stop, ToolRecord, ToolTicket, _usage_tokens
+from .guard import (
+    Decision,
+    DecisionType,
+    Guard,
+    Outcome,
+    Stop,
+    ToolRecord,
+    ToolTicket,
+    _usage_cost,
+    _usage_tokens,
+)
 
 __all__ = ["RunTelemetry", "telemetry_drops"]
 
@@ -47,6 +57,37 @@ def _dropped(exc: BaseException) -> None:
 
 def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+
+
+def _end(span: Span) -> None:
+    try:
+        span.end()
+    except Exception as exc:
+        _dropped(exc)
+
+
+def _decision_attributes(decision: Decision) -> dict[str, Any]:
+    """The decision span's type, fingerprint and usage, as the guard counted them (the
+    same normalization: a usage the guard counted as 0 is not on the span)."""
+    attrs: dict[str, Any] = {}
+    try:
+        dtype = DecisionType(decision.type)  # a plain "final" as well as the enum member
+    except ValueError:
+        dtype = None
+    if dtype is not None:
+        attrs[sc.LW_DECISION_TYPE] = dtype.value
+        if dtype is not DecisionType.TOOL:
+            attrs[sc.LW_DECISION_FINGERPRINT] = decision.fingerprint()
+    input_tokens = _usage_tokens(decision.input_tokens)
+    if input_tokens:
+        attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
+    output_tokens = _usage_tokens(decision.output_tokens)
+    if output_tokens:
+        attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
+    cost = _usage_cost(decision.cost_usd)
+    if cost and math.isfinite(cost):
+        attrs[sc.LW_COST_USD] = cost
+    return attrs
 
 
 def stop_attributes(stop: Stop, guard: Guard) -> dict[str, Any]:
@@ -192,25 +233,21 @@ class RunTelemetry:
         """Finish a decision span with the decision's type, fingerprint and usage."""
         if span is None:
             return
+        # The span is ended whatever its attributes do: an unended decision span is a
+        # model turn missing from the trace (the counters no longer equal the events).
         try:
             attrs: dict[str, Any] = {sc.LW_STEPS_SINCE_PROGRESS: self.guard.steps_since_progress}
+            if error is not None:
+                attrs[sc.ERROR_TYPE] = type(error).__name__
             if decision is not None:
-                attrs[sc.LW_DECISION_TYPE] = decision.type.value
-                if decision.type.value != "tool":
-                    attrs[sc.LW_DECISION_FINGERPRINT] = decision.fingerprint()
-                if decision.input_tokens:
-                    attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = _usage_tokens(decision.input_tokens)
-                if decision.output_tokens:
-                    attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = _usage_tokens(decision.output_tokens)
-                if decision.cost_usd and math.isfinite(decision.cost_usd):
-                    attrs[sc.LW_COST_USD] = float(decision.cost_usd)
+                attrs.update(_decision_attributes(decision))
             span.set_attributes(attrs)
             if error is not None:
-                span.set_attribute(sc.ERROR_TYPE, type(error).__name__)
                 span.set_status(Status(StatusCode.ERROR))
-            span.end()
         except Exception as exc:
             _dropped(exc)
+        finally:
+            _end(span)
 
     def start_tool(
         self, ticket: ToolTicket, arguments_json: str | None, *, start_time: int | None = None
@@ -278,9 +315,10 @@ class RunTelemetry:
             if not record.accepted:
                 attrs[sc.ERROR_TYPE] = "late_result"
             span.set_attributes(attrs)
-            span.end()
         except Exception as exc:
             _dropped(exc)
+        finally:
+            _end(span)
 
     def blocked_tool(
         self, ticket: ToolTicket, arguments_json: str | None, *, start_time: int | None = None

@@ -53,6 +53,7 @@ Example::
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 import uuid
@@ -219,8 +220,37 @@ def _blank(value: Any) -> bool:
 
 def _usage_tokens(value: Any) -> int:
     """A reported token count as an int in ``0..MAX_REPORTED_TOKENS``; ``None`` (providers
-    that report no usage, streaming responses) counts as 0."""
-    return min(max(int(value), 0), MAX_REPORTED_TOKENS) if value is not None else 0
+    that report no usage, streaming responses) counts as 0, and so does anything that is
+    not a number (NaN, ``"many"``): it raised from :meth:`Guard.record_decision` and
+    ended the run as ``error``. An infinite count is a larger count: the cap."""
+    if type(value) is int:
+        return min(max(value, 0), MAX_REPORTED_TOKENS)
+    if value is None:
+        return 0
+    try:
+        number = float(value) if isinstance(value, float | str) else int(value)
+    except Exception:  # a number from a broken report is no number
+        return 0
+    if isinstance(number, float):
+        if math.isnan(number):
+            return 0
+        if math.isinf(number):
+            return MAX_REPORTED_TOKENS if number > 0 else 0
+        number = int(number)
+    return min(max(number, 0), MAX_REPORTED_TOKENS)
+
+
+def _usage_cost(value: Any) -> float:
+    """A reported cost in US dollars as a finite or infinite float >= 0; ``None``, NaN,
+    negative values and anything that is not a number (a complex, ``"abc"``: they raised
+    from :meth:`Guard.record_decision`) count as 0."""
+    if value is None:
+        return 0.0
+    try:
+        cost = float(value)
+    except Exception:  # a number from a broken report is no number
+        return 0.0
+    return cost if cost > 0 else 0.0  # NaN and negative costs count as nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,9 +281,11 @@ class Decision:
         asks_for: fields a clarification asks for; a re-ask of the same fields is the same
             decision however it is worded.
         input_tokens / output_tokens: usage reported by the model call (``None``
-            counts as 0, as providers send when they report none).
-        cost_usd: cost of the model call in US dollars (``None``, NaN and negative
-            values count as 0).
+            counts as 0, as providers send when they report none; so do NaN, negative
+            counts and values that are not numbers; counts past
+            :data:`MAX_REPORTED_TOKENS`, infinity included, count as that).
+        cost_usd: cost of the model call in US dollars (``None``, NaN, negative
+            values and values that are not numbers count as 0).
     """
 
     type: DecisionType
@@ -1129,8 +1161,7 @@ class Guard:
                 self._step_progress = False
             input_tokens = _usage_tokens(decision.input_tokens)
             output_tokens = _usage_tokens(decision.output_tokens)
-            cost = float(decision.cost_usd or 0.0)
-            cost = cost if cost > 0 else 0.0  # NaN and negative costs count as nothing
+            cost = _usage_cost(decision.cost_usd)
             self._input_tokens += input_tokens
             self._output_tokens += output_tokens
             self._cost += cost

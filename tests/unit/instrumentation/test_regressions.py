@@ -763,3 +763,56 @@ def test_hostile_values_in_arguments_or_results_never_break_the_agent(value: Any
     assert (
         ticket.allowed and ticket.fingerprint == g.before_tool_call("t", {"a": value}).fingerprint
     )
+
+
+@pytest.mark.parametrize(
+    ("usage", "tokens", "cost"),
+    [
+        ({"input_tokens": float("nan")}, 0, 0.0),
+        ({"input_tokens": "many"}, 0, 0.0),
+        ({"input_tokens": -5, "output_tokens": 2.7}, 2, 0.0),
+        ({"output_tokens": "12"}, 12, 0.0),
+        ({"cost_usd": "abc"}, 0, 0.0),
+        ({"cost_usd": 1j}, 0, 0.0),
+        ({"cost_usd": "0.5"}, 0, 0.5),
+        ({"cost_usd": -1.0}, 0, 0.0),
+    ],
+)
+def test_broken_usage_reports_count_as_the_guard_says_on_the_spans_too(
+    usage: dict[str, Any], tokens: int, cost: float
+) -> None:
+    """NaN or unparseable token counts and non-numeric costs raised from record_decision
+    (the run ended as error); a cost given as "0.5" was counted by the guard but made
+    math.isfinite raise in the span code, so the decision span was never ended (model
+    turns no longer equalled decision spans); a negative cost, counted as 0, was still
+    exported as -1.0."""
+    tp, exporter = _traced()
+    with Run("u", Policy(), tracer_provider=tp, clock=FakeClock()) as run:
+        run.decide(lambda: Decision.message("hi", **usage))
+        run.decide(lambda: Decision.final("ok"))
+    assert run.outcome.stop.reason is StopReason.COMPLETED
+    assert (run.outcome.usage.tokens, run.outcome.usage.cost_usd) == (tokens, cost)
+    spans = exporter.get_finished_spans()
+    assert_trace_invariants(spans)
+    first = next(s for s in spans if s.name == "decide u")
+    assert (first.attributes or {}).get("loopwatch.cost.usd") == (cost or None)
+
+
+def test_an_infinite_token_count_is_the_cap_and_crosses_the_budget() -> None:
+    g = Guard(Policy.build(max_tokens=1000), clock=FakeClock())
+    g.before_model_call()
+    verdict = g.record_decision(Decision.message("x", input_tokens=float("inf")))
+    assert verdict.stop is not None and verdict.stop.dimension == "tokens"
+
+
+def test_a_decision_type_given_as_a_plain_string_keeps_its_span() -> None:
+    """Decision("final", ...) was accepted by the guard, but the span code read
+    decision.type.value: every decision span was dropped unended."""
+    tp, exporter = _traced()
+    with Run("s", Policy(), tracer_provider=tp, clock=FakeClock()) as run:
+        run.decide(lambda: Decision("message", text="x"))  # type: ignore[arg-type]
+        run.decide(lambda: Decision("final", answer="ok"))  # type: ignore[arg-type]
+    spans = exporter.get_finished_spans()
+    assert_trace_invariants(spans)
+    types = [(s.attributes or {}).get("loopwatch.decision.type") for s in spans]
+    assert [t for t in types if t] == ["message", "final"]
