@@ -1015,6 +1015,7 @@ class Guard:
         goal_check: Callable[[Any], bool] | None = None,
         known_tools: Collection[str] | None = None,
         _already_used: Mapping[str, float] | None = None,
+        _after_stop: bool = False,
     ) -> Guard:
         """A child run's guard that draws from this run's remaining budget.
 
@@ -1029,7 +1030,7 @@ class Guard:
         from .errors import RunStateError
 
         with self._lock:
-            if self._stop is not None:
+            if self._stop is not None and not _after_stop:
                 raise RunStateError("cannot start a child run: the parent run has stopped")
             base = policy or self.policy
             caps: dict[str, Any] = {}
@@ -1049,7 +1050,7 @@ class Guard:
             if base.max_elapsed_seconds > seconds_left > 0:
                 caps["max_elapsed_seconds"] = seconds_left
             child_policy = base.with_overrides("parent", **caps) if caps else base
-            return Guard(
+            child = Guard(
                 child_policy,
                 clock=self._clock,
                 mode=mode or self.mode,
@@ -1059,6 +1060,11 @@ class Guard:
                 scrub=self._scrub,
                 parent=self,
             )
+            if self._stop is not None:
+                # A sub-agent asked for after the stop (``_after_stop``): it is recorded,
+                # and ended before it makes any call.
+                child._stop = child._parent_block({})
+            return child
 
     # ----------------------------------------------------------- model calls
 

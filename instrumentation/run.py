@@ -9,7 +9,9 @@ Two ways in, sync and async alike:
 In ``enforce`` mode the guard ends the loop: a refused call raises :class:`StopRun`
 inside the loop, which ``@agent`` and ``Run`` catch, so the caller receives an
 :class:`Outcome` (expected exits are data). In ``observe`` mode nothing is refused; the
-stops the guard would have made are recorded on the spans and in the outcome.
+stops the guard would have made are recorded on the spans and in the outcome. Once a run
+has ended, in either mode (in ``observe`` mode: a final answer, a refusal, a cancelled
+parent), a model or tool call it is asked for is not made: it raises :class:`StopRun`.
 
 Example::
 
@@ -333,8 +335,12 @@ class Run:
         """End the run as ``cancelled``."""
         return self._close(self.guard.cancel())
 
-    def _raise_if_stopped(self, verdict_stop: Any) -> None:
-        if verdict_stop is not None and self.mode == "enforce":
+    def _raise_if_stopped(self, verdict_stop: Any, *, refused: bool = False) -> None:
+        """End the loop with :class:`StopRun` when the guard stopped the run: in
+        ``enforce`` mode, and in ``observe`` mode too for a call ``refused`` because the
+        run had ended (a final answer, a refusal, a cancelled parent): a model or tool call
+        after the stop would run unguarded, its span after the stop span."""
+        if verdict_stop is not None and (refused or self.mode == "enforce"):
             self._close(self.guard.outcome())
             raise StopRun(verdict_stop)
 
@@ -358,6 +364,28 @@ class Run:
     ) -> Run:
         """A child run drawing from this run's remaining budget (see :meth:`Guard.child`)."""
         return Run(agent, policy, mode=kwargs.pop("mode", self.mode), _parent=self, **kwargs)
+
+    def _child_after_stop(
+        self,
+        agent: str,
+        policy: Policy | None,
+        goal_check: Callable[[Any], bool] | None,
+        run_kwargs: Mapping[str, Any],
+    ) -> Run:
+        """The child run of a nested ``@agent`` call made after this run stopped: already
+        ended as ``cancelled`` (evidence ``parent_stopped``), so it makes no call."""
+        kwargs = dict(run_kwargs)
+        mode = kwargs.pop("mode", self.mode)
+        tools = kwargs.get("tools")
+        guard = self.guard.child(
+            policy,
+            run_id=kwargs.pop("run_id", None),
+            mode=mode,
+            goal_check=goal_check,
+            known_tools=list(tools) if tools else None,
+            _after_stop=True,
+        )
+        return Run(agent, policy, mode=mode, guard=guard, _parent=self, **kwargs)
 
     def snapshot(self) -> dict[str, Any]:
         """Serialize the run's usage and detector state (see :meth:`Guard.snapshot`)."""
@@ -477,10 +505,10 @@ class Run:
         args_json = _content.capture_json(arguments) if self.capture_content else None
         if not ticket.allowed:
             if ticket.blocked_by == "run_stopped":
-                self._raise_if_stopped(ticket.stop)
+                self._raise_if_stopped(ticket.stop, refused=True)
             self._telemetry.blocked_tool(ticket, args_json, start_time=started)
             if ticket.stop is not None:
-                self._raise_if_stopped(ticket.stop)
+                self._raise_if_stopped(ticket.stop, refused=True)
             if ticket.stop is None and ticket.blocked_by == "ceiling":
                 raise ToolFailure(
                     f"tool {name[:80]!r} refused for now: every tool-success slot left is "
@@ -673,7 +701,7 @@ class _ModelCall(_SpanScope):
             estimate_tokens=self._tokens, estimate_cost_usd=self._cost
         )
         if not verdict.allowed:
-            run._raise_if_stopped(verdict.stop)
+            run._raise_if_stopped(verdict.stop, refused=True)
         self._enter_span(run._telemetry.start_decision(start_time=started))
         return self
 
@@ -809,8 +837,9 @@ def agent(
     The decorated function returns an :class:`Outcome` instead of the loop's value; the
     loop's return value is the final answer unless a ``final`` decision was recorded.
     A call made inside another run becomes a child run (it draws from the parent's
-    budget). The policy is resolved at decoration time, so an invalid policy fails
-    before any model or tool call.
+    budget); made after that run stopped, the child ends as ``cancelled`` (evidence
+    ``parent_stopped``) without calling the function. The policy is resolved at
+    decoration time, so an invalid policy fails before any model or tool call.
 
     Args:
         name: agent name (default: the function's name).
@@ -828,14 +857,20 @@ def agent(
 
         def make_run() -> Run:
             parent = _current.get()
-            if parent is not None and not parent.stopped:
-                return parent.child(
-                    agent_name,
-                    resolved if policy is not None else None,
-                    goal_check=goal_check,
-                    **run_kwargs,
+            if parent is None:
+                return Run(agent_name, resolved, mode=mode, goal_check=goal_check, **run_kwargs)
+            if parent.stopped:
+                # Not a fresh root run: that escaped the stopped parent's budget and made
+                # calls after its stop. A child that ends as cancelled, making none.
+                return parent._child_after_stop(
+                    agent_name, resolved if policy is not None else None, goal_check, run_kwargs
                 )
-            return Run(agent_name, resolved, mode=mode, goal_check=goal_check, **run_kwargs)
+            return parent.child(
+                agent_name,
+                resolved if policy is not None else None,
+                goal_check=goal_check,
+                **run_kwargs,
+            )
 
         if inspect.iscoroutinefunction(func):
 
@@ -843,8 +878,9 @@ def agent(
             async def async_wrapper(*args: Any, **kwargs: Any) -> Outcome:
                 run = make_run()
                 async with run:
-                    answer = await func(*args, **kwargs)
-                    run.finish(answer)
+                    if not run.stopped:
+                        answer = await func(*args, **kwargs)
+                        run.finish(answer)
                 return run.outcome
 
             return async_wrapper
@@ -853,8 +889,9 @@ def agent(
         def wrapper(*args: Any, **kwargs: Any) -> Outcome:
             run = make_run()
             with run:
-                answer = func(*args, **kwargs)
-                run.finish(answer)
+                if not run.stopped:
+                    answer = func(*args, **kwargs)
+                    run.finish(answer)
             return run.outcome
 
         return wrapper

@@ -22,7 +22,7 @@ from loopwatch.instrumentation import (
     ToolPolicy,
 )
 from loopwatch.instrumentation import fingerprint as fp
-from loopwatch.instrumentation.errors import PolicyError
+from loopwatch.instrumentation.errors import PolicyError, StopRun
 from loopwatch.instrumentation.testing import FakeClock, assert_trace_invariants
 
 from .test_guard import step_tool
@@ -816,3 +816,49 @@ def test_a_decision_type_given_as_a_plain_string_keeps_its_span() -> None:
     assert_trace_invariants(spans)
     types = [(s.attributes or {}).get("loopwatch.decision.type") for s in spans]
     assert [t for t in types if t] == ["message", "final"]
+
+
+def test_an_observe_mode_run_that_ended_makes_no_further_call() -> None:
+    """In observe mode, after a final answer (which ends the run in either mode), the next
+    model call was made and its decide span came after the stop; the next tool call was
+    refused with a span after the stop and the error "unknown tool"."""
+    tp, exporter = _traced()
+    made: list[str] = []
+    with Run("o", Policy(), mode="observe", tracer_provider=tp, clock=FakeClock()) as run:
+        run.decide(lambda: Decision.final("ok"))
+        with pytest.raises(StopRun):
+            run.decide(lambda: made.append("model") or Decision.message("more"))
+        with pytest.raises(StopRun):
+            run.call_tool("t", {}, fn=lambda: made.append("tool"))
+    assert made == [] and run.outcome.stop.reason is StopReason.COMPLETED
+    assert run.outcome.answer == "ok"
+    spans = exporter.get_finished_spans()
+    assert_trace_invariants(spans)
+    assert [s.name for s in spans] == ["decide o", "stop o", "invoke_agent o"]
+
+
+@pytest.mark.parametrize("mode", ["enforce", "observe"])
+def test_a_sub_agent_called_after_its_parent_stopped_makes_no_call(mode: str) -> None:
+    """A nested @agent call inside a run that had stopped became a fresh root run with a
+    budget of its own: model calls after the parent's stop, outside its budget."""
+    from loopwatch.instrumentation import agent
+
+    tp, exporter = _traced()
+    made: list[str] = []
+
+    @agent(name="sub", tracer_provider=tp)
+    def sub() -> str:
+        made.append("sub")
+        return "s"
+
+    with Run("p", Policy(), mode=mode, tracer_provider=tp, clock=FakeClock()) as run:  # type: ignore[arg-type]
+        run.finish("done")
+        outcome = sub()
+    assert made == []
+    assert outcome.stop.reason is StopReason.CANCELLED
+    assert outcome.stop.evidence.detector == "parent_stopped"
+    assert run.outcome.stop.reason is StopReason.COMPLETED
+    spans = exporter.get_finished_spans()
+    assert_trace_invariants(spans)
+    sub_run = next(s for s in spans if s.name == "invoke_agent sub")
+    assert (sub_run.attributes or {})["loopwatch.parent_run.id"] == run.run_id
