@@ -113,6 +113,34 @@ def _timed_out(name: str, ticket: ToolTicket) -> TimeoutError:
     return TimeoutError(f"tool {name[:80]!r} timed out after {ticket.timeout_seconds:.3g} s")
 
 
+def _is_coroutine_callable(target: Any) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(target) or (
+        target is not None
+        and not inspect.isroutine(target)
+        and inspect.iscoroutinefunction(getattr(target, "__call__", None))  # noqa: B004
+    )
+
+
+async def _awaited(value: Awaitable[Any]) -> Any:
+    return await value
+
+
+def _not_awaitable(name: str, invoke: Callable[[], Any]) -> Any:
+    """``invoke()`` in a worker thread for a sync call. An awaitable result is refused as
+    the tool's error: recorded as a success, the tool's work (the coroutine's body) was
+    never done, and would be done unguarded and untimed if the caller awaited it."""
+    result = invoke()
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError(
+            f"tool {name[:80]!r} returned an awaitable to a sync call: call it with "
+            "acall_tool (or @tool an async function) in an async agent"
+        )
+    return result
+
+
 def _tool_executor() -> concurrent.futures.ThreadPoolExecutor:
     global _executor
     with _executor_lock:
@@ -561,6 +589,8 @@ class Run:
                 every tool-success slot left is held by calls in flight (``transient``).
             TimeoutError: the call exceeded its timeout (the tool's own, capped by the
                 run's remaining wall clock); a result arriving later is discarded.
+            TypeError: the tool returned an awaitable (an async function): recorded as
+                the tool's error, its body not run; use :meth:`acall_tool`.
             Exception: whatever the tool raised, after it was recorded.
         """
         args = dict(arguments or {})
@@ -570,7 +600,7 @@ class Run:
         ctx = contextvars.copy_context()
         if span is not None:
             ctx.run(otel_context.attach, trace.set_span_in_context(span))
-        future = _tool_executor().submit(ctx.run, invoke)
+        future = _tool_executor().submit(ctx.run, _not_awaitable, name, invoke)
         try:
             result = future.result(timeout=max(ticket.timeout_seconds, 0.0))
         except BaseException as exc:
@@ -613,12 +643,14 @@ class Run:
         _invoke: Callable[[], Any] | None = None,
         _is_async: bool | None = None,
     ) -> Any:
-        """Async :meth:`call_tool`: a coroutine tool is awaited with ``asyncio.wait_for``
-        (cancelled at its timeout); a sync tool runs in a worker thread."""
+        """Async :meth:`call_tool`: a coroutine tool (an ``async def`` function or an
+        object with an async ``__call__``) is awaited with ``asyncio.wait_for``
+        (cancelled at its timeout); a sync tool runs in a worker thread, and an awaitable
+        it returns is awaited within what is left of the timeout."""
         args = dict(arguments or {})
         target = fn if fn is not None else self.tools.get(name)
         invoke = _invoke or self._invoker(name, args, fn)
-        is_async = _is_async if _is_async is not None else inspect.iscoroutinefunction(target)
+        is_async = _is_async if _is_async is not None else _is_coroutine_callable(target)
         ticket, args_json, started = self._check_tool(name, args, call_id)
         span = self._telemetry.start_tool(ticket, args_json, start_time=started)
         token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
@@ -633,6 +665,12 @@ class Run:
                     loop.run_in_executor(_tool_executor(), functools.partial(ctx.run, invoke)),
                     timeout=ticket.timeout_seconds,
                 )
+                if inspect.isawaitable(result):
+                    # A callable that returns a coroutine (a lambda around an async
+                    # function): the tool's work is still to do, within what is left of
+                    # its timeout.
+                    left = ticket.timeout_seconds - (time.monotonic() - began)
+                    result = await asyncio.wait_for(_awaited(result), timeout=max(left, 0.0))
         except BaseException as exc:
             # asyncio.wait_for's own timeout comes from a cancellation at the deadline; a
             # TimeoutError the tool raised (or let through) is its own error, passed on.

@@ -862,3 +862,53 @@ def test_a_sub_agent_called_after_its_parent_stopped_makes_no_call(mode: str) ->
     assert_trace_invariants(spans)
     sub_run = next(s for s in spans if s.name == "invoke_agent sub")
     assert (sub_run.attributes or {})["loopwatch.parent_run.id"] == run.run_id
+
+
+def test_a_tool_that_returns_a_coroutine_is_run_or_refused_never_recorded_unrun() -> None:
+    """An object with an async __call__, or a lambda around an async function, given to
+    acall_tool ran in a worker thread and returned an unawaited coroutine; an async
+    function given to the sync call_tool did the same. Each was recorded as a success
+    (observed as "<coroutine object at 0x...>", new every time) while the tool's body
+    never ran, or ran later, unguarded and untimed, if the caller awaited the result."""
+    import asyncio
+
+    ran: list[Any] = []
+
+    async def body(x: int) -> dict[str, int]:
+        ran.append(x)
+        return {"x": x}
+
+    class AsyncCallable:
+        async def __call__(self, x: int) -> dict[str, int]:
+            return await body(x)
+
+    async def slow() -> None:
+        await asyncio.sleep(5)
+
+    def calls_body(x: int) -> Any:  # sync, returns a coroutine
+        return body(x)
+
+    def calls_slow() -> Any:
+        return slow()
+
+    async def main() -> None:
+        async with Run("a", Policy(), clock=FakeClock()) as run:
+            run.decide(lambda: Decision.tool(ToolCall("t")))
+            assert await run.acall_tool("t", {"x": 1}, fn=AsyncCallable()) == {"x": 1}
+            assert await run.acall_tool("u", {"x": 2}, fn=calls_body) == {"x": 2}
+            tools = (ToolPolicy("s", timeout_seconds=0.05),)
+            with Run("b", Policy.build(tools=tools)) as inner:
+                with pytest.raises(TimeoutError, match="timed out after"):
+                    await inner.acall_tool("s", {}, fn=calls_slow)
+            run.decide(lambda: Decision.final("ok"))
+        assert run.outcome.stop.reason is StopReason.COMPLETED
+
+    asyncio.run(main())
+    assert ran == [1, 2]
+    with Run("s", Policy(), clock=FakeClock()) as run:
+        run.decide(lambda: Decision.tool(ToolCall("t")))
+        with pytest.raises(TypeError, match="returned an awaitable"):
+            run.call_tool("t", {"x": 3}, fn=body)
+    assert ran == [1, 2]
+    usage = run.outcome.usage
+    assert (usage.tool_successes, usage.tool_errors) == (0, 1)
