@@ -478,6 +478,7 @@ class ToolTicket:
             a failed one. idempotency_key: the write's key value, if any.
         timeout_seconds: how long the call may run (tool timeout, capped by the deadline).
         would_stop: ``observe`` mode: the stop this call would have caused.
+        guard: the guard that issued the ticket (only it records the result).
     """
 
     allowed: bool
@@ -496,6 +497,7 @@ class ToolTicket:
     would_stop: Stop | None = None
     done: bool = False
     arguments: Mapping[str, Any] | None = None
+    guard: Guard | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1380,6 +1382,7 @@ class Guard:
                 None,
                 False,
                 args,
+                self,
             )
             if self._stop is not None:
                 ticket.stop = self._stop
@@ -1681,7 +1684,14 @@ class Guard:
 
         Returns:
             A :class:`ToolRecord`.
+
+        Raises:
+            ValueError: the ticket was issued by another guard (a parent's or a child's):
+                recorded here, it freed a slot this run never held and left the issuing
+                run holding one for good.
         """
+        if ticket.guard is not self:
+            raise ValueError("the ticket was issued by another guard: record it there")
         with self._lock:
             if ticket.allowed and not ticket.done:
                 self._in_flight -= 1

@@ -912,3 +912,19 @@ def test_a_tool_that_returns_a_coroutine_is_run_or_refused_never_recorded_unrun(
     assert ran == [1, 2]
     usage = run.outcome.usage
     assert (usage.tool_successes, usage.tool_errors) == (0, 1)
+
+
+def test_a_ticket_recorded_on_another_guard_is_refused() -> None:
+    """A child's ticket recorded on its parent's guard was accepted: the parent's count of
+    calls in flight went to -1 (one more success than max_tool_successes could be in
+    flight), and the child held its slot for good (every later call refused "for now")."""
+    parent = Guard(Policy.build(max_tool_successes=2), clock=FakeClock())
+    child = parent.child()
+    child.before_model_call()
+    ticket = child.before_tool_call("t", {})
+    assert ticket.allowed
+    with pytest.raises(ValueError, match="another guard"):
+        parent.record_tool_result(ticket, result=1)
+    assert parent._in_flight == 1 and child._in_flight == 1
+    assert child.record_tool_result(ticket, result=1).accepted
+    assert parent._in_flight == child._in_flight == 0
