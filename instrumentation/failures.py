@@ -8,7 +8,9 @@ class                  retry rule (``retry_allowance``)
 ``unknown_tool``       never retried as-is (0); the call is never dispatched
 ``timeout``            read: within ``max_retries_per_action``; write: only when the
                        call carries an idempotency key (completion is unknown, a blind
-                       retry could act twice), else 0
+                       retry could act twice), else 0. A call cancelled before it
+                       returned (``asyncio.CancelledError``: the caller's own
+                       ``wait_for`` ran out) is a timeout too
 ``transient``          read: within ``max_retries_per_action`` (and the deadline);
                        write: as ``timeout``
 ``permanent``          0: the same call will fail the same way
@@ -82,9 +84,9 @@ def classify_exception(exc: BaseException) -> FailureClass:
 
     Order: an explicit :class:`ToolFailure` class, an HTTP-like status attribute
     (``status_code``, ``status``, or ``response.status_code``), then the exception type
-    (timeouts, connection errors: transient; ``PermissionError``: unauthorized;
-    ``TypeError``/``ValueError``/``KeyError``: invalid arguments); anything else is
-    ``permanent``.
+    (timeouts and ``asyncio.CancelledError``: timeout; connection errors: transient;
+    ``PermissionError``: unauthorized; ``TypeError``/``ValueError``/``KeyError``: invalid
+    arguments); anything else is ``permanent``.
     """
     if isinstance(exc, ToolFailure):
         return exc.failure_class
@@ -95,7 +97,9 @@ def classify_exception(exc: BaseException) -> FailureClass:
                 cls = _status_class(status)
                 if cls is not None:
                     return cls
-    if isinstance(exc, _TIMEOUT_TYPES):
+    if isinstance(exc, (*_TIMEOUT_TYPES, asyncio.CancelledError)):
+        # Cancelled: its completion is unknown, as after a timeout. As ``permanent`` (never
+        # retried), the caller's own timeout made the next identical call end the run.
         return FailureClass.TIMEOUT
     if isinstance(exc, PermissionError):
         return FailureClass.UNAUTHORIZED

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from loopwatch.instrumentation import FailureClass, ToolFailure, classify_exception
 from loopwatch.instrumentation.failures import retry_allowance
@@ -34,6 +36,7 @@ class ClientError(Exception):
         (HTTPError(504), FailureClass.TIMEOUT),
         (ClientError(403), FailureClass.UNAUTHORIZED),
         (TimeoutError(), FailureClass.TIMEOUT),
+        (asyncio.CancelledError(), FailureClass.TIMEOUT),
         (ConnectionResetError(), FailureClass.TRANSIENT),
         (PermissionError(), FailureClass.UNAUTHORIZED),
         (ValueError(), FailureClass.INVALID_ARGUMENTS),

@@ -928,3 +928,28 @@ def test_a_ticket_recorded_on_another_guard_is_refused() -> None:
     assert parent._in_flight == 1 and child._in_flight == 1
     assert child.record_tool_result(ticket, result=1).accepted
     assert parent._in_flight == child._in_flight == 0
+
+
+def test_a_tool_call_the_caller_cancels_is_a_timeout_that_may_be_retried() -> None:
+    """An async tool cancelled by the agent's own asyncio.wait_for was recorded as a
+    permanent failure (never retried): the next identical call ended the run as
+    budget_exhausted (action_retries, 1 of 0)."""
+    import asyncio
+
+    async def slow() -> None:
+        await asyncio.sleep(10)
+
+    async def quick() -> str:
+        return "ok"
+
+    async def main() -> None:
+        async with Run("c", Policy.build(max_retries_per_action=2)) as run:
+            run.decide(lambda: Decision.tool(ToolCall("t")))
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(run.acall_tool("t", {}, fn=slow), 0.01)
+            assert await run.acall_tool("t", {}, fn=quick) == "ok"
+            run.decide(lambda: Decision.final("done"))
+        assert run.outcome.stop.reason is StopReason.COMPLETED
+        assert (run.outcome.usage.tool_errors, run.outcome.usage.retries) == (1, 1)
+
+    asyncio.run(main())
