@@ -213,6 +213,31 @@ trace. Capped per report, a run's totals stay within range for 2**23 reports.
 """
 
 
+_SNAPSHOT_COUNTERS: Final = (
+    "turns",
+    "attempts",
+    "successes",
+    "errors",
+    "blocked",
+    "retries_total",
+    "input_tokens",
+    "output_tokens",
+    "cost",
+    "step",
+    "steps_since_progress",
+)
+
+
+def _check_snapshot_number(name: str, value: Any) -> None:
+    """Refuse a snapshot value that is negative or not a finite number (``ValueError``)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"snapshot field {name!r} is not a number") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"snapshot field {name!r} must be a finite number >= 0")
+
+
 def _blank(value: Any) -> bool:
     """An idempotency key value that is no key: None or the empty string."""
     return value is None or (isinstance(value, str) and str.__len__(value) == 0)
@@ -694,7 +719,10 @@ class Guard:
 
     Args:
         policy: the run's :class:`Policy`.
-        clock: monotonic clock in seconds (inject a fake one in tests).
+        clock: monotonic clock in seconds (inject a fake one in tests). A reading
+            below the last one (``time.time`` stepped back by NTP) or NaN counts as the
+            last reading: time never runs backwards for the budget, and a broken clock
+            cannot give a run extra time or switch its deadline off.
         mode: ``enforce`` or ``observe``.
         goal_check: ``answer -> bool``; a final answer that fails it stops as
             ``final_unverified`` (an exception in the check counts as a failure).
@@ -727,14 +755,13 @@ class Guard:
         self.mode: Mode = mode
         self.run_id = run_id or uuid.uuid4().hex
         self.parent = parent
-        self._clock = clock
         self._goal_check = goal_check
         self._known_tools = frozenset(known_tools) if known_tools is not None else None
         self._scrub = scrub
         # One lock per run tree: a child's check and its charge to every ancestor happen
         # atomically, so siblings cannot both take the parent's last slot.
         self._lock: threading.RLock = parent._lock if parent is not None else threading.RLock()
-        self._started = clock()
+        self._start_clock(clock)
         self._elapsed_offset = 0.0
         window = policy.detector_window
         self._window = window
@@ -817,7 +844,25 @@ class Guard:
 
     def elapsed(self) -> float:
         """Seconds since the run started on the guard's clock (resume included)."""
-        return self._elapsed_offset + (self._clock() - self._started)
+        return self._elapsed_offset + (self._reading() - self._started)
+
+    def _start_clock(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        first = clock()
+        self._started = first if math.isfinite(first) else 0.0
+        self._last_reading = self._started
+
+    def _reading(self) -> float:
+        """The clock, never below its last reading (a reading that is lower, or NaN or
+        infinite, is the last one again): a clock stepped back gave the run a negative
+        elapsed time, extra budget; a NaN one made every deadline check false and every
+        tool timeout 0 (a review, 2026-12-02)."""
+        reading = self._clock()
+        last = self._last_reading
+        if reading > last and math.isfinite(reading):
+            self._last_reading = reading
+            return reading
+        return last
 
     def remaining_seconds(self) -> float:
         """Seconds left before the deadline (this run's and every ancestor's)."""
@@ -1090,7 +1135,7 @@ class Guard:
                 return Verdict(False, stop=self._stop)
             # One clock reading per call: ending the previous step and this check see the
             # same time.
-            elapsed = self._elapsed_offset + (self._clock() - self._started)
+            elapsed = self._elapsed_offset + (self._reading() - self._started)
             observed: Stop | None = None
             if self._step_open:
                 ended = self._end_step(elapsed)
@@ -1409,7 +1454,7 @@ class Guard:
                 self._errors += 1
                 self._remember_failure(ticket, FailureClass.UNKNOWN_TOOL)
                 return ticket
-            elapsed = self._elapsed_offset + (self._clock() - self._started)
+            elapsed = self._elapsed_offset + (self._reading() - self._started)
             stop, blocked_by, is_retry = self._pre_dispatch(ticket, ts, elapsed)
             if stop is None and blocked_by is not None:
                 # Refused, the run goes on: the slots come back as the calls in flight
@@ -2006,14 +2051,21 @@ class Guard:
         left, and its use is charged to the parent from then on.
 
         Raises:
-            ValueError: the state is not a loopwatch guard snapshot, or the run had
-                already stopped (a stopped run cannot be resumed).
+            ValueError: the state is not a loopwatch guard snapshot, the run had
+                already stopped (a stopped run cannot be resumed), or a usage counter or
+                the elapsed time is negative or not a finite number (a corrupted
+                snapshot would give the resumed run budget back).
         """
         if state.get("format") != _SNAPSHOT_FORMAT:
             raise ValueError("not a loopwatch guard snapshot")
         if state.get("stop"):
             raise ValueError("the run had already stopped; start a new run instead")
         c = state["counters"]
+        for name, value in (
+            *((k, c[k]) for k in _SNAPSHOT_COUNTERS),
+            ("elapsed_seconds", state["elapsed_seconds"]),
+        ):
+            _check_snapshot_number(name, value)
         if parent is not None:
             g = parent.child(
                 policy,
@@ -2029,8 +2081,7 @@ class Guard:
                     "max_cost_usd": float(c["cost"]),
                 },
             )
-            g._clock = clock
-            g._started = clock()
+            g._start_clock(clock)
         else:
             g = cls(
                 policy,

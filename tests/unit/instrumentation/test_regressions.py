@@ -953,3 +953,72 @@ def test_a_tool_call_the_caller_cancels_is_a_timeout_that_may_be_retried() -> No
         assert (run.outcome.usage.tool_errors, run.outcome.usage.retries) == (1, 1)
 
     asyncio.run(main())
+
+
+class _SettableClock:
+    """A clock that reads whatever the test last set, backwards and NaN included (what
+    ``time.time`` stepped back by NTP, or a broken injected clock, gives)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_clock_stepped_back_gives_no_time_back_to_the_budget() -> None:
+    clock = _SettableClock(100.0)
+    g = Guard(Policy.build(max_elapsed_seconds=15, tool_timeout_seconds=60), clock=clock)
+    g.before_model_call()
+    clock.now = 110.0
+    assert g.elapsed() == pytest.approx(10)
+    clock.now = 95.0  # stepped back 15 s: was elapsed -5 s, five seconds of extra budget
+    assert g.elapsed() == pytest.approx(10)
+    assert g.before_tool_call("t", {}).timeout_seconds == pytest.approx(5)
+    clock.now = 116.0
+    ticket = g.before_tool_call("t", {})
+    assert not ticket.allowed
+    assert ticket.stop is not None and ticket.stop.reason is StopReason.DEADLINE_EXCEEDED
+
+
+def test_a_nan_clock_keeps_the_deadline_and_the_tool_timeouts() -> None:
+    clock = _SettableClock(100.0)
+    g = Guard(Policy.build(max_elapsed_seconds=15, tool_timeout_seconds=60), clock=clock)
+    g.before_model_call()
+    clock.now = 105.0
+    assert g.elapsed() == pytest.approx(5)
+    clock.now = float("nan")  # every comparison false: the deadline was off, timeouts 0
+    ticket = g.before_tool_call("t", {})
+    assert ticket.allowed and ticket.timeout_seconds == pytest.approx(10)
+    g.record_tool_result(ticket, result={"n": 1})
+    clock.now = 120.0
+    assert not g.before_model_call().allowed
+    assert g.stop_reason is StopReason.DEADLINE_EXCEEDED
+    started_nan = Guard(Policy.build(max_elapsed_seconds=15), clock=_SettableClock(float("nan")))
+    assert started_nan.elapsed() == 0.0 and started_nan.remaining_seconds() == 15.0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("turns", -3),
+        ("attempts", float("nan")),
+        ("cost", -0.5),
+        ("cost", float("inf")),
+        ("input_tokens", "many"),
+        ("elapsed_seconds", -60.0),
+        ("elapsed_seconds", float("nan")),
+    ],
+)
+def test_a_corrupted_snapshot_cannot_give_budget_back(field: str, value: Any) -> None:
+    g = Guard(Policy.build(max_tool_attempts=5, max_elapsed_seconds=60), clock=FakeClock())
+    g.before_model_call()
+    g.record_tool_result(g.before_tool_call("t", {}), result={"n": 1})
+    state = json.loads(json.dumps(g.snapshot()))
+    assert Guard.restore(Policy.build(max_tool_attempts=5), state).usage().tool_attempts == 1
+    if field == "elapsed_seconds":
+        state[field] = value
+    else:
+        state["counters"][field] = value
+    with pytest.raises(ValueError, match=field):
+        Guard.restore(Policy.build(max_tool_attempts=5), state)
