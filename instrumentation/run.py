@@ -252,6 +252,7 @@ class Run:
         )
         self._provider = tracer_provider
         self._token: contextvars.Token[Run | None] | None = None
+        self._managed = False  # entered with ``with``: it stops being current at the exit
         self._otel_token: object | None = None
         self._outcome: Outcome | None = None
         self._close_lock = threading.Lock()
@@ -310,6 +311,7 @@ class Run:
             self._token = None
 
     def __enter__(self) -> Run:
+        self._managed = True
         return self.start()
 
     def __exit__(
@@ -334,6 +336,7 @@ class Run:
             self._detach()
 
     async def __aenter__(self) -> Run:
+        self._managed = True
         return self.start()
 
     async def __aexit__(
@@ -356,12 +359,23 @@ class Run:
             return self._outcome
 
     def finish(self, answer: Any = None) -> Outcome:
-        """End the run (a return without a ``final`` decision: ``answer`` is final)."""
-        return self._close(self.guard.finish(answer))
+        """End the run (a return without a ``final`` decision: ``answer`` is final).
+
+        A run started with :meth:`start` rather than ``with`` also stops being the current
+        run here: an ``@agent`` called after it is a run of its own, not a child of an
+        ended run (which ends as ``cancelled`` before it makes any call).
+        """
+        return self._ended(self._close(self.guard.finish(answer)))
+
+    def _ended(self, outcome: Outcome) -> Outcome:
+        if not self._managed and _current.get() is self:
+            self._detach()
+        return outcome
 
     def cancel(self) -> Outcome:
-        """End the run as ``cancelled``."""
-        return self._close(self.guard.cancel())
+        """End the run as ``cancelled`` (a run started with :meth:`start` also stops
+        being the current run, as with :meth:`finish`)."""
+        return self._ended(self._close(self.guard.cancel()))
 
     def _raise_if_stopped(self, verdict_stop: Any, *, refused: bool = False) -> None:
         """End the loop with :class:`StopRun` when the guard stopped the run: in

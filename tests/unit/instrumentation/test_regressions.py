@@ -20,6 +20,7 @@ from loopwatch.instrumentation import (
     ToolCall,
     ToolFailure,
     ToolPolicy,
+    agent,
 )
 from loopwatch.instrumentation import fingerprint as fp
 from loopwatch.instrumentation.errors import PolicyError, StopRun
@@ -1022,3 +1023,21 @@ def test_a_corrupted_snapshot_cannot_give_budget_back(field: str, value: Any) ->
         state["counters"][field] = value
     with pytest.raises(ValueError, match=field):
         Guard.restore(Policy.build(max_tool_attempts=5), state)
+
+
+@pytest.mark.parametrize("end", ["finish", "cancel"])
+def test_an_agent_called_after_a_started_run_ended_is_a_run_of_its_own(end: str) -> None:
+    """A run started with start() (no ``with``) stayed the current run after it ended, so
+    once a nested ``@agent`` after a stop became a cancelled child (fault 3 above), every
+    later ``@agent`` call of the program ended ``cancelled`` without running."""
+    first = Run("first", Policy.build(), clock=FakeClock())
+    first.start()
+    getattr(first, end)()
+
+    @agent(name="later")
+    def later() -> str:
+        return "ok"
+
+    outcome = later()
+    assert outcome.stop.reason is StopReason.COMPLETED and outcome.answer == "ok"
+    assert outcome.run_id != first.run_id
