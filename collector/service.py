@@ -61,6 +61,10 @@ from .events import (
     MappedBatch,
     MapStage,
     PartialMap,
+    RunReassignment,
+    RunRow,
+    StepRow,
+    StopRow,
     premap,
 )
 from .http import InflightLimit, create_otlp_app
@@ -131,6 +135,99 @@ class RedactedBatch(SpanBatch):
         if self.partial is None:
             return len(self.spans)
         return self.partial.mapped.spans_in + self.redaction_failures
+
+
+_MAX_UNCOMMITTED_KEYS: Final = 20_000
+
+
+class _Uncommitted:
+    """The rows of requests mapped and then not committed, for their retries.
+
+    The map and detect stages keep state across requests, and a request changes it when
+    it is mapped, before the store commits it: the trace's agent spans and step numbers
+    are known, calls are held and judged, provisional rows are moved. A request refused
+    after that (the store's queue filled while it was mapped, a failed commit: 429/503)
+    leaves the state advanced, and its retry was mapped as a resend of spans already
+    stored: the observe-mode verdict and the per-call fingerprints were gone (the run's
+    loop was never counted, and sampling then dropped its steps), and the moves of rows
+    filed under the trace to their agent run were never made (a review, 2026-12-02).
+
+    So the rows of such a request are kept here, by span key, and a later request with
+    any of those spans takes them in place of its own rows for the same spans, with the
+    moves the refused one carried: a retry stores what the first attempt would have.
+    Bounded: at most :data:`_MAX_UNCOMMITTED_KEYS` span keys (oldest requests first
+    forgotten; their retries are then mapped as before). Thread-safe.
+    """
+
+    def __init__(self, max_keys: int = _MAX_UNCOMMITTED_KEYS) -> None:
+        self._max_keys = max_keys
+        self._rows: OrderedDict[tuple[str, str], list[Any]] = OrderedDict()
+        self._moves: dict[tuple[str, str], list[RunReassignment]] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def remember(self, mapped: MappedBatch) -> None:
+        """Keep the rows and moves of ``mapped``, which will not be committed."""
+        rows: dict[tuple[str, str], list[Any]] = {}
+        every: list[RunRow | StepRow | StopRow] = [*mapped.runs, *mapped.steps, *mapped.stops]
+        for row in every:
+            rows.setdefault((row.trace_id, row.span_id), []).append(row)
+        if not rows:
+            return
+        moves = list(mapped.reassignments)
+        with self._lock:
+            for key, kept in rows.items():
+                self._rows.pop(key, None)
+                self._rows[key] = kept
+                self._moves.pop(key, None)
+            if moves:
+                # Carried by whichever of its spans comes back first.
+                self._moves[next(iter(rows))] = moves
+            while len(self._rows) > self._max_keys:
+                old, _ = self._rows.popitem(last=False)
+                self._moves.pop(old, None)
+
+    def splice(self, mapped: MappedBatch) -> None:
+        """Replace ``mapped``'s rows of spans kept here by the kept rows, in place, and
+        put the kept moves first; those spans are forgotten here."""
+        if not self._rows:
+            return
+        keys = mapped.span_keys()
+        with self._lock:
+            found = {key: self._rows.pop(key) for key in keys if key in self._rows}
+            moves = [m for key in found for m in self._moves.pop(key, ())]
+        if not found:
+            return
+        mapped.runs = _spliced(mapped.runs, found, RunRow)
+        mapped.steps = _spliced(mapped.steps, found, StepRow)
+        mapped.stops = _spliced(mapped.stops, found, StopRow)
+        mapped.reassignments[:0] = moves
+        mapped._step_positions = {}
+
+
+_Row = TypeVar("_Row", RunRow, StepRow, StopRow)
+
+
+def _spliced(
+    rows: list[_Row], found: dict[tuple[str, str], list[Any]], kind: type[_Row]
+) -> list[_Row]:
+    """``rows`` with those of a span in ``found`` replaced by its kept rows of ``kind``
+    (where the first of them was; kept rows of a span with none here go last)."""
+    out: list[_Row] = []
+    placed: set[tuple[str, str]] = set()
+    for row in rows:
+        key = (row.trace_id, row.span_id)
+        if key not in found:
+            out.append(row)
+        elif key not in placed:
+            placed.add(key)
+            out += [r for r in found[key] if isinstance(r, kind)]
+    for key, kept in found.items():
+        if key not in placed:
+            out += [r for r in kept if isinstance(r, kind)]
+    return out
 
 
 class DecodeWorkerLost(CollectorError):
@@ -436,6 +533,7 @@ class Collector:
         self._agents: OrderedDict[str, str] = OrderedDict()
         self._agents_lock = threading.Lock()
         self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loopwatch-pipeline")
+        self._uncommitted = _Uncommitted()
         self._started = time.time()
         self._restore()
 
@@ -542,9 +640,14 @@ class Collector:
             mapped = self.map.process(batch)
         mapped = self.detect.process(mapped)
         mapped.canary_hits = canaries
+        self._uncommitted.splice(mapped)
         self._remember_agents(mapped)
         self._label_counts(mapped)
-        future = self.store.submit(mapped)
+        try:
+            future = self.store.submit(mapped)
+        except Exception:
+            self._uncommitted.remember(mapped)
+            raise
         return _Processed(mapped, canaries, redactions), future
 
     async def submit(self, batch: SpanBatch) -> None:
@@ -560,7 +663,11 @@ class Collector:
             )
         loop = asyncio.get_running_loop()
         processed, future = await loop.run_in_executor(self._pipeline, self.process, batch)
-        result: CommitResult = await asyncio.wrap_future(future)
+        try:
+            result: CommitResult = await asyncio.wrap_future(future)
+        except Exception:
+            self._uncommitted.remember(processed.mapped)
+            raise
         self._count(processed, result)
         labels = processed.mapped.metric_labels
         if labels:
