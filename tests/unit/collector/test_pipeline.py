@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from loopwatch.collector.config import load_config
+from loopwatch.collector.errors import QueueFull
 from loopwatch.collector.records import SpanBatch, SpanRecord
 from loopwatch.collector.service import Collector
 from loopwatch.instrumentation import Decision, Policy, Run, ToolCall
@@ -545,3 +546,83 @@ def test_restart_restores_counts_under_the_labels_counted_live(tmp_path: Path, c
     restored_collector.close()
     assert live["loopwatch_tool_calls_total"], live
     assert restored == live
+
+
+def _tool_spans(trace_id: str, parent: str, n: int, tool: str, *, same: bool) -> list[SpanRecord]:
+    """``n`` third-party tool spans under ``parent`` (identical calls when ``same``)."""
+    spans = []
+    for i in range(n):
+        attrs = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool,
+            "gen_ai.tool.call.arguments": json.dumps({"id": 1 if same else i}),
+            "gen_ai.tool.call.result": json.dumps({"status": "pending" if same else i}),
+        }
+        start = 1_000 + i * 10
+        spans.append(
+            SpanRecord(
+                trace_id,
+                f"{i + 1:016x}",
+                parent,
+                f"execute_tool {tool}",
+                1,
+                start,
+                start + 5,
+                attrs,
+            )
+        )
+    return spans
+
+
+def test_a_request_refused_by_a_full_queue_after_mapping_keeps_its_verdict(tmp_path: Path) -> None:
+    """The store's queue bound is checked again when the mapped request is queued: a
+    request that passed the first check while others were being mapped is refused
+    (503) after the map and detect stages took it in. Its retry was then mapped as a
+    resend: the observe-mode verdict of its five identical calls was gone and no loop
+    was counted (a review of acknowledgement and data loss, 2026-12-02). A real race:
+    while the writer commits a large request, one request fills the queue and the next
+    is refused."""
+    cfg = load_config(
+        environ={},
+        overrides={
+            "store": {"db": str(tmp_path / "lw.duckdb"), "queue_max_batches": 1},
+            "sampling": {"completed_fraction": 0.0},
+        },
+    )
+    c = Collector(cfg)
+    try:
+        agent_id, trace_id = "a" * 16, "5b8efff798038103d269b633813fc60c"
+        agent = SpanRecord(
+            trace_id,
+            agent_id,
+            "",
+            "invoke_agent triage",
+            1,
+            0,
+            10_000,
+            {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "triage"},
+        )
+        big = _tool_spans("1" * 32, "b" * 16, 4000, "fill", same=False)
+        queued = _tool_spans("2" * 32, "c" * 16, 300, "fill", same=False)
+        padding = _tool_spans("3" * 32, "d" * 16, 300, "fill", same=False)
+        target = [*_tool_spans(trace_id, agent_id, 5, "lookup_order", same=True), agent, *padding]
+
+        async def attempt(spans: list[SpanRecord]) -> int:
+            try:
+                await c.submit(SpanBatch(copy.deepcopy(spans)))
+            except QueueFull:
+                return 503
+            return 200
+
+        async def race() -> list[int]:
+            return list(await asyncio.gather(attempt(big), attempt(queued), attempt(target)))
+
+        assert asyncio.run(race())[2] == 503  # refused at the store, once mapped
+        submit(c, SpanBatch(copy.deepcopy(target)))  # the client's retry
+        client = TestClient(c.api_app())
+        detail = client.get(f"/api/v1/runs/{agent_id}").json()
+        assert detail["stop"]["observe_reason"] == "repeated_action"
+        assert detail["run"]["tool_calls"] == 5 and detail["run"]["sampled"] is True
+        assert value(c, "loopwatch_loop_detections_total", agent="triage", tool="lookup_order") == 1
+    finally:
+        c.close()
