@@ -19,6 +19,8 @@ from loopwatch.instrumentation.testing import ConstantTool, FakeClock, ScriptedM
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from tests.unit.test_store import Gate
+
 from .spans import completed_run, looping_run, record, to_batch
 
 CANARY = "lw-canary-7f3a9c2e51d4"
@@ -579,9 +581,10 @@ def test_a_request_refused_by_a_full_queue_after_mapping_keeps_its_verdict(tmp_p
     request that passed the first check while others were being mapped is refused
     (503) after the map and detect stages took it in. Its retry was then mapped as a
     resend: the observe-mode verdict of its five identical calls was gone and no loop
-    was counted (a review of acknowledgement and data loss, 2026-12-02). A real race:
-    while the writer commits a large request, one request fills the queue and the next
-    is refused."""
+    was counted (a review of acknowledgement and data loss, 2026-12-02). Made certain
+    rather than raced: the writer is held after a first commit, a 300-span request waits
+    in the queue (bound 512 spans), and the 306-span target passes the collector's check
+    (300 < 512) and is refused by the store's (300 + 306 > 512)."""
     cfg = load_config(
         environ={},
         overrides={
@@ -590,6 +593,15 @@ def test_a_request_refused_by_a_full_queue_after_mapping_keeps_its_verdict(tmp_p
         },
     )
     c = Collector(cfg)
+    gate = Gate()
+    counted = c.store._on_commit  # the collector's own hook, still called first
+
+    def hold_after_commit(stats: Any) -> None:
+        if counted is not None:
+            counted(stats)
+        gate(stats)
+
+    c.store._on_commit = hold_after_commit
     try:
         agent_id, trace_id = "a" * 16, "5b8efff798038103d269b633813fc60c"
         agent = SpanRecord(
@@ -602,7 +614,7 @@ def test_a_request_refused_by_a_full_queue_after_mapping_keeps_its_verdict(tmp_p
             10_000,
             {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "triage"},
         )
-        big = _tool_spans("1" * 32, "b" * 16, 4000, "fill", same=False)
+        first = _tool_spans("1" * 32, "b" * 16, 10, "fill", same=False)
         queued = _tool_spans("2" * 32, "c" * 16, 300, "fill", same=False)
         padding = _tool_spans("3" * 32, "d" * 16, 300, "fill", same=False)
         target = [*_tool_spans(trace_id, agent_id, 5, "lookup_order", same=True), agent, *padding]
@@ -614,10 +626,19 @@ def test_a_request_refused_by_a_full_queue_after_mapping_keeps_its_verdict(tmp_p
                 return 503
             return 200
 
-        async def race() -> list[int]:
-            return list(await asyncio.gather(attempt(big), attempt(queued), attempt(target)))
+        async def scenario() -> list[int]:
+            loop = asyncio.get_running_loop()
+            gate.armed = True
+            held = await attempt(first)  # committed; the writer then waits in the hook
+            assert await loop.run_in_executor(None, gate.holding.wait, 10)
+            waiting = asyncio.ensure_future(attempt(queued))
+            while c.store.queue_spans < len(queued):
+                await asyncio.sleep(0.01)
+            refused = await attempt(target)
+            gate.release.set()
+            return [held, await waiting, refused]
 
-        assert asyncio.run(race())[2] == 503  # refused at the store, once mapped
+        assert asyncio.run(scenario()) == [200, 200, 503]  # the target refused once mapped
         submit(c, SpanBatch(copy.deepcopy(target)))  # the client's retry
         client = TestClient(c.api_app())
         detail = client.get(f"/api/v1/runs/{agent_id}").json()
