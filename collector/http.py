@@ -264,13 +264,44 @@ class InflightLimit:
         Raises:
             QueueFull: other requests already hold too much to admit this one.
         """
-        if self.held and self.held + size > self.max_bytes:
-            raise QueueFull(capacity=self.max_bytes, retry_after_seconds=self.retry_after_seconds)
-        self.held += size
-        try:
+        with self.reserve() as reservation:
+            reservation.add(size)
             yield
+
+    @contextlib.contextmanager
+    def reserve(self) -> Iterator[Reservation]:
+        """A hold that grows as a body arrives (:meth:`Reservation.add` per chunk),
+        released when the ``with`` block ends. A body is held from its first chunk, not
+        once it is whole: counted only once read, many slow uploads of up to the body
+        limit each were held in memory with nothing refused (a review, 2026-12-02)."""
+        reservation = Reservation(self)
+        try:
+            yield reservation
         finally:
-            self.held -= size
+            self.held -= reservation.size
+
+
+class Reservation:
+    """The bytes one request holds in an :class:`InflightLimit` (``size``, bytes)."""
+
+    __slots__ = ("_limit", "size")
+
+    def __init__(self, limit: InflightLimit) -> None:
+        self._limit = limit
+        self.size = 0
+
+    def add(self, size: int) -> None:
+        """Hold ``size`` more bytes.
+
+        Raises:
+            QueueFull: other requests hold so much that these bytes would pass the bound
+                (a request alone is always admitted, whatever its size).
+        """
+        limit = self._limit
+        if limit.held > self.size and limit.held + size > limit.max_bytes:
+            raise QueueFull(capacity=limit.max_bytes, retry_after_seconds=limit.retry_after_seconds)
+        limit.held += size
+        self.size += size
 
 
 def create_otlp_app(
@@ -421,12 +452,17 @@ class _Receiver:
                     value=encoding,
                     supported=SUPPORTED_CONTENT_ENCODINGS,
                 )
-            body = await _read_body(request, self.max_body_bytes)
         except CollectorError as exc:
             return self._refused(exc, as_json)
-        except ClientDisconnect:
-            return Response(status_code=400)
-        with self.inflight.hold(len(body)) if self.inflight else contextlib.nullcontext():
+        with self.inflight.reserve() if self.inflight else contextlib.nullcontext() as held:
+            try:
+                body = await _read_body(request, self.max_body_bytes, held)
+            except QueueFull:
+                raise  # the in-flight bound, mid-body: throttled (export answers it)
+            except CollectorError as exc:
+                return self._refused(exc, as_json)
+            except ClientDisconnect:
+                return Response(status_code=400)
             return await self._answer(body, encoding, as_json)
 
     async def _answer(self, body: bytes, encoding: str, as_json: bool) -> Response:
@@ -506,7 +542,10 @@ def _check_bearer(header: str | None, token: bytes, encoding: str = "latin-1") -
         raise Unauthorized("invalid")
 
 
-async def _read_body(request: Request, limit_bytes: int) -> bytes:
+async def _read_body(request: Request, limit_bytes: int, held: Reservation | None = None) -> bytes:
+    """The whole body, at most ``limit_bytes``; each chunk is added to ``held`` as it
+    arrives (raises :class:`QueueFull` from there, :class:`PayloadTooLarge` past the
+    limit)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
         raise PayloadTooLarge(limit_bytes=limit_bytes, stage="body", observed_bytes=int(declared))
@@ -517,6 +556,8 @@ async def _read_body(request: Request, limit_bytes: int) -> bytes:
             size += len(chunk)
             if size > limit_bytes:
                 raise PayloadTooLarge(limit_bytes=limit_bytes, stage="body", observed_bytes=size)
+            if held is not None:
+                held.add(len(chunk))
             chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

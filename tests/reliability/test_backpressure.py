@@ -10,6 +10,7 @@ resident memory is sampled every 50 ms.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import slow_enabled
+from tests.integration.services import poll_until
 
 from .payloads import PROTOBUF, protobuf_request, tool_spans
 from .support import (
@@ -236,3 +238,61 @@ def test_requests_past_the_inflight_bound_are_refused_before_decoding(tmp_path: 
         f"\ninflight bound: {len(sent)} spans, {sum(retries)} refusals, gauge peak "
         f"{max(gauge):.0f} B, RSS idle {idle >> 20} MiB, peak {peak >> 20} MiB"
     )
+
+
+SLOW_UPLOAD_CONFIG = """
+[server]
+retry_after_seconds = 1
+
+[limits]
+max_inflight_bytes = 500000
+"""
+
+
+def test_a_body_is_held_from_its_first_chunk_not_once_it_is_whole(tmp_path: Path) -> None:
+    """The in-flight bound counts a body while it arrives: a client that has sent 300 kB
+    of a 360 kB body and paused holds those bytes, so a second 360 kB request that would
+    pass the 500 kB bound is refused (503, ``Retry-After``) before it is decoded. Counted
+    only once whole, any number of slow uploads of up to the body limit each were held
+    in memory with nothing refused (a review of acknowledgement and data loss,
+    2026-12-02). Once the first body is complete it is stored, and so is the second one
+    on its retry."""
+    db = tmp_path / "slow.duckdb"
+    collector = launch_collector(tmp_path, db_path=db, config=SLOW_UPLOAD_CONFIG)
+    (first, second), sent = _bodies(2, 2000)
+    assert 300_000 < len(first) < 500_000 and 300_000 < len(second) < 500_000
+    url = httpx.URL(collector.otlp_url)
+    try:
+        with socket.create_connection((url.host, url.port), timeout=30) as slow:
+            head = (
+                f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}\r\n"
+                f"Content-Type: application/x-protobuf\r\nContent-Length: {len(first)}\r\n\r\n"
+            ).encode()
+            slow.sendall(head + first[:300_000])
+            poll_until(
+                lambda: (
+                    (collector.metrics().value("loopwatch_collector_inflight_bytes") or 0)
+                    >= 300_000
+                ),
+                timeout_seconds=20,
+                what="the partial body counted in flight",
+            )
+            refused = httpx.post(
+                collector.otlp_url, content=second, headers={"Content-Type": PROTOBUF}, timeout=30
+            )
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["retry-after"] == "1"
+            slow.sendall(first[300_000:])
+            answer = slow.makefile("rb").readline()
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+        with httpx.Client(timeout=60) as http:
+            post_until_stored(http, collector.otlp_url, second, PROTOBUF, deadline_seconds=60)
+        metrics = collector.metrics()
+        assert metrics.value("loopwatch_collector_inflight_bytes") == 0
+        assert metrics.value("loopwatch_collector_requests_rejected_total", reason="queue_full")
+        assert collector.stop() == 0, collector.stderr_text()
+    finally:
+        if collector.running:
+            collector.kill()
+    seen = span_keys_in_store(db)
+    assert all(store_key(*key) in seen for key in sent)
