@@ -7,7 +7,11 @@ does not lose them) and the hot path is a dictionary increment under a lock.
 Label values are bounded (STYLE rule 9): agent and tool names past the configured top-N
 become ``_other``; run ids never appear. The bound is decided by first sight, seeded at
 start with the names that have the most stops or calls in the store, so a restart keeps
-the same names visible. Every other label has a closed value set:
+the same names visible. Once an agent (or an agent's tool) is seen, the series the alerts
+read are exported at 0 (its stops for every reason; the tool's ``repeated_action`` and
+``action_cycle`` detections; ``none``'s ``repeated_decision`` and ``no_progress``): a
+counter series that first appears at 5 is no increase to Prometheus. Every other label
+has a closed value set:
 
 ==============================  ==========================================================
 label                           values
@@ -66,6 +70,10 @@ DETECTORS: Final = frozenset(
     {"repeated_action", "action_cycle", "repeated_decision", "no_progress"}
 )
 CANARY_LOCATIONS: Final = frozenset({"attribute", "event", "name", "status", "resource"})
+TOOL_DETECTORS: Final = ("repeated_action", "action_cycle")
+"""Detectors exported at 0 for every (agent, tool) with a counted call."""
+DECISION_DETECTORS: Final = ("repeated_decision", "no_progress")
+"""Detectors exported at 0 for every agent, under the ``none`` tool."""
 STEPS_SINCE_PROGRESS_BUCKETS: Final = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0)
 STEPS_BUCKETS: Final = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
 COMMIT_BUCKETS_SECONDS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -257,6 +265,21 @@ class LoopwatchMetrics(Collector):
 
     # ----------------------------------------------------------- recording
 
+    def _seen_agent(self, agent: str) -> None:
+        """Export an agent's stop and decision-level detection series at 0 (lock held).
+
+        A counter series that first appears at 3 reads as no increase to ``increase()``
+        and ``rate()``: an agent that always completed, then stopped five times for
+        ``no_progress`` within one scrape interval, never raised LoopWatchNoProgressStops.
+        With every series in place from the agent's first sight, the first stops count.
+        """
+        if (agent, StopReason.COMPLETED.value) in self._stops:
+            return
+        for reason in STOP_REASONS:
+            self._stops[(agent, reason)] += 0
+        for detector in DECISION_DETECTORS:
+            self._detections[(agent, NO_TOOL, detector)] += 0
+
     def record_stop(
         self, agent: str, stop_reason: str, *, steps: int, steps_since_progress: int, n: int = 1
     ) -> None:
@@ -264,6 +287,7 @@ class LoopwatchMetrics(Collector):
         reason = stop_reason if stop_reason in STOP_REASONS else "error"
         key = (self.agents(agent), reason)
         with self._lock:
+            self._seen_agent(key[0])
             self._stops[key] += n
             self._ssp.setdefault(key, _Histogram(STEPS_SINCE_PROGRESS_BUCKETS)).observe(
                 max(steps_since_progress, 0), n
@@ -274,6 +298,11 @@ class LoopwatchMetrics(Collector):
         """Count tool calls by outcome (``ok``, ``error``, ``blocked``)."""
         key = (self.agents(agent), self.tools(tool), outcome if outcome in OUTCOMES else "error")
         with self._lock:
+            self._seen_agent(key[0])
+            if key[1] != NO_TOOL:
+                # The tool's loop series at 0 before its first detection (see _seen_agent).
+                for detector in TOOL_DETECTORS:
+                    self._detections[(key[0], key[1], detector)] += 0
             self._tool_calls[key] += n
 
     def record_detection(self, agent: str, tool: str | None, detector: str, n: int = 1) -> None:
@@ -288,6 +317,7 @@ class LoopwatchMetrics(Collector):
         label = NO_TOOL if not tool or tool == NO_TOOL else self.tools(tool)
         key = (self.agents(agent), label, detector)
         with self._lock:
+            self._seen_agent(key[0])
             self._detections[key] += n
 
     def record_canaries(self, by_location: Mapping[str, int]) -> None:

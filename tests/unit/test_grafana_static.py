@@ -532,3 +532,95 @@ def test_provisioning_loads_this_folder() -> None:
     path = provider["options"]["path"]
     assert path.endswith("/grafana/dashboards") or path.endswith("/dashboards"), path
     assert provider["allowUiUpdates"] is False
+
+
+# ------------------------------------------- alerts on the collector's own series
+
+
+def _scrape_stops(m: LoopwatchMetrics) -> dict[str, float]:
+    """``loopwatch_agent_stops_total`` and detection samples of one scrape, by series text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    registry.register(m)
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(m.exposition(registry).decode()):
+        for s in family.samples:
+            if s.name in ("loopwatch_agent_stops_total", "loopwatch_loop_detections_total"):
+                labels = ", ".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+                out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("burst", "alert", "labels"),
+    [
+        (
+            lambda m: [
+                m.record_stop("five", "no_progress", steps=9, steps_since_progress=6)
+                for _ in range(5)
+            ],
+            "LoopWatchNoProgressStops",
+            {"agent": "five", "stop_reason": "no_progress"},
+        ),
+        (
+            lambda m: [m.record_detection("five", "lookup", "repeated_action") for _ in range(10)],
+            "LoopWatchRepeatedActionSurge",
+            {"tool": "lookup"},
+        ),
+    ],
+)
+def test_an_alert_fires_on_a_burst_in_the_series_the_collector_exports(
+    tmp_path: Path, burst: Any, alert: str, labels: dict[str, str]
+) -> None:
+    """Proves the exporter gives ``increase()`` a 0 to rise from. An agent that only ever
+    completed (its tool called ok), then hit 5 ``no_progress`` stops (or its tool 10
+    ``repeated_action`` detections) between two 15 s scrapes: the series used to appear
+    at 5, which ``increase()`` reads as no increase, and the alert never fired."""
+    m = LoopwatchMetrics()
+    m.record_tool_call("five", "lookup", "ok")
+    m.record_stop("five", "completed", steps=2, steps_since_progress=0)
+    before = _scrape_stops(m)
+    burst(m)
+    after = _scrape_stops(m)
+    series = [
+        {"series": name, "values": f"{_sample(before.get(name))}x120 {after[name]:g}x280"}
+        for name in sorted(after)
+    ]
+    firing = {"alertname": alert, "alertstate": "firing", "severity": "warning", **labels}
+    test = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": f'ALERTS{{alertname="{alert}", alertstate="firing"}}',
+                        "eval_time": "40m",
+                        "exp_samples": [
+                            {
+                                "labels": _label_set("ALERTS", firing),
+                                "value": 1,
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "burst.test.yml"
+    path.write_text(yaml.safe_dump(test), encoding="utf-8")
+    done = subprocess.run(
+        [_promtool(), "test", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _sample(value: float | None) -> str:
+    return "_" if value is None else f"{value:g}"
+
+
+def _label_set(name: str, labels: dict[str, str]) -> str:
+    return name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from loopwatch.collector.metrics import (
+    DETECTORS,
     METRIC_NAMES,
     NO_TOOL,
     OTHER,
@@ -10,6 +11,7 @@ from loopwatch.collector.metrics import (
     LoopwatchMetrics,
     MetricsSnapshot,
 )
+from loopwatch.instrumentation import StopReason
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,9 +40,20 @@ def test_every_design_metric_is_exported_with_its_labels() -> None:
     names = set(samples)
     for metric in METRIC_NAMES:
         assert any(n == metric or n.startswith(metric + "_") for n in names), metric
-    assert samples["loopwatch_agent_stops_total"] == [
-        ({"agent": "support", "stop_reason": "repeated_action"}, 1.0)
-    ]
+    stops = {labels["stop_reason"]: v for labels, v in samples["loopwatch_agent_stops_total"]}
+    # Every reason of a seen agent is exported, at 0 until its first stop (increase() of a
+    # series that appears at 5 is 0: a burst would raise no alert).
+    assert stops == {reason.value: 0.0 for reason in StopReason} | {"repeated_action": 1.0}
+    detections = {
+        (labels["tool"], labels["detector"]): v
+        for labels, v in samples["loopwatch_loop_detections_total"]
+    }
+    assert detections == {
+        ("lookup", "repeated_action"): 1.0,
+        ("lookup", "action_cycle"): 0.0,
+        ("none", "repeated_decision"): 0.0,
+        ("none", "no_progress"): 0.0,
+    }
     assert ({"agent": "support", "tool": "lookup", "outcome": "blocked"}, 1.0) in samples[
         "loopwatch_tool_calls_total"
     ]
@@ -92,8 +105,11 @@ def test_unknown_closed_set_values_do_not_create_series() -> None:
     m.record_detection("a", "t", "not_a_detector")
     m.record_tool_call("a", "t", "weird")
     samples = scrape(m)
-    assert samples["loopwatch_agent_stops_total"][0][0]["stop_reason"] == "error"
-    assert "loopwatch_loop_detections_total" not in samples
+    stops = {s[0]["stop_reason"]: s[1] for s in samples["loopwatch_agent_stops_total"]}
+    assert set(stops) == {r.value for r in StopReason} and stops["error"] == 1
+    detectors = {s[0]["detector"] for s in samples["loopwatch_loop_detections_total"]}
+    assert detectors == set(DETECTORS)  # the zero series only
+    assert sum(s[1] for s in samples["loopwatch_loop_detections_total"]) == 0
     assert samples["loopwatch_tool_calls_total"][0][0]["outcome"] == "error"
 
 
@@ -108,7 +124,7 @@ def test_restore_adds_store_totals() -> None:
         )
     )
     samples = scrape(m)
-    stops = {s[0]["stop_reason"]: s[1] for s in samples["loopwatch_agent_stops_total"]}
+    stops = {s[0]["stop_reason"]: s[1] for s in samples["loopwatch_agent_stops_total"] if s[1]}
     assert stops == {"completed": 3, "no_progress": 2}
     counts = {(s[0]["stop_reason"]): s[1] for s in samples["loopwatch_agent_steps_count"]}
     assert counts == {"completed": 3, "no_progress": 2}
