@@ -2575,20 +2575,19 @@ class StoreReader:
         """Set ``top_tool`` (most frequent tool now; ties: first by name); drop ``run_key``."""
         if not runs:
             return
+        # One row per run, picked in SQL: the page's (run, tool) rows can outnumber the
+        # row cap (it counts runs), which left the newest runs of a full page with None.
         rows, _ = self._query(
-            "SELECT run_key, tool, sum(calls) AS calls FROM run_tools "
-            "WHERE run_key IN (SELECT unnest(?::UBIGINT[])) GROUP BY ALL HAVING sum(calls) > 0",
+            "SELECT run_key, tool FROM (SELECT run_key, tool, sum(calls) AS calls "
+            "FROM run_tools WHERE run_key IN (SELECT unnest(?::UBIGINT[])) "
+            "GROUP BY ALL HAVING sum(calls) > 0) "
+            "QUALIFY row_number() OVER (PARTITION BY run_key ORDER BY calls DESC, tool) = 1",
             [[r["run_key"] for r in runs]],
+            max_rows=len(runs),
         )
-        best: dict[int, tuple[int, str]] = {}
-        for row in rows:
-            current = best.get(row["run_key"])
-            candidate = (int(row["calls"]), row["tool"])
-            if current is None or (-candidate[0], candidate[1]) < (-current[0], current[1]):
-                best[row["run_key"]] = candidate
+        best = {row["run_key"]: row["tool"] for row in rows}
         for run in runs:
-            key = run.pop("run_key")
-            run["top_tool"] = best[key][1] if key in best else None
+            run["top_tool"] = best.get(run.pop("run_key"))
 
     def get_run(self, run_id: str) -> RunDetail | None:
         """Return one run with its steps, stop, evidence and anomalies, or ``None``."""

@@ -19,7 +19,8 @@ import pytest
 from loopwatch.collector.config import load_config
 from loopwatch.collector.records import SpanBatch, SpanRecord
 from loopwatch.collector.service import Collector
-from loopwatch.instrumentation import Policy
+from loopwatch.instrumentation import Decision, Policy, Run, ToolCall
+from loopwatch.instrumentation.testing import FakeClock
 from starlette.testclient import TestClient
 
 from tests.docs_examples import OBSERVE_RUN_ID, observe_example
@@ -464,3 +465,36 @@ def test_long_names_can_be_filtered_and_opened(collector: Collector) -> None:
     refused = client.get("/api/v1/runs", params={"agent": "A" * 4097})
     assert refused.status_code == 400
     assert refused.json()["error"]["message"] == "agent is longer than 4096 characters"
+
+
+def _tools_run(agent: str, tools: list[str]) -> Any:
+    """A completed run calling each of ``tools`` once (the last one twice)."""
+
+    def go(provider: Any) -> Any:
+        with Run(agent, Policy(), tracer_provider=provider, clock=FakeClock()) as run:
+            for i, name in enumerate([*tools, tools[-1]]):
+                run.decide(lambda name=name, i=i: Decision.tool(ToolCall(name, {"q": i})))
+                run.call_tool(name, {"q": i}, fn=lambda q: {"r": q})
+            run.decide(lambda: Decision.final("done"))
+        return run.outcome
+
+    return go
+
+
+def test_top_tool_is_set_on_a_full_page_of_runs_with_many_tools(tmp_path: Path) -> None:
+    """A page's (run, tool) rows were read under the row cap, which counts runs, not
+    calls: with ``store.max_rows = 4``, a page of 4 runs calling 3 tools each (12 rows)
+    listed the newest runs with a ``top_tool`` of ``None``."""
+    cfg = load_config(
+        environ={}, overrides={"store": {"db": str(tmp_path / "lw.duckdb"), "max_rows": 4}}
+    )
+    c = Collector(cfg)
+    try:
+        for i in range(4):
+            submit(c, _tools_run(f"agent-{i}", ["a", "b", f"top-{i}"]))
+        items = api(c).get("/api/v1/runs", params={"limit": 4}).json()["items"]
+        assert sorted(str(r["top_tool"]) for r in items) == [f"top-{i}" for i in range(4)]
+        found = c.store.reader().get_run(items[0]["run_id"])
+        assert found is not None and found.run["top_tool"] == items[0]["top_tool"]
+    finally:
+        c.close()
