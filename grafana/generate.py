@@ -340,9 +340,10 @@ def overview() -> db.Dashboard:
         .with_panel(
             _table(
                 "Stops by agent and reason in range",
-                "Stop counts per (agent, stop reason) over the selected range.",
+                "Stop counts per (agent, stop reason) over the selected range (pairs with "
+                "stops in it; every reason of a seen agent is exported, at 0 before its first).",
                 _query(
-                    f"sum by (agent, stop_reason) (increase({stops}[$__range]))",
+                    f"sum by (agent, stop_reason) (increase({stops}[$__range])) > 0",
                     instant=True,
                 ).format(pm.PromQueryFormat.TABLE),
                 width=24,
@@ -395,9 +396,11 @@ def tools() -> db.Dashboard:
             _table(
                 "Loop detections by tool in range",
                 "Loop detections per (tool, detector) over the selected range (tool none: "
-                "no_progress and repeated_decision, which name no tool).",
+                "no_progress and repeated_decision, which name no tool); pairs with "
+                "detections in it (the series are exported at 0 before the first).",
                 _query(
-                    f"sum by (tool, detector) (increase({detections}[$__range]))", instant=True
+                    f"sum by (tool, detector) (increase({detections}[$__range])) > 0",
+                    instant=True,
                 ).format(pm.PromQueryFormat.TABLE),
             )
         )
