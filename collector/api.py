@@ -20,7 +20,8 @@ Read endpoints (JSON; times in nanoseconds since the Unix epoch):
   stop (``null`` without one).
 - ``GET /api/v1/runs/{run_id}`` (any run id, slashes included, percent-encoded): the
   run (with its effective ``limits``, parsed, and ``detector_version``), its steps, its
-  stop and parsed evidence, stop anomalies, tool call counts.
+  stop and parsed evidence, stop anomalies, tool call counts (``steps_truncated``,
+  ``stop_anomalies_truncated``, ``tools_truncated``: the row cap cut them).
 - ``GET /api/v1/stats``: ``since``, ``until`` (default: the last 24 h), ``bucket_seconds``
   (default 3600), ``agent``. Stops by reason per bucket, loop detections per tool
   (observe mode's included, as ``loopwatch_loop_detections_total`` counts them), runs per

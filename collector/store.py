@@ -2281,6 +2281,8 @@ class RunDetail:
         stop: the primary stop, or ``None``; ``evidence``: its parsed evidence JSON.
         stop_anomalies: duplicate stops, in arrival order.
         tools: tool calls per (tool, outcome).
+        stop_anomalies_truncated / tools_truncated: the row cap kept only the first
+            anomalies (in arrival order) / tool rows (by tool, outcome).
     """
 
     run: dict[str, Any]
@@ -2290,6 +2292,8 @@ class RunDetail:
     evidence: Any
     stop_anomalies: list[dict[str, Any]]
     tools: list[dict[str, Any]]
+    stop_anomalies_truncated: bool = False
+    tools_truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -2607,12 +2611,12 @@ class StoreReader:
         steps.reverse()
         stop_columns = ", ".join(_STOP_FIELDS)
         stops, _ = self._query(f"SELECT {stop_columns} FROM stops WHERE run_key = ?", [key])
-        anomalies, _ = self._query(
+        anomalies, anomalies_truncated = self._query(
             f"SELECT {stop_columns}, kind FROM stop_anomalies WHERE run_key = ? "
             "ORDER BY received_unix_nano, span_id",
             [key],
         )
-        tools, _ = self._query(
+        tools, tools_truncated = self._query(
             "SELECT tool, outcome, sum(calls) AS calls FROM run_tools WHERE run_key = ? "
             "GROUP BY ALL HAVING sum(calls) > 0 ORDER BY ALL",
             [key],
@@ -2624,7 +2628,17 @@ class StoreReader:
                 evidence = json.loads(stop["evidence"])
             except (ValueError, RecursionError):  # client text; nesting past the parser
                 evidence = stop["evidence"]
-        return RunDetail(runs[0], steps, truncated, stop, evidence, anomalies, tools)
+        return RunDetail(
+            runs[0],
+            steps,
+            truncated,
+            stop,
+            evidence,
+            anomalies,
+            tools,
+            anomalies_truncated,
+            tools_truncated,
+        )
 
     def stats(
         self, *, since_unix_nano: int, until_unix_nano: int, bucket_seconds: int = 3600

@@ -222,6 +222,8 @@ class RunData:
         tools: tool calls per ``tool``, ``outcome`` (``calls`` column).
         limits: ``limit``, ``value``, ``source`` rows (each effective limit and where it
             came from), or ``None`` when the source does not provide them.
+        anomalies_truncated / tools_truncated: the row cap cut :attr:`anomalies` /
+            :attr:`tools`.
     """
 
     run: dict[str, Any]
@@ -232,6 +234,8 @@ class RunData:
     anomalies: list[dict[str, Any]]
     tools: pd.DataFrame
     limits: pd.DataFrame | None
+    anomalies_truncated: bool = False
+    tools_truncated: bool = False
 
     def step_records(self) -> list[dict[str, Any]]:
         """:attr:`steps` as one dict per row (Python values; missing numbers are NaN).
@@ -455,6 +459,8 @@ def _run_data(detail: Mapping[str, Any], limits: Any) -> RunData:
         anomalies=[dict(a) for a in detail.get("stop_anomalies") or []],
         tools=tools,
         limits=_limits_frame(limits),
+        anomalies_truncated=bool(detail.get("stop_anomalies_truncated")),
+        tools_truncated=bool(detail.get("tools_truncated")),
     )
 
 
@@ -839,6 +845,8 @@ class DuckDBSource:
                 "evidence": detail.evidence,
                 "stop_anomalies": detail.stop_anomalies,
                 "tools": detail.tools,
+                "stop_anomalies_truncated": detail.stop_anomalies_truncated,
+                "tools_truncated": detail.tools_truncated,
             },
             detail.run.get("limits"),
         )

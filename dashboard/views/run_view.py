@@ -112,6 +112,8 @@ with st.container(border=True):
     if detail.anomalies:
         st.warning(runview.anomaly_summary(detail.anomalies))
         ui.dataframe(pd.DataFrame(detail.anomalies), hide_index=True)
+        if detail.anomalies_truncated:
+            st.caption("Only the first stop reports were returned (the row cap).")
 
 # ---------------------------------------------------------------------- usage
 usage = runview.usage_counters(stop, run)
@@ -241,6 +243,8 @@ with tools_col:
         st.caption("This run called no tool.")
     else:
         ui.dataframe(detail.tools, hide_index=True)
+        if detail.tools_truncated:
+            st.caption("Only the first tools (by name) were returned (the row cap).")
 with limits_col:
     st.subheader("Effective limits")
     if detail.limits is None and third_party:

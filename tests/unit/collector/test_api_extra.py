@@ -498,3 +498,20 @@ def test_top_tool_is_set_on_a_full_page_of_runs_with_many_tools(tmp_path: Path) 
         assert found is not None and found.run["top_tool"] == items[0]["top_tool"]
     finally:
         c.close()
+
+
+def test_a_runs_tool_counts_past_the_row_cap_say_they_are_cut(tmp_path: Path) -> None:
+    """A run's tool counts were read under the row cap and cut without a word: with
+    ``store.max_rows = 4``, a run calling 6 tools showed 4 in the run view and the API."""
+    cfg = load_config(
+        environ={}, overrides={"store": {"db": str(tmp_path / "lw.duckdb"), "max_rows": 4}}
+    )
+    c = Collector(cfg)
+    try:
+        run_id = submit(c, _tools_run("many", [f"t{i}" for i in range(6)]))
+        body = api(c).get(f"/api/v1/runs/{run_id}").json()
+        assert len(body["tools"]) == 4 and body["tools_truncated"] is True
+        small = submit(c, _tools_run("few", ["a", "b"]))
+        assert api(c).get(f"/api/v1/runs/{small}").json()["tools_truncated"] is False
+    finally:
+        c.close()

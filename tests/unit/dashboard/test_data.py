@@ -441,3 +441,20 @@ def test_the_progress_curve_ends_on_the_stop_cards_figure(source: DataSource, fe
         assert int(series["steps_since_progress"].iloc[-1]) == card.steps_since_progress, run_id
         checked += 1
     assert checked >= 5
+
+
+def test_the_run_view_knows_when_the_row_cap_cut_its_tool_counts(fed: Fed) -> None:
+    """The loop run's two (tool, outcome) rows under a cap of 1: one row, said so."""
+    src = DuckDBSource(fed.db_copy, max_rows=1)
+    try:
+        run = src.run(LOOP_RUN)
+        assert run is not None and len(run.tools) == 1 and run.tools_truncated
+        assert not run.anomalies_truncated
+    finally:
+        src.close()
+    whole = DuckDBSource(fed.db_copy)
+    try:
+        run = whole.run(LOOP_RUN)
+        assert run is not None and not run.tools_truncated
+    finally:
+        whole.close()
