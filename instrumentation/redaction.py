@@ -26,12 +26,13 @@ set of rule names (:attr:`Redactor.rule_names`), also the ``rule`` label of
 ``stripe_key``, ``jwt``, ``aws_access_key``, ``aws_secret_key``, ``bearer``,
 ``url_password``, ``assignment`` (plus any custom :class:`SecretRule`); ``sensitive_key``
 (a value under a sensitive key); ``depth`` (a container nested past
-:attr:`RedactionRules.max_json_depth`, or text whose redaction did not settle, replaced
-whole: fail closed). When matches overlap, the union is replaced once and tagged with
-the first rule in that order. In HMAC mode the placeholder carries the first 8 hex chars
-of HMAC-SHA256(key, value) so equal secrets can be correlated without being revealed:
-``[REDACTED:jwt:3f9a1c2b]``. Placeholders are atomic (no rule matches inside one), so
-redacting twice equals redacting once.
+:attr:`RedactionRules.max_json_depth`, JSON text too deep to walk that holds an escape,
+or text whose redaction did not settle, replaced whole: fail closed). JSON with duplicate
+keys is re-serialized as parsed (the last value of each key). When matches overlap, the
+union is replaced once and tagged with the first rule in that order. In HMAC mode the
+placeholder carries the first 8 hex chars of HMAC-SHA256(key, value) so equal secrets
+can be correlated without being revealed: ``[REDACTED:jwt:3f9a1c2b]``. Placeholders are
+atomic (no rule matches inside one), so redacting twice equals redacting once.
 
 Pre-filter: a pattern runs only on text containing one of its literal triggers
 (:attr:`SecretRule.triggers`): by default one ``in`` test per trigger; the collector plugs
@@ -621,7 +622,11 @@ def canary_forms(canary: str) -> frozenset[str]:
     escaped |= {e.replace("/", "\\/") for e in escaped}
     escaped |= {json.dumps(e)[1:-1] for e in escaped}
     forms |= escaped
-    encoded = {quote(canary), quote(canary, safe=""), quote_plus(canary)}
+    encoded = {
+        quote(canary),
+        quote(canary, safe=""),
+        quote_plus(canary),
+    }
     encoded |= {re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), e) for e in encoded}
     forms |= encoded
     forms |= _base64_cores(canary.encode("utf-8", "surrogatepass"))
@@ -912,11 +917,27 @@ class Redactor:
             self._remember_clean(text)
             return text
         if json_like and depth < rules.max_json_depth:
-            parsed = _parse_json(text)
-            if parsed is not None:
+            dropped: list[Any] = []
+            parsed = _parse_json(text, dropped)
+            if parsed is _TOO_DEEP:
+                if escaped:
+                    # Too deep for the parser, and escapes (\u0061) can hide a canary or
+                    # a secret from the raw-text scan: fail closed.
+                    hits[RULE_DEPTH] = hits.get(RULE_DEPTH, 0) + 1
+                    return self._placeholder(RULE_DEPTH, text)
+            elif parsed is not None:
                 local: Hits = {}
                 new = self._walk(parsed, local, depth + 1)
-                out = text if new is parsed else _dump_json(new)
+                if dropped:
+                    # Duplicate keys: the parse kept the last value of each, so the walk
+                    # never saw the others. Re-serialize (what a last-wins reader sees),
+                    # and let a canary among the dropped values still raise the signal.
+                    out = _dump_json(new)
+                    found = sum(self._count_canaries(v, depth + 1) for v in dropped)
+                    if found:
+                        local[RULE_CANARY] = local.get(RULE_CANARY, 0) + found
+                else:
+                    out = text if new is parsed else _dump_json(new)
                 if out is text and not local and not canary:
                     self._remember_clean_json(text, depth)
                 for rule, count in local.items():
@@ -927,6 +948,11 @@ class Redactor:
                     if rest:
                         out = self._replace(out, rest, None, hits)
                 return out
+        elif escaped:
+            # JSON text at the depth bound is a container past it (fail closed, as
+            # _too_deep): its escapes could hide a canary or secret from the text scan.
+            hits[RULE_DEPTH] = hits.get(RULE_DEPTH, 0) + 1
+            return self._placeholder(RULE_DEPTH, text)
         out = self._replace(text, canary, fired, hits)
         if out is text and not json_like:
             self._remember_clean(text)
@@ -1222,10 +1248,46 @@ def _looks_like_json(text: str) -> bool:
     return (first == "{" and last == "}") or (first == "[" and last == "]")
 
 
-def _parse_json(text: str) -> Any:
+_TOO_DEEP: Final = object()
+"""What :func:`_parse_json` returns for JSON nested deeper than the parser goes."""
+
+
+class _DuplicateKeys(Exception):
+    pass
+
+
+def _unique_pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(items)
+    if len(obj) != len(items):
+        raise _DuplicateKeys
+    return obj
+
+
+# One decoder for every parse (json.loads with a hook would build one per call); a
+# document with duplicate keys, rare, is parsed again to collect what they shadow.
+_DECODER: Final = json.JSONDecoder(object_pairs_hook=_unique_pairs)
+
+
+def _parse_json(text: str, dropped: list[Any]) -> Any:
+    """Parse a JSON object or array; ``None`` if it is not one, :data:`_TOO_DEEP` if the
+    parser ran out of stack. The values that duplicate keys shadow (all but the last of
+    each key, as ``json.loads`` keeps) are appended to ``dropped``."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) != len(items):
+            last = {key: index for index, (key, _) in enumerate(items)}
+            dropped.extend(v for index, (k, v) in enumerate(items) if last[k] != index)
+        return obj
+
     try:
-        parsed = json.loads(text)
-    except (ValueError, RecursionError):
+        try:
+            parsed = _DECODER.decode(text)
+        except _DuplicateKeys:
+            parsed = json.loads(text, object_pairs_hook=pairs)
+    except RecursionError:
+        return _TOO_DEEP
+    except ValueError:
         return None
     return parsed if isinstance(parsed, (dict, list)) else None
 

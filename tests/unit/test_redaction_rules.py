@@ -679,7 +679,7 @@ def test_clean_json_text_is_walked_once_per_depth(monkeypatch: pytest.MonkeyPatc
     redactor = _fresh_redactor()
     parsed: list[str] = []
     real_parse = redaction._parse_json
-    monkeypatch.setattr(redaction, "_parse_json", lambda t: parsed.append(t) or real_parse(t))
+    monkeypatch.setattr(redaction, "_parse_json", lambda t, d: parsed.append(t) or real_parse(t, d))
     for _ in range(3):
         assert redactor.redact_value({"loopwatch.limits": limits}) == {"loopwatch.limits": limits}
     assert len(parsed) == 1
@@ -769,3 +769,64 @@ def test_public_entry_points_fail_closed_when_the_stack_runs_out() -> None:
             redactor.scrub_value(nested, {})
         finally:
             sys.setrecursionlimit(limit)
+
+
+# Helper review 2026-12-02 (h9): inputs that got a secret or canary past redaction.
+
+
+def _escape_letters(text: str) -> str:
+    """``text`` with every ASCII letter written as a JSON ``\\u`` escape (valid JSON)."""
+    return "".join(f"\\u{ord(c):04x}" if c.isalpha() and c.isascii() else c for c in text)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        '{"a":"%s","a":"ok"}',
+        '[1,{"b":{"a":"%s","a":"ok"}}]',
+        '{"a":"%s","a":"ok","a":"ok2"}',
+    ],
+)
+@pytest.mark.parametrize("secret", ["canary", "canary_escaped", "openai", "password"])
+def test_json_with_duplicate_keys_hides_no_dropped_value(template: str, secret: str) -> None:
+    # json.loads keeps the last of duplicate keys, so the walk never saw the first value;
+    # with nothing else to change, the original text (first value included) was kept.
+    value = {
+        "canary": CANARY,
+        "canary_escaped": _escape_letters(CANARY),
+        "openai": OPENAI,
+        "password": "token=hunter2-xyz",
+    }[secret]
+    text = template % value
+    redactor = Redactor(canaries=[CANARY])
+    out, hits = redactor.redact_text(text)
+    assert value not in out and "hunter2" not in out
+    assert "7f3a9c21" not in out and "a1B2c3D4" not in out
+    assert json.loads(out) == json.loads(text), "what last-wins parsers read is kept"
+    if secret.startswith("canary"):
+        assert hits.get("canary") == 1, "the dropped canary still raises the signal"
+    assert redactor.redact_text(out) == (out, {})
+
+
+def test_json_with_duplicate_keys_under_a_sensitive_key_keeps_no_secret() -> None:
+    text = '{"password":"hunter2-xyz","password":"[REDACTED:sensitive_key]"}'
+    out, _ = Redactor().redact_text(text)
+    assert "hunter2" not in out
+
+
+def test_json_text_too_deep_to_walk_with_escapes_fails_closed() -> None:
+    # Past the depth bound (or past what json.loads can nest), JSON text is scanned as
+    # text, where \\u escapes of ordinary letters hide a canary that any JSON reader sees.
+    escaped = _escape_letters(CANARY)
+    redactor = Redactor(canaries=[CANARY])
+    at_bound = "[" * 62 + json.dumps(f'{{"a":"{escaped}"}}') + "]" * 62
+    out = redactor.redact_value({"x": at_bound})
+    assert escaped not in json.dumps(out) and "\\\\u" not in out["x"]
+    for depth in (2000, 200_000):
+        text = "[" * depth + f'"{escaped}"' + "]" * depth
+        out, hits = redactor.redact_text(text)
+        assert escaped not in out and hits == {"depth": 1}
+    # Without an escape the text is still scanned as text, as before (no false alarms).
+    plain = "[" * 2000 + f'"{CANARY}", "ok"' + "]" * 2000
+    out, hits = redactor.redact_text(plain)
+    assert CANARY not in out and hits == {"canary": 1} and out.startswith("[[[")
