@@ -145,6 +145,10 @@ _JSON_CLEAN_CACHE_MAX_ENTRIES: Final = 4096
 _JSON_CLEAN_CACHE_MAX_CHARS: Final = 4096
 _KEY_CACHE_MAX_ENTRIES: Final = 8192
 _FIXPOINT_PASSES: Final = 4
+# What JavaScript's encodeURIComponent and encodeURI leave unescaped beyond what
+# urllib.parse.quote always leaves (letters, digits, "_.-~").
+_JS_URI_COMPONENT_SAFE: Final = "!'()*"
+_JS_URI_SAFE: Final = ";,/?:@&=+$#!'()*"
 # Shortest text any built-in rule can match: "pwd=x" (assignment) or "://:x@" (URL).
 _MIN_SECRET_CHARS: Final = 5
 # A line break (CR, LF, CRLF, or their JSON escapes) and the spaces and tabs after it:
@@ -595,7 +599,8 @@ def canary_forms(canary: str) -> frozenset[str]:
 
     The forms: the raw value; JSON-escaped (``ensure_ascii`` on and off, ``/`` escaped or
     not, and escaped twice for JSON inside a JSON string); URL-encoded (``quote`` with
-    ``safe="/"`` and ``safe=""``, ``quote_plus``; upper- and lowercase hex); base64 and
+    ``safe="/"`` and ``safe=""``, ``quote_plus``, JavaScript's ``encodeURIComponent`` and
+    ``encodeURI``, WHATWG ``URLSearchParams``; upper- and lowercase hex); base64 and
     base64url of the UTF-8 bytes, padded and unpadded, plus the three alignment cores that
     occur when the canary sits inside a longer base64-encoded payload; and, for non-ASCII
     forms, the Latin-1 reading of their UTF-8 bytes (bytes values that are not UTF-8 are
@@ -626,6 +631,12 @@ def canary_forms(canary: str) -> frozenset[str]:
         quote(canary),
         quote(canary, safe=""),
         quote_plus(canary),
+        # JavaScript's encodeURIComponent and encodeURI (ECMA-262, "URI Handling
+        # Functions") leave !'()* unescaped; WHATWG URLSearchParams (form-urlencoded)
+        # leaves * and escapes ~.
+        quote(canary, safe=_JS_URI_COMPONENT_SAFE),
+        quote(canary, safe=_JS_URI_SAFE),
+        quote_plus(canary, safe="*").replace("~", "%7E"),
     }
     encoded |= {re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), e) for e in encoded}
     forms |= encoded

@@ -830,3 +830,21 @@ def test_json_text_too_deep_to_walk_with_escapes_fails_closed() -> None:
     plain = "[" * 2000 + f'"{CANARY}", "ok"' + "]" * 2000
     out, hits = redactor.redact_text(plain)
     assert CANARY not in out and hits == {"canary": 1} and out.startswith("[[[")
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [
+        # JavaScript encodeURIComponent / encodeURI (ECMA-262 19.2.6): "!'()*" stay raw.
+        lambda s: urllib.parse.quote(s, safe="-_.!~*'()"),
+        lambda s: urllib.parse.quote(s, safe=";,/?:@&=+$#-_.!~*'()"),
+        # WHATWG application/x-www-form-urlencoded (URLSearchParams): "*" raw, "~" encoded.
+        lambda s: urllib.parse.quote_plus(s, safe="*").replace("~", "%7E"),
+    ],
+)
+def test_canary_url_encoded_by_javascript_is_redacted(encode: object) -> None:
+    canary = "lw canary!(x)*'~7"
+    encoded = encode(canary)  # type: ignore[operator]
+    assert encoded != urllib.parse.quote(canary, safe="")
+    out, hits = Redactor(canaries=[canary]).redact_text(f"https://h/p?q={encoded}&x=1")
+    assert encoded not in out and hits == {"canary": 1}
