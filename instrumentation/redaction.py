@@ -9,7 +9,8 @@ Three kinds of rule, applied in this order of precedence:
 
 1. **Canaries**: exact values planted on purpose (one per line in a canary file, or the
    path in ``LOOPWATCH_REDACTION_CANARIES``). Each canary is also matched in its
-   JSON-escaped, URL-encoded and base64 forms (:func:`canary_forms`). A canary hit is the
+   JSON-escaped, URL-encoded and base64 forms (:func:`canary_forms`), also across line
+   breaks and with any JSON ``\\uXXXX`` escapes read as characters. A canary hit is the
    signal that data leaked; it always wins over every allowlist.
 2. **Secret patterns** (:data:`BUILTIN_SECRET_RULES`): provider API keys, bearer tokens,
    JWTs, AWS keys, PEM private key blocks, passwords in URLs, and ``name=value``
@@ -155,6 +156,9 @@ _MIN_SECRET_CHARS: Final = 5
 # what MIME (RFC 2045 section 6.8: lines of at most 76 chars), PEM (RFC 7468: 64) and
 # `base64` (76) insert into long base64 text, and what indented or folded text adds.
 # Canary matching ignores them (see Redactor._find_canaries).
+# A JSON escape of one BMP character (RFC 8259 section 7); canary matching also reads
+# text with these decoded (see Redactor._find_canaries).
+_U_ESCAPE_RE: Final = re.compile(r"\\u([0-9a-fA-F]{4})")
 _LINE_BREAK_RE: Final = re.compile(r"(?:\r\n|\r|\n|\\r\\n|\\r|\\n)[ \t]*")
 
 
@@ -911,7 +915,11 @@ class Redactor:
 
     def _scrub_once(self, text: str, hits: Hits, depth: int) -> str:
         rules = self.rules
-        canary = self._find_canaries(text) if self._matcher is not None else []
+        json_like = rules.parse_json_strings and _looks_like_json(text)
+        # JSON text that the walk will decode needs no decoded view of its \u escapes.
+        canary = (
+            self._find_canaries(text, escapes=not json_like) if self._matcher is not None else []
+        )
         fired: set[int] | None = None
         if not (
             rules._alnum_lower_safe
@@ -921,7 +929,6 @@ class Redactor:
             )
         ):
             fired = self._gate(text)
-        json_like = rules.parse_json_strings and _looks_like_json(text)
         # JSON escapes (\u0070assword, \/) can hide a trigger from the raw-text gate.
         escaped = json_like and "\\" in text
         if not canary and fired is None and not escaped:
@@ -964,22 +971,29 @@ class Redactor:
             # _too_deep): its escapes could hide a canary or secret from the text scan.
             hits[RULE_DEPTH] = hits.get(RULE_DEPTH, 0) + 1
             return self._placeholder(RULE_DEPTH, text)
+        if json_like and self._matcher is not None and "\\u" in text:
+            # Not JSON after all (or too deep to parse): read its escapes as text does.
+            canary = _unescaped_canary_spans(self._matcher, text, canary)
         out = self._replace(text, canary, fired, hits)
         if out is text and not json_like:
             self._remember_clean(text)
         return out
 
-    def _find_canaries(self, text: str) -> list[tuple[int, int]]:
+    def _find_canaries(self, text: str, *, escapes: bool = True) -> list[tuple[int, int]]:
         """Canary spans in ``text``, also those broken by line breaks (``_LINE_BREAK_RE``).
 
         Rule: a canary form split by line breaks (and the indentation after them) is still
         that form, so MIME-wrapped base64 of a canary, a canary in a folded header or in
-        a wrapped log line is found. The span reported covers the breaks inside it.
+        a wrapped log line is found. The span reported covers the breaks inside it. With
+        ``escapes``, a canary written with JSON ``\\uXXXX`` escapes is found as well
+        (``_unescaped_canary_spans``).
         """
         assert self._matcher is not None
         found = self._matcher.find_spans(text)
         if "\n" in text or "\r" in text or "\\n" in text or "\\r" in text:
             found = _wrapped_canary_spans(self._matcher, text, found)
+        if escapes and "\\u" in text:
+            found = _unescaped_canary_spans(self._matcher, text, found)
         return found
 
     def _remember_clean(self, text: str) -> None:
@@ -1225,6 +1239,38 @@ def _wrapped_canary_spans(
         original_start = start + (removed[first - 1] if first else 0)
         original_end = end + removed[last - 1]
         extra.add((original_start, original_end))
+    return sorted(extra)
+
+
+def _unescaped_canary_spans(
+    matcher: CanaryMatcher, text: str, found: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """Add to ``found`` the canary spans written with JSON ``\\uXXXX`` escapes in ``text``.
+
+    Rule: a canary is a canary whatever characters of it a JSON writer escapes (Go's and
+    .NET's HTML-safe ``\\u003c``, uppercase hex, escaped letters), also in text that is
+    not parsed as JSON. ``text`` is read once more with every BMP escape decoded and
+    scanned; a match that covers a decoded escape is mapped back onto ``text``.
+    """
+    parts: list[str] = []
+    marks: list[int] = []  # decoded index of each escaped char
+    position = 0
+    for match in _U_ESCAPE_RE.finditer(text):
+        start = match.start()
+        parts.append(text[position:start])
+        marks.append(start - 5 * len(marks))
+        parts.append(chr(int(match.group(1), 16)))
+        position = match.end()
+    if not marks:
+        return found
+    parts.append(text[position:])
+    extra = set(found)
+    for start, end in matcher.find_spans("".join(parts)):
+        first = bisect.bisect_left(marks, start)  # escapes before the match
+        last = bisect.bisect_left(marks, end)  # escapes before its end
+        if first == last:
+            continue  # no escape inside: already found in the text itself
+        extra.add((start + 5 * first, end + 5 * last))
     return sorted(extra)
 
 

@@ -434,3 +434,26 @@ def test_hostile_batches_terminate() -> None:
     assert time.monotonic() - start < 60
     assert len(batch.spans) == 6 and batch.rejected_spans == 0
     assert _survivors(batch, [CANARY]) == []
+
+
+def test_canaries_hidden_by_json_tricks_are_counted_and_flag_the_run() -> None:
+    # Helper review 2026-12-02: duplicate JSON keys, \u escapes of letters (in JSON text
+    # and in plain text), JavaScript URL-encoding; each planted once, each counted once.
+    odd = "lw canary!(x)*'<7f"
+    stage = RedactStage(canaries=[CANARY, odd])
+    letters = "".join(f"\\u{ord(c):04x}" if c.isalpha() else c for c in CANARY)
+    span = make_span(
+        name=f"tool {letters}",
+        attributes={
+            "loopwatch.run.id": "run-j",
+            "gen_ai.tool.call.arguments": f'{{"q":"{letters}","q":"ok"}}',
+            "url": "https://h/?q=" + urllib.parse.quote(odd, safe="-_.!~*'()"),
+        },
+    )
+    batch = stage.process(SpanBatch(spans=[span]))
+    assert batch.canary_run_ids == {"run-j"}
+    assert letters not in span.name and letters not in repr(span.attributes)
+    assert json.loads(span.attributes["gen_ai.tool.call.arguments"]) == {"q": "ok"}
+    assert "!(x)*" not in span.attributes["url"]
+    counts = stage.counts().canary_by_location
+    assert (counts["attribute"], counts["name"]) == (2, 1)

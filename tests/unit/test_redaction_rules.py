@@ -848,3 +848,33 @@ def test_canary_url_encoded_by_javascript_is_redacted(encode: object) -> None:
     assert encoded != urllib.parse.quote(canary, safe="")
     out, hits = Redactor(canaries=[canary]).redact_text(f"https://h/p?q={encoded}&x=1")
     assert encoded not in out and hits == {"canary": 1}
+
+
+@pytest.mark.parametrize(
+    "escape",
+    [
+        # Go's encoding/json (HTML-safe by default) and .NET's System.Text.Json escape
+        # < > & ' + " as \u00XX; Java and .NET write uppercase hex; any letter may be
+        # escaped. A fragment of such JSON inside plain text is not parsed as JSON.
+        lambda s: s.replace("<", "\\u003c").replace("&", "\\u0026"),
+        lambda s: s.replace('"', "\\u0022").replace("é", "\\u00E9"),
+        _escape_letters,
+    ],
+)
+def test_canary_in_any_json_unicode_escape_inside_text_is_redacted(escape: object) -> None:
+    canary = 'lw<canary&"é-7f3a'
+    escaped = escape(canary)  # type: ignore[operator]
+    assert escaped not in canary_forms(canary)
+    text = f'request failed: body={{"q":"{escaped}"}} (retrying)'
+    out, hits = Redactor(canaries=[canary]).redact_text(text)
+    assert escaped not in out and hits == {"canary": 1}
+    assert out.startswith("request failed: body=") and out.endswith('"} (retrying)')
+
+
+def test_canary_escaped_in_json_that_does_not_parse_is_redacted() -> None:
+    canary = 'lw<canary&"é-7f3a'
+    escaped = _escape_letters(canary)
+    redactor = Redactor(canaries=[canary])
+    for text in (f'{{"q":"{escaped}",}}', f'["{escaped}"'):
+        out, hits = redactor.redact_text(text + "]" if text.startswith("[") else text)
+        assert escaped not in out and hits == {"canary": 1}
