@@ -941,8 +941,7 @@ class Redactor:
                 if escaped:
                     # Too deep for the parser, and escapes (\u0061) can hide a canary or
                     # a secret from the raw-text scan: fail closed.
-                    hits[RULE_DEPTH] = hits.get(RULE_DEPTH, 0) + 1
-                    return self._placeholder(RULE_DEPTH, text)
+                    return self._depth_placeholder(text, hits)
             elif parsed is not None:
                 local: Hits = {}
                 new = self._walk(parsed, local, depth + 1)
@@ -969,8 +968,7 @@ class Redactor:
         elif escaped:
             # JSON text at the depth bound is a container past it (fail closed, as
             # _too_deep): its escapes could hide a canary or secret from the text scan.
-            hits[RULE_DEPTH] = hits.get(RULE_DEPTH, 0) + 1
-            return self._placeholder(RULE_DEPTH, text)
+            return self._depth_placeholder(text, hits)
         if json_like and self._matcher is not None and "\\u" in text:
             # Not JSON after all (or too deep to parse): read its escapes as text does.
             canary = _unescaped_canary_spans(self._matcher, text, canary)
@@ -1145,8 +1143,37 @@ class Redactor:
         return value if new is None else new
 
     def _too_deep(self, value: Any, hits: Hits) -> str:
+        if self._matcher is not None:
+            self._count_cut_canaries(value, hits)
         hits[RULE_DEPTH] = hits.get(RULE_DEPTH, 0) + 1
         return self._placeholder(RULE_DEPTH, _canonical(value) if self._hmac_key else "")
+
+    def _depth_placeholder(self, text: str, hits: Hits) -> str:
+        if self._matcher is not None:
+            self._count_cut_canaries(text, hits)
+        hits[RULE_DEPTH] = hits.get(RULE_DEPTH, 0) + 1
+        return self._placeholder(RULE_DEPTH, text)
+
+    def _count_cut_canaries(self, value: Any, hits: Hits) -> None:
+        # What a depth placeholder replaces is not walked, but a canary in it must still
+        # raise the signal: count the canaries in its strings, keys and bytes, without
+        # recursion (it is deep by definition).
+        found = 0
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            kind = type(item)
+            if kind is str or kind is bytes:
+                text = item if kind is str else item.decode("latin-1")
+                if len(text) >= MIN_CANARY_CHARS:
+                    found += _merged_count(self._find_canaries(text))
+            elif kind is dict:
+                stack.extend(item.keys())
+                stack.extend(item.values())
+            elif kind is list or kind is tuple:
+                stack.extend(item)
+        if found:
+            hits[RULE_CANARY] = hits.get(RULE_CANARY, 0) + found
 
     def _scrub_bytes(self, value: bytes, hits: Hits, depth: int) -> bytes:
         try:
@@ -1196,7 +1223,9 @@ class Redactor:
             self._scrub_bytes(value, local, depth)
             return local.get(RULE_CANARY, 0)
         if depth >= self.rules.max_json_depth:
-            return 0
+            local = {}
+            self._count_cut_canaries(value, local)
+            return local.get(RULE_CANARY, 0)
         if kind is dict:
             return sum(
                 self._count_canaries(k, depth) + self._count_canaries(v, depth + 1)
@@ -1272,6 +1301,17 @@ def _unescaped_canary_spans(
             continue  # no escape inside: already found in the text itself
         extra.add((start + 5 * first, end + 5 * last))
     return sorted(extra)
+
+
+def _merged_count(spans: list[tuple[int, int]]) -> int:
+    """How many placeholders ``spans`` would make: overlapping spans count once."""
+    count = 0
+    reach = -1
+    for start, end in sorted(spans):
+        if start >= reach:
+            count += 1
+        reach = max(reach, end)
+    return count
 
 
 def _outside_placeholders(

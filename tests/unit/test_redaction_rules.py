@@ -825,7 +825,7 @@ def test_json_text_too_deep_to_walk_with_escapes_fails_closed() -> None:
     for depth in (2000, 200_000):
         text = "[" * depth + f'"{escaped}"' + "]" * depth
         out, hits = redactor.redact_text(text)
-        assert escaped not in out and hits == {"depth": 1}
+        assert escaped not in out and hits == {"canary": 1, "depth": 1}
     # Without an escape the text is still scanned as text, as before (no false alarms).
     plain = "[" * 2000 + f'"{CANARY}", "ok"' + "]" * 2000
     out, hits = redactor.redact_text(plain)
@@ -878,3 +878,26 @@ def test_canary_escaped_in_json_that_does_not_parse_is_redacted() -> None:
     for text in (f'{{"q":"{escaped}",}}', f'["{escaped}"'):
         out, hits = redactor.redact_text(text + "]" if text.startswith("[") else text)
         assert escaped not in out and hits == {"canary": 1}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 70 + json.dumps(CANARY) + "]" * 70,  # past max_json_depth: walked, cut
+        '{"a":' * 70 + json.dumps({CANARY: 1}) + "}" * 70,  # in a key
+        "[" * 2000 + json.dumps(CANARY) + ',"\\n"' + "]" * 2000,  # past json.loads
+        "[" * 62 + json.dumps(json.dumps([CANARY, "\\n"])) + "]" * 62,  # at the bound
+    ],
+)
+def test_a_canary_replaced_with_a_depth_placeholder_is_still_counted(text: str) -> None:
+    out, hits = Redactor(canaries=[CANARY]).redact_text(text)
+    assert CANARY not in out and "depth" in out
+    assert hits.get("canary") == 1, "the canary signal is raised once"
+
+
+def test_a_canary_deep_under_a_sensitive_key_is_counted() -> None:
+    value: object = [CANARY]
+    for _ in range(70):
+        value = [value]
+    out = Redactor(canaries=[CANARY]).scrub_value({"password": value}, hits := {})
+    assert out == {"password": ph("canary")} and hits == {"canary": 1}
