@@ -606,7 +606,8 @@ def canary_forms(canary: str) -> frozenset[str]:
     ``safe="/"`` and ``safe=""``, ``quote_plus``, JavaScript's ``encodeURIComponent`` and
     ``encodeURI``, WHATWG ``URLSearchParams``; upper- and lowercase hex); base64 and
     base64url of the UTF-8 bytes, padded and unpadded, plus the three alignment cores that
-    occur when the canary sits inside a longer base64-encoded payload; and, for non-ASCII
+    occur when the canary sits inside a longer base64-encoded payload, the same for the
+    JSON-escaped forms (base64 of a JSON document); and, for non-ASCII
     forms, the Latin-1 reading of their UTF-8 bytes (bytes values that are not UTF-8 are
     scanned as Latin-1).
 
@@ -645,6 +646,11 @@ def canary_forms(canary: str) -> frozenset[str]:
     encoded |= {re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), e) for e in encoded}
     forms |= encoded
     forms |= _base64_cores(canary.encode("utf-8", "surrogatepass"))
+    # Base64 of a JSON document holding the canary (a Kubernetes secret, a JWT claim set,
+    # a data: URL) encodes its JSON-escaped form.
+    for form in (json.dumps(canary)[1:-1], json.dumps(canary, ensure_ascii=False)[1:-1]):
+        if form != canary:
+            forms |= _base64_cores(form.encode("utf-8", "surrogatepass"))
     forms |= {
         f.encode("utf-8", "surrogatepass").decode("latin-1") for f in forms if not f.isascii()
     }

@@ -901,3 +901,15 @@ def test_a_canary_deep_under_a_sensitive_key_is_counted() -> None:
         value = [value]
     out = Redactor(canaries=[CANARY]).scrub_value({"password": value}, hits := {})
     assert out == {"password": ph("canary")} and hits == {"canary": 1}
+
+
+@pytest.mark.parametrize("ensure_ascii", [True, False])
+@pytest.mark.parametrize("prefix", [b"", b"{", b'{"k":'])
+def test_canary_in_base64_encoded_json_is_redacted(ensure_ascii: bool, prefix: bytes) -> None:
+    # A JSON document that is then base64-encoded (a Kubernetes secret, a JWT claim set,
+    # a data: URL) holds the canary JSON-escaped: " and non-ASCII become \" and \u00e9.
+    document = prefix + json.dumps({"q": CANARY_ODD}, ensure_ascii=ensure_ascii).encode()
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        encoded = encode(document).decode()
+        out, hits = Redactor(canaries=[CANARY_ODD]).redact_text(f"blob {encoded} end")
+        assert hits == {"canary": 1} and encoded not in out
