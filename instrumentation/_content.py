@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -26,6 +28,12 @@ _MAX_STRING: Final = 2_048
 _MAX_ITEMS: Final = 64
 _MAX_DEPTH: Final = 10
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
+# redaction.PLACEHOLDER_PREFIX (that module is imported lazily, on first capture).
+_PLACEHOLDER_PREFIX: Final = "[REDACTED:"
+# capture_json scrubs strings cut to _MAX_STRING + this, then cuts them to size: a
+# secret that straddles the final cut is redacted whole first, unless it is longer.
+_SCRUB_MARGIN: Final = 8_192
+_CHARS_MARKER_RE: Final = re.compile(r"…\[\+(\d+) chars\]\Z")
 
 
 def capture_enabled(flag: bool | None) -> bool:
@@ -48,7 +56,13 @@ def truncate(
         return "[depth limit]"
     if isinstance(value, str):
         if len(value) > max_string:
-            return value[:max_string] + f"…[+{len(value) - max_string} chars]"
+            head = _cut(value, max_string)
+            rest = len(value) - len(head)
+            marker = _CHARS_MARKER_RE.search(value)
+            if marker is not None and marker.start() >= len(head):
+                # Truncated before (capture_json bounds what it scrubs): count it all.
+                rest += int(marker.group(1)) - len(marker.group(0))
+            return head + f"…[+{rest} chars]"
         return value
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
@@ -56,7 +70,7 @@ def truncate(
             if i >= max_items:
                 out["…"] = f"[+{len(value) - max_items} keys]"
                 break
-            out[str(k)[:max_string]] = truncate(
+            out[_cut(str(k), max_string)] = truncate(
                 v, max_string=max_string, max_items=max_items, _depth=_depth + 1
             )
         return out
@@ -69,6 +83,19 @@ def truncate(
             items.append(f"…[+{len(value) - max_items} items]")
         return items
     return value
+
+
+def _cut(text: str, limit: int) -> str:
+    # Never inside a redaction placeholder (under 64 chars, no "]" before their end).
+    head = text[:limit]
+    start = head.rfind("[", max(0, limit - 64))
+    if start >= 0:
+        rest = head[start:]
+        if "]" not in rest and (
+            rest.startswith(_PLACEHOLDER_PREFIX) or _PLACEHOLDER_PREFIX.startswith(rest)
+        ):
+            head = head[:start]
+    return head
 
 
 def _redactor() -> Callable[[Any], Any]:
@@ -86,17 +113,21 @@ def capture_json(value: Any, *, max_chars: int = MAX_CAPTURE_CHARS) -> str:
     # Plain objects by identity, as before they were observed by state: their private
     # fields (a session's auth, a client's cookies) are not content to export.
     canon = canonicalize(value, objects="identity")
-    scrub = _redactor()
+    # Scrub before the final cut: a secret or canary that straddles a cut would otherwise
+    # be exported in part, which no rule recognises any more. What is scrubbed is bounded
+    # first (items, depth, and strings to _MAX_STRING + _SCRUB_MARGIN chars).
+    scrubbed = _redactor()(truncate(canon, max_string=_MAX_STRING + _SCRUB_MARGIN))
+    text = json.dumps(scrubbed, ensure_ascii=False, separators=(",", ":"))
+    if len(text) <= min(max_chars, _MAX_STRING):
+        return text  # no string in it is long enough to cut
     max_string = _MAX_STRING
-    text = ""
     for _ in range(6):
-        text = json.dumps(
-            scrub(truncate(canon, max_string=max_string)), ensure_ascii=False, separators=(",", ":")
-        )
+        cut = truncate(scrubbed, max_string=max_string, max_items=sys.maxsize)
+        text = json.dumps(cut, ensure_ascii=False, separators=(",", ":"))
         if len(text) <= max_chars:
             return text
         max_string //= 4
-    preview = text[: max(max_chars // 3, 16)]
+    preview = _cut(text, max(max_chars // 3, 16))
     return json.dumps({"truncated": True, "preview": preview}, ensure_ascii=False)
 
 
