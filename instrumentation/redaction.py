@@ -160,6 +160,13 @@ _MIN_SECRET_CHARS: Final = 5
 # text with these decoded (see Redactor._find_canaries).
 _U_ESCAPE_RE: Final = re.compile(r"\\u([0-9a-fA-F]{4})")
 _LINE_BREAK_RE: Final = re.compile(r"(?:\r\n|\r|\n|\\r\\n|\\r|\\n)[ \t]*")
+# Characters displays do not show (soft hyphen, zero-width space, non-joiner, joiner,
+# word joiner, BOM); the dashboard also removes U+2060 from client text. Canary matching
+# ignores them, and line breaks, inside a match (see Redactor._find_canaries).
+_INVISIBLE_RE: Final = re.compile("[\u00ad\u200b-\u200d\u2060\ufeff]")
+_FOLD_RE: Final = re.compile(
+    r"(?:(?:\r\n|\r|\n|\\r\\n|\\r|\\n)[ \t]*|[\u00ad\u200b-\u200d\u2060\ufeff])+"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -984,17 +991,23 @@ class Redactor:
         return out
 
     def _find_canaries(self, text: str, *, escapes: bool = True) -> list[tuple[int, int]]:
-        """Canary spans in ``text``, also those broken by line breaks (``_LINE_BREAK_RE``).
+        """Canary spans in ``text``, also those broken by line breaks (``_FOLD_RE``).
 
-        Rule: a canary form split by line breaks (and the indentation after them) is still
-        that form, so MIME-wrapped base64 of a canary, a canary in a folded header or in
-        a wrapped log line is found. The span reported covers the breaks inside it. With
-        ``escapes``, a canary written with JSON ``\\uXXXX`` escapes is found as well
-        (``_unescaped_canary_spans``).
+        Rule: a canary form split by line breaks (and the indentation after them) or by
+        invisible characters (``_INVISIBLE_RE``) is still that form, so MIME-wrapped
+        base64 of a canary, a canary in a folded header or in a wrapped log line is found.
+        The span reported covers the breaks inside it. With ``escapes``, a canary written
+        with JSON ``\\uXXXX`` escapes is found as well (``_unescaped_canary_spans``).
         """
         assert self._matcher is not None
         found = self._matcher.find_spans(text)
-        if "\n" in text or "\r" in text or "\\n" in text or "\\r" in text:
+        if (
+            "\n" in text
+            or "\r" in text
+            or "\\n" in text
+            or "\\r" in text
+            or (not text.isascii() and _INVISIBLE_RE.search(text) is not None)
+        ):
             found = _wrapped_canary_spans(self._matcher, text, found)
         if escapes and "\\u" in text:
             found = _unescaped_canary_spans(self._matcher, text, found)
@@ -1247,7 +1260,7 @@ def _wrapped_canary_spans(
 ) -> list[tuple[int, int]]:
     """Add to ``found`` the canary spans that straddle a line break of ``text``.
 
-    ``text`` is folded (every ``_LINE_BREAK_RE`` match removed) and scanned once more;
+    ``text`` is folded (every ``_FOLD_RE`` match removed) and scanned once more;
     a match that crosses a removed break is mapped back onto ``text``. Cost: one regex
     pass, one join and one extra scan, only for text holding a line break.
     """
@@ -1255,7 +1268,7 @@ def _wrapped_canary_spans(
     breaks: list[int] = []  # folded index at which each removed break sat
     removed: list[int] = []  # chars removed up to and including that break
     position = total = 0
-    for match in _LINE_BREAK_RE.finditer(text):
+    for match in _FOLD_RE.finditer(text):
         start, end = match.span()
         parts.append(text[position:start])
         breaks.append(start - total)

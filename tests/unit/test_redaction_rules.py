@@ -913,3 +913,15 @@ def test_canary_in_base64_encoded_json_is_redacted(ensure_ascii: bool, prefix: b
         encoded = encode(document).decode()
         out, hits = Redactor(canaries=[CANARY_ODD]).redact_text(f"blob {encoded} end")
         assert hits == {"canary": 1} and encoded not in out
+
+
+@pytest.mark.parametrize("invisible", ["\u2060", "\u200b", "\u200d", "\ufeff", "\u00ad"])
+def test_canary_with_invisible_characters_inside_is_redacted(invisible: str) -> None:
+    # Displays do not show these, and the dashboard removes U+2060 from client text (it
+    # places its own), so it showed the exact canary stored with one inside.
+    hidden = CANARY[:5] + invisible + CANARY[5:12] + invisible * 2 + CANARY[12:]
+    out, hits = Redactor(canaries=[CANARY]).redact_text(f"tool {hidden} done")
+    assert out == f"tool {ph('canary')} done" and hits == {"canary": 1}
+    wrapped = "x\n" + hidden[:9] + "\n  " + hidden[9:]
+    out, hits = Redactor(canaries=[CANARY]).redact_text(wrapped)
+    assert out == "x\n" + ph("canary") and hits == {"canary": 1}
