@@ -33,7 +33,8 @@ keys is re-serialized as parsed (the last value of each key). When matches overl
 union is replaced once and tagged with the first rule in that order. In HMAC mode the
 placeholder carries the first 8 hex chars of HMAC-SHA256(key, value) so equal secrets
 can be correlated without being revealed: ``[REDACTED:jwt:3f9a1c2b]``. Placeholders are
-atomic (no rule matches inside one), so redacting twice equals redacting once.
+atomic (no rule matches inside one of the redactor's own rule names), so redacting
+twice equals redacting once.
 
 Pre-filter: a pattern runs only on text containing one of its literal triggers
 (:attr:`SecretRule.triggers`): by default one ``in`` test per trigger; the collector plugs
@@ -129,7 +130,7 @@ _RESERVED_RULE_NAMES: Final = frozenset({RULE_CANARY, RULE_SENSITIVE_KEY, RULE_D
 _RULE_NAME_RE: Final = re.compile(r"[a-z][a-z0-9_]{0,39}")
 _KEY_NAME_RE: Final = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
 _PLACEHOLDER_RE: Final = re.compile(
-    rf"\[REDACTED:[a-z][a-z0-9_]*(?::[0-9a-f]{{{HMAC_TAG_HEX_CHARS}}})?\]"
+    rf"\[REDACTED:([a-z][a-z0-9_]*)(?::[0-9a-f]{{{HMAC_TAG_HEX_CHARS}}})?\]"
 )
 _CAMEL_1: Final = re.compile(r"([A-Z]+)([A-Z][a-z])")
 _CAMEL_2: Final = re.compile(r"([a-z0-9])([A-Z])")
@@ -879,6 +880,11 @@ class Redactor:
         digest = hmac.new(self._hmac_key, secret.encode("utf-8", "surrogatepass"), hashlib.sha256)
         return placeholder(rule, digest.hexdigest()[:HMAC_TAG_HEX_CHARS])
 
+    def _own_placeholder(self, text: str) -> bool:
+        # A placeholder this redactor writes: the syntax, and one of its rule names.
+        match = _PLACEHOLDER_RE.fullmatch(text)
+        return match is not None and match.group(1) in self._placeholders
+
     def _key_sensitive(self, key: str, *, remember: bool = True) -> bool:
         # The cache doubles as "this key text is clean": only keys that redaction left
         # unchanged are remembered, so a cached key skips the scan as well.
@@ -1044,7 +1050,7 @@ class Redactor:
                     if start < 0 or end <= start:
                         continue
                     secret = text[start:end]
-                    if secret.startswith(PLACEHOLDER_PREFIX) and is_placeholder(secret):
+                    if secret.startswith(PLACEHOLDER_PREFIX) and self._own_placeholder(secret):
                         continue
                     if crule.is_assignment and not self._assignment_key_sensitive(text, match):
                         continue
@@ -1052,7 +1058,7 @@ class Redactor:
                         continue
                     spans.append((start, end, index))
         if spans and PLACEHOLDER_PREFIX in text:
-            spans = _outside_placeholders(text, spans)
+            spans = _outside_placeholders(text, spans, self._placeholders)
         if not spans:
             return text
         spans.sort()
@@ -1209,12 +1215,16 @@ class Redactor:
             return value
         if isinstance(value, (str, bytes)) and not value:
             return value
-        if type(value) is str and value.startswith(PLACEHOLDER_PREFIX) and is_placeholder(value):
+        if (
+            type(value) is str
+            and value.startswith(PLACEHOLDER_PREFIX)
+            and self._own_placeholder(value)
+        ):
             return value
         if (
             type(value) is bytes
             and value.startswith(PLACEHOLDER_PREFIX.encode())
-            and is_placeholder(value.decode("ascii", "replace"))
+            and self._own_placeholder(value.decode("ascii", "replace"))
         ):
             return value
         # A canary under a sensitive key must still raise the canary signal.
@@ -1334,11 +1344,12 @@ def _merged_count(spans: list[tuple[int, int]]) -> int:
 
 
 def _outside_placeholders(
-    text: str, spans: list[tuple[int, int, int]]
+    text: str, spans: list[tuple[int, int, int]], rule_names: Container[str]
 ) -> list[tuple[int, int, int]]:
     # Placeholders are atomic: a match that starts or ends inside one is ignored (rule
-    # names such as "aws_secret_key" inside a placeholder must not match again).
-    inside = [m.span() for m in _PLACEHOLDER_RE.finditer(text)]
+    # names such as "aws_secret_key" inside a placeholder must not match again). Only
+    # placeholders of a rule the redactor has: "[REDACTED:<canary>]" is not one.
+    inside = [m.span() for m in _PLACEHOLDER_RE.finditer(text) if m.group(1) in rule_names]
     if not inside:
         return spans
     # Placeholders do not overlap and come sorted: a binary search per match keeps this

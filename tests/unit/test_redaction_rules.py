@@ -925,3 +925,19 @@ def test_canary_with_invisible_characters_inside_is_redacted(invisible: str) -> 
     wrapped = "x\n" + hidden[:9] + "\n  " + hidden[9:]
     out, hits = Redactor(canaries=[CANARY]).redact_text(wrapped)
     assert out == "x\n" + ph("canary") and hits == {"canary": 1}
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["[REDACTED:{}]", "x [REDACTED:a{}] y", "[REDACTED:{}:0123abcd]", "[REDACTED:{}_x]"],
+)
+def test_a_canary_inside_a_fake_placeholder_is_redacted(template: str) -> None:
+    # Placeholders are atomic, but only those of a rule this redactor has: a canary of
+    # lowercase letters, digits and "_" fits the placeholder syntax as a rule name.
+    canary = "lwcanary_7f3a9c21"
+    redactor = Redactor(canaries=[canary], hmac_key=b"k" * 16)
+    text = template.format(canary)
+    out, hits = redactor.redact_text(text)
+    assert canary not in out and hits == {"canary": 1}
+    assert canary not in json.dumps(redactor.redact_value({"password": text}))
+    assert redactor.redact_text(out) == (out, {})
