@@ -17,8 +17,8 @@ batches), so the stages that cost the most CPU per span leave the serving proces
 GIL. The rows, the third-party spans (mapped here, as they need the run structure of
 earlier batches) and the worker's redaction counts come back pickled; only the rest of
 map, detect, store and metrics run here. Nothing unredacted ever reaches the serving
-process's later stages, and a worker that dies fails only the requests it held (503,
-retryable; none was acknowledged) and the pool is replaced. Metrics are counted after
+process's later stages, and a worker that dies fails the requests queued for it or held
+by it (503, retryable; none was acknowledged) and the pool is replaced. Metrics are counted after
 the commit, over newly stored spans only, so a client retry never counts twice and
 ``/metrics`` matches the store.
 
