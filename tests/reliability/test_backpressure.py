@@ -176,13 +176,12 @@ def test_overload_gets_429_retry_after_bounded_memory_and_everything_stored(
     )
 
 
-INFLIGHT_CONFIG = """
-[server]
-retry_after_seconds = 1
+def _inflight_config(max_bytes: int) -> str:
+    """A collector configuration with ``limits.max_inflight_bytes = max_bytes``."""
+    return f"[server]\nretry_after_seconds = 1\n\n[limits]\nmax_inflight_bytes = {max_bytes}\n"
 
-[limits]
-max_inflight_bytes = 1048576
-"""
+
+INFLIGHT_CONFIG = _inflight_config(1048576)
 
 
 def test_requests_past_the_inflight_bound_are_refused_before_decoding(tmp_path: Path) -> None:
@@ -240,13 +239,7 @@ def test_requests_past_the_inflight_bound_are_refused_before_decoding(tmp_path: 
     )
 
 
-SLOW_UPLOAD_CONFIG = """
-[server]
-retry_after_seconds = 1
-
-[limits]
-max_inflight_bytes = 500000
-"""
+SLOW_UPLOAD_CONFIG = _inflight_config(500000)
 
 
 def test_a_body_is_held_from_its_first_chunk_not_once_it_is_whole(tmp_path: Path) -> None:

@@ -967,10 +967,17 @@ class _SettableClock:
         return self.now
 
 
-def test_a_clock_stepped_back_gives_no_time_back_to_the_budget() -> None:
+def _guard_on_settable_clock() -> tuple[_SettableClock, Guard]:
+    """A guard with a 15 s deadline and 60 s tool timeouts, its first model call made at
+    clock reading 100."""
     clock = _SettableClock(100.0)
     g = Guard(Policy.build(max_elapsed_seconds=15, tool_timeout_seconds=60), clock=clock)
     g.before_model_call()
+    return clock, g
+
+
+def test_a_clock_stepped_back_gives_no_time_back_to_the_budget() -> None:
+    clock, g = _guard_on_settable_clock()
     clock.now = 110.0
     assert g.elapsed() == pytest.approx(10)
     clock.now = 95.0  # stepped back 15 s: was elapsed -5 s, five seconds of extra budget
@@ -983,9 +990,7 @@ def test_a_clock_stepped_back_gives_no_time_back_to_the_budget() -> None:
 
 
 def test_a_nan_clock_keeps_the_deadline_and_the_tool_timeouts() -> None:
-    clock = _SettableClock(100.0)
-    g = Guard(Policy.build(max_elapsed_seconds=15, tool_timeout_seconds=60), clock=clock)
-    g.before_model_call()
+    clock, g = _guard_on_settable_clock()
     clock.now = 105.0
     assert g.elapsed() == pytest.approx(5)
     clock.now = float("nan")  # every comparison false: the deadline was off, timeouts 0
