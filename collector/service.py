@@ -17,9 +17,9 @@ batches), so the stages that cost the most CPU per span leave the serving proces
 GIL. The rows, the third-party spans (mapped here, as they need the run structure of
 earlier batches) and the worker's redaction counts come back pickled; only the rest of
 map, detect, store and metrics run here. Nothing unredacted ever reaches the serving
-process's later stages, and a worker that dies fails the requests queued for it or held
-by it (503, retryable; none was acknowledged) and the pool is replaced. Metrics are counted after
-the commit, over newly stored spans only, so a client retry never counts twice and
+process's later stages, and a worker that dies fails only the request it held (503,
+retryable; it was not acknowledged) and is started again (:mod:`.workers`). Metrics are
+counted after the commit, over newly stored spans only, so a client retry never counts twice and
 ``/metrics`` matches the store.
 
 Shutdown (SIGTERM, SIGINT): stop accepting, let in-flight requests finish, commit what is
@@ -30,20 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
-import os
-import select
 import signal
 import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
-from multiprocessing import get_context
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import duckdb
@@ -53,19 +47,16 @@ from prometheus_client import CollectorRegistry
 
 from .api import create_api_app
 from .config import CollectorConfig, parse_hostport
-from .decode import decode_body
 from .detect import LOOP_DETECTORS, DetectStage, loop_detector, loop_tool
 from .errors import CollectorError, ConfigError, QueueFull
 from .events import (
     KIND_TOOL_RESULT,
     MappedBatch,
     MapStage,
-    PartialMap,
     RunReassignment,
     RunRow,
     StepRow,
     StopRow,
-    premap,
 )
 from .http import InflightLimit, create_otlp_app
 from .metrics import NO_TOOL, LoopwatchMetrics, MetricsSnapshot
@@ -74,6 +65,7 @@ from .redact import REDACTION_FAILED, RedactStage
 from .sampling import SamplingConfig
 from .store import CommitResult, CommitStats, Store, StoreReader
 from .store import StoreConfig as StoreSettings
+from .workers import DecodePool, DecodeWorkerLost, RedactedBatch, counts_delta, tune_gc
 
 __all__ = [
     "Collector",
@@ -90,7 +82,6 @@ if TYPE_CHECKING:  # grpcio is imported only when server.otlp_grpc is set
 
 _log = logging.getLogger("loopwatch.collector")
 _AGENT_CACHE: Final = 100_000
-_GC_GEN0_THRESHOLD: Final = 20_000
 _UNKNOWN_AGENT: Final = "unknown"
 
 
@@ -99,42 +90,6 @@ class _Processed:
     mapped: MappedBatch
     canaries: dict[str, int]
     redactions: dict[str, int]
-
-
-def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
-
-
-@dataclass(slots=True)
-class RedactedBatch(SpanBatch):
-    """A :class:`SpanBatch` a decode worker has already redacted and premapped.
-
-    ``spans`` is empty: the accepted spans are in ``partial`` (rows of the loopwatch
-    spans, the third-party spans still to map). ``rejected_spans`` and
-    ``rejection_messages`` hold what decoding refused only, as the receiver counts those
-    as invalid spans; spans whose redaction failed were removed before mapping and are
-    refused on the batch by :meth:`Collector.process`, as in process.
-
-    Attributes:
-        partial: the worker's :func:`~loopwatch.collector.events.premap` of the batch.
-        canary_hits: canary occurrences redacted in this batch, by location.
-        redactions: placeholders written in this batch, by rule.
-        redaction_failures: spans removed because their redaction raised, not yet
-            refused on the batch.
-    """
-
-    partial: PartialMap | None = None
-    canary_hits: dict[str, int] = field(default_factory=dict)
-    redactions: dict[str, int] = field(default_factory=dict)
-    redaction_failures: int = 0
-
-    def accepted_spans(self) -> int:
-        """Spans accepted so far, as for a batch redacted in process: the decoded spans
-        until :meth:`Collector.process` refuses those whose redaction failed (it moves
-        ``redaction_failures`` into ``rejected_spans``), then the mapped ones."""
-        if self.partial is None:
-            return len(self.spans)
-        return self.partial.mapped.spans_in + self.redaction_failures
 
 
 _MAX_UNCOMMITTED_KEYS: Final = 20_000
@@ -228,190 +183,6 @@ def _spliced(
         if key not in placed:
             out += [r for r in kept if isinstance(r, kind)]
     return out
-
-
-class DecodeWorkerLost(CollectorError):
-    """A decode worker process died (killed, out of memory) while the request was queued
-    or in flight; nothing of the request was stored. Retryable: the receiver answers 503
-    with ``Retry-After`` and the pool is replaced."""
-
-    retryable = True
-
-    def __init__(self) -> None:
-        super().__init__("decode worker lost; retry later")
-
-
-# One per worker process, built by _init_worker from the collector's redaction settings.
-_WORKER_REDACT: RedactStage | None = None
-_WORKER_MAX_DECOMPRESSED_BYTES = 0
-
-
-def _exit_with(parent: int) -> None:
-    """Exit this worker as soon as the serving process ``parent`` is gone.
-
-    A worker's parent is the forkserver, and it holds both ends of its own task pipe, so
-    it would never notice a SIGKILLed collector: it would live on, blocked, forever.
-    """
-    try:
-        fd = os.pidfd_open(parent)
-    except ProcessLookupError:
-        os._exit(0)
-    select.select([fd], [], [])  # a pidfd becomes readable when its process exits
-    os._exit(0)
-
-
-def _init_worker(
-    canaries: tuple[str, ...], hmac_key: bytes | None, max_bytes: int, parent: int
-) -> None:
-    global _WORKER_REDACT, _WORKER_MAX_DECOMPRESSED_BYTES
-    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
-    # Ctrl-C reaches the whole process group: the serving process drains and stops the
-    # workers itself, so they must not die mid-batch with a traceback of their own.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER_REDACT = RedactStage(canaries=canaries, hmac_key=hmac_key)
-    _WORKER_MAX_DECOMPRESSED_BYTES = max_bytes
-    _tune_gc()
-
-
-def _decode_in_worker(body: bytes, encoding: str, as_json: bool) -> tuple[Any, ...]:
-    """Worker side: decode, redact and premap; ``("ok", partial map, decode rejections,
-    decode messages, redaction failures, canaries, redactions)`` or
-    ``("error", exception class, message, attributes)`` for a refused body (collector
-    errors take keyword arguments, so they do not survive pickling as exceptions)."""
-    stage = _WORKER_REDACT
-    if stage is None:  # the initializer always runs first; fail loudly if it did not
-        raise RuntimeError("decode worker not initialised")
-    try:
-        batch = decode_body(
-            body, encoding, as_json=as_json, max_decompressed_bytes=_WORKER_MAX_DECOMPRESSED_BYTES
-        )
-    except CollectorError as exc:
-        return ("error", type(exc), str(exc), dict(vars(exc)))
-    rejected, messages = batch.rejected_spans, list(batch.rejection_messages)
-    before = stage.counts()
-    stage.process(batch)
-    after = stage.counts()
-    return (
-        "ok",
-        premap(batch),
-        rejected,
-        messages,
-        batch.rejected_spans - rejected,
-        _delta(dict(after.canary_by_location), dict(before.canary_by_location)),
-        _delta(dict(after.redactions_by_rule), dict(before.redactions_by_rule)),
-    )
-
-
-def _from_worker(result: tuple[Any, ...]) -> RedactedBatch:
-    """The serving process's side of :func:`_decode_in_worker`: its batch, or its error
-    raised again."""
-    if result[0] == "error":
-        raise _rebuild_error(result[1], result[2], result[3])
-    _, partial, rejected, messages, failures, canaries, redactions = result
-    return RedactedBatch(
-        spans=[],
-        transport=partial.mapped.transport,
-        rejected_spans=rejected,
-        rejection_messages=messages,
-        canary_run_ids=set(partial.mapped.canary_run_ids),
-        partial=partial,
-        canary_hits=canaries,
-        redactions=redactions,
-        redaction_failures=failures,
-    )
-
-
-def _rebuild_error(cls: type[CollectorError], message: str, attrs: dict[str, Any]) -> Exception:
-    exc = cls.__new__(cls)
-    Exception.__init__(exc, message)
-    vars(exc).update(attrs)
-    return exc
-
-
-class DecodePool:
-    """Worker processes that decode and redact OTLP bodies (``[pipeline] decode_workers``).
-
-    Workers start from a ``forkserver`` context (the serving process has DuckDB and
-    writer threads, which ``fork`` would copy mid-flight) and each builds its own
-    :class:`RedactStage` from ``canaries`` and ``hmac_key``, so a batch is redacted exactly
-    as in process. :meth:`decode` is the receiver's :data:`~loopwatch.collector.http.Decode`.
-
-    Args:
-        workers: number of processes, ``>= 1``.
-        canaries: exact canary values (every encoded form is matched, as in process).
-        hmac_key: HMAC placeholder key, or ``None``.
-        max_decompressed_bytes: cap on a body after ``Content-Encoding`` is undone, bytes.
-    """
-
-    def __init__(
-        self,
-        workers: int,
-        *,
-        canaries: Iterable[str],
-        hmac_key: bytes | None,
-        max_decompressed_bytes: int,
-    ) -> None:
-        if workers < 1:
-            raise ValueError("workers must be >= 1")
-        self.workers = workers
-        self._initargs = (tuple(canaries), hmac_key, max_decompressed_bytes, os.getpid())
-        self._lock = threading.Lock()
-        self._executor = self._new_executor()
-        self.replaced = 0
-
-    def _new_executor(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
-            max_workers=self.workers,
-            mp_context=get_context("forkserver"),
-            initializer=_init_worker,
-            initargs=self._initargs,
-        )
-
-    def _replace(self, broken: ProcessPoolExecutor) -> None:
-        with self._lock:
-            if self._executor is not broken:  # another request replaced it already
-                return
-            self._executor = self._new_executor()
-            self.replaced += 1
-        _log.error("a decode worker died; requests it held get 503; worker pool replaced")
-        broken.shutdown(wait=False, cancel_futures=True)
-
-    def start(self) -> None:
-        """Start the workers now rather than on the first request (returns at once; each
-        worker imports the collector and builds its redactor in the background)."""
-        for _ in range(self.workers):
-            self._executor.submit(os.getpid)
-
-    def pids(self) -> list[int]:
-        """Process ids of the live workers (they start on the first request)."""
-        # ProcessPoolExecutor has no public accessor; it drops the mapping at shutdown.
-        processes = self._executor._processes or {}
-        return [p.pid for p in list(processes.values()) if p.pid is not None]
-
-    async def decode(self, body: bytes, encoding: str, as_json: bool) -> RedactedBatch:
-        """Decode and redact ``body`` in a worker.
-
-        Returns:
-            The redacted batch with its canary and redaction counts.
-
-        Raises:
-            DecodeError, PayloadTooLarge, UnsupportedMediaType: as
-                :func:`~loopwatch.collector.decode.decode_body` (the client's fault).
-            DecodeWorkerLost: the worker died; the pool is replaced, the client retries.
-        """
-        executor = self._executor
-        try:
-            result = await asyncio.wrap_future(
-                executor.submit(_decode_in_worker, body, encoding, as_json)
-            )
-        except BrokenProcessPool:
-            self._replace(executor)
-            raise DecodeWorkerLost() from None
-        return _from_worker(result)
-
-    def close(self) -> None:
-        """Stop the workers (queued bodies are cancelled). Idempotent."""
-        self._executor.shutdown(wait=True, cancel_futures=True)
 
 
 class StoreUnavailable(CollectorError):
@@ -635,8 +406,10 @@ class Collector:
             before = self.redact.counts()
             self.redact.process(batch)
             after = self.redact.counts()
-            canaries = _delta(dict(after.canary_by_location), dict(before.canary_by_location))
-            redactions = _delta(dict(after.redactions_by_rule), dict(before.redactions_by_rule))
+            canaries = counts_delta(dict(after.canary_by_location), dict(before.canary_by_location))
+            redactions = counts_delta(
+                dict(after.redactions_by_rule), dict(before.redactions_by_rule)
+            )
             mapped = self.map.process(batch)
         mapped = self.detect.process(mapped)
         mapped.canary_hits = canaries
@@ -878,20 +651,6 @@ async def _serve(
     stop_task.cancel()
 
 
-def _tune_gc() -> None:
-    """Run the cyclic garbage collector less often in the serving process.
-
-    Each request allocates some 10^5 short-lived, acyclic objects (freed by reference
-    counting), which triggered a generation-0 pass every ~700 allocations: 6 us per span
-    and 35-45 ms full passes that hold the GIL, measured with 512-span batches. Objects
-    alive after start-up (modules, compiled rules, restored metrics) are frozen out of
-    every pass.
-    """
-    gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(_GC_GEN0_THRESHOLD, gen1, gen2)
-
-
 def serve_forever(
     config: CollectorConfig, *, ready: threading.Event | None = None, announce: bool = True
 ) -> None:
@@ -929,7 +688,7 @@ def serve_forever(
             for sock in sockets:
                 sock.close()
             raise
-        _tune_gc()
+        tune_gc()
         if collector.decode_pool is not None:
             collector.decode_pool.start()
         try:

@@ -1,0 +1,214 @@
+""":class:`DecodePool` on its own: real forkserver workers, real sockets, real kills.
+
+What a worker's death or a stuck worker costs: only the request it held, never a hang,
+never a request that waited for a free worker. The worker answering half a message (the
+case that hung ``ProcessPoolExecutor`` for good) is played by a thread on a real socket
+pair, since a kill cannot be timed to land mid-write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from loopwatch.collector import workers
+from loopwatch.collector.errors import DecodeError
+from loopwatch.collector.workers import DecodePool, DecodeWorkerLost, RedactedBatch
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+from .spans import completed_run, looping_run, record
+
+CANARY = "lw-canary-0b9d41e27f6c"
+_T = TypeVar("_T")
+
+
+def wait_dead(pid: int, timeout_s: float = 10.0) -> None:
+    """Until ``pid`` is a zombie or gone (its sockets are closed by then)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} still alive after {timeout_s} s")
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def pool() -> Iterator[DecodePool]:
+    p = DecodePool(1, canaries=(CANARY,), hmac_key=None, max_decompressed_bytes=1 << 22)
+    p.start()
+    yield p
+    for pid in p.pids():  # a test may leave its worker stopped
+        os.kill(pid, signal.SIGCONT)
+    p.close()
+
+
+def _body(agent: str) -> bytes:
+    return encode_spans(record(looping_run(agent))).SerializeToString()
+
+
+def _run(coro: Coroutine[Any, Any, _T]) -> _T:
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+async def _gather(pool: DecodePool, *bodies: bytes) -> list[RedactedBatch | BaseException]:
+    return await asyncio.gather(
+        *(pool.decode(b, "identity", False) for b in bodies), return_exceptions=True
+    )
+
+
+def test_answers_and_refusals_come_back(pool: DecodePool) -> None:
+    batch = _run(pool.decode(_body("a"), "identity", False))
+    assert isinstance(batch, RedactedBatch) and batch.partial is not None
+    assert batch.partial.mapped.spans_in > 0
+    with pytest.raises(DecodeError):
+        _run(pool.decode(b"\xff\xff\xff", "identity", False))
+    # A canary is redacted in the worker and counted.
+    request = encode_spans(record(completed_run()))
+    request.resource_spans[0].scope_spans[0].spans[0].name = f"x {CANARY}"
+    batch = _run(pool.decode(request.SerializeToString(), "identity", False))
+    assert isinstance(batch, RedactedBatch) and batch.canary_hits == {"name": 1}
+    assert pool.replaced == 0
+
+
+def test_a_worker_killed_holding_a_request_fails_that_request_only(pool: DecodePool) -> None:
+    """The held request gets a retryable error; the requests waiting behind it are
+    decoded by the replacement, and nothing hangs. (``ProcessPoolExecutor`` failed every
+    queued request with the held one.)"""
+    (pid,) = pool.pids()
+    os.kill(pid, signal.SIGSTOP)
+
+    async def scenario() -> list[RedactedBatch | BaseException]:
+        first = asyncio.ensure_future(pool.decode(_body("held"), "identity", False))
+        await asyncio.to_thread(_wait, lambda: pool.held() == 1, "the worker to hold it")
+        rest = [asyncio.ensure_future(pool.decode(_body(a), "identity", False)) for a in "bc"]
+        await asyncio.to_thread(_wait, lambda: pool.queued() == 2, "two queued")
+        os.kill(pid, signal.SIGKILL)
+        return await asyncio.gather(first, *rest, return_exceptions=True)
+
+    started = time.monotonic()
+    held, *queued = _run(scenario())
+    assert time.monotonic() - started < 20
+    assert isinstance(held, DecodeWorkerLost) and held.retryable
+    assert all(isinstance(b, RedactedBatch) for b in queued), queued
+    assert pool.replaced == 1 and pool.pids() and pid not in pool.pids()
+    assert isinstance(_run(pool.decode(_body("held"), "identity", False)), RedactedBatch)
+
+
+def test_a_stuck_worker_is_killed_and_replaced(
+    pool: DecodePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workers, "DECODE_TIMEOUT_SECONDS", 0.5)
+    (pid,) = pool.pids()
+    os.kill(pid, signal.SIGSTOP)
+    with pytest.raises(DecodeWorkerLost, match="stuck"):
+        _run(pool.decode(_body("a"), "identity", False))
+    wait_dead(pid)
+    assert pool.replaced == 1
+    assert isinstance(_run(pool.decode(_body("a"), "identity", False)), RedactedBatch)
+
+
+class _Scripted:
+    """Plays a worker on a real socket pair: reads one request, then writes ``answer``
+    and closes (or closes at once after ``read`` bytes of the request)."""
+
+    def __init__(self, answer: bytes | None, read: int | None = None) -> None:
+        self.mine, self.theirs = socket.socketpair()
+        self.thread = threading.Thread(target=self._play, args=(answer, read), daemon=True)
+        self.thread.start()
+
+    def _play(self, answer: bytes | None, read: int | None) -> None:
+        with self.theirs:
+            if read is not None:
+                self.theirs.recv(read, socket.MSG_WAITALL)
+                return
+            length, name_length, _ = workers._REQUEST.unpack(
+                self.theirs.recv(workers._REQUEST.size, socket.MSG_WAITALL)
+            )
+            self.theirs.recv(name_length + length, socket.MSG_WAITALL)
+            if answer:
+                self.theirs.sendall(answer)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(b"", id="no-answer"),
+        pytest.param(workers._ANSWER.pack(911_417), id="header-only"),
+        pytest.param(workers._ANSWER.pack(911_417) + b"\x80" * 65_536, id="mid-answer"),
+        pytest.param(workers._ANSWER.pack(4)[:5], id="half-header"),
+    ],
+)
+def test_a_worker_that_dies_mid_answer_fails_its_request_at_once(
+    pool: DecodePool, answer: bytes
+) -> None:
+    worker = pool._pool[0]
+    worker.reap()  # the real worker leaves; a scripted one takes its socket
+    peer = _Scripted(answer)
+    worker.sock = peer.mine
+    started = time.monotonic()
+    with pytest.raises(DecodeWorkerLost):
+        _run(pool.decode(_body("a"), "identity", False))
+    assert time.monotonic() - started < 10
+    assert pool.replaced == 1
+    assert isinstance(_run(pool.decode(_body("a"), "identity", False)), RedactedBatch)
+
+
+def test_a_worker_that_dies_reading_a_request_has_it_sent_to_its_replacement(
+    pool: DecodePool,
+) -> None:
+    """The dead worker never answered, so the body goes once to the new worker. A body
+    well past the socket buffer, so the scripted worker leaves mid-body."""
+    worker = pool._pool[0]
+    worker.reap()
+    peer = _Scripted(None, read=1000)
+    worker.sock = peer.mine
+    request = encode_spans(record(looping_run("big")))
+    attr = request.resource_spans[0].resource.attributes.add()
+    attr.key, attr.value.string_value = "pad", "x" * 2_000_000
+    batch = _run(pool.decode(request.SerializeToString(), "identity", False))
+    assert isinstance(batch, RedactedBatch)
+    assert pool.replaced == 1
+
+
+def test_close_finishes_queued_requests_then_refuses(pool: DecodePool) -> None:
+    (pid,) = pool.pids()
+    os.kill(pid, signal.SIGSTOP)
+    results: list[object] = []
+
+    def client() -> None:
+        results.extend(asyncio.run(_gather(pool, _body("a"), _body("b"), _body("c"))))
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    _wait(lambda: pool.held() == 1 and pool.queued() == 2, "one held, two queued")
+    closer = threading.Thread(target=pool.close)
+    closer.start()
+    os.kill(pid, signal.SIGCONT)
+    closer.join(30)
+    thread.join(30)
+    assert not closer.is_alive() and not thread.is_alive()
+    assert len(results) == 3 and all(isinstance(r, RedactedBatch) for r in results), results
+    assert pool.pids() == []
+    wait_dead(pid)
+    with pytest.raises(DecodeWorkerLost, match="stopped"):
+        _run(pool.decode(_body("late"), "identity", False))
