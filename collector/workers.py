@@ -1,8 +1,8 @@
 """Decode worker processes and the hand-off to them (``[pipeline] decode_workers``).
 
-Each worker is one process started from a ``forkserver`` context, joined to the serving
-process by a Unix socket pair, and served by one thread of the serving process that
-sends it one body at a time and reads its answer back. Frames on the socket:
+Each worker is one process started from a ``forkserver`` context and joined to the
+serving process by a Unix socket pair; one I/O thread of the serving process drives all
+the sockets without blocking (see :class:`DecodePool`). Frames on a socket:
 
 - serving process -> worker: ``!QH?`` (body length in bytes, encoding name length,
   ``as_json``), the encoding name (ASCII), the body;
@@ -15,24 +15,27 @@ waits forever for the rest of the message (seen on 2026-12-02 with 911,417 bytes
 go), so every request on the pool hangs and the process cannot exit; and a worker
 that dies breaks the pool as a whole, failing every request queued for it. Here a
 worker's death is an end of file on its own socket: it costs only the request that
-worker held (a retryable :class:`DecodeWorkerLost`), the worker is started again, and
-the queued requests go on to it. It also spends less CPU per request in the serving
-process (no feeder thread, no pickled arguments).
+worker was decoding (a retryable :class:`DecodeWorkerLost`), the worker is started
+again, and the queued requests go on to it. It also spends less CPU per request in the
+serving process (no feeder thread, no pickled arguments; figures in
+``docs/reliability.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import pickle
-import queue
-import select
+import selectors
 import signal
 import socket
 import struct
 import threading
+import time
 import traceback
+from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -65,7 +68,9 @@ DECODE_TIMEOUT_SECONDS: Final = 120.0
 _GC_GEN0_THRESHOLD: Final = 20_000
 _REQUEST: Final = struct.Struct("!QH?")
 _ANSWER: Final = struct.Struct("!Q")
-_STOP: Final = object()
+#: Requests a worker holds at once: the one it decodes and the next, already in its
+#: socket, so that it never waits for the serving process's GIL between two.
+_DEPTH: Final = 2
 
 
 def counts_delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
@@ -259,118 +264,37 @@ def _rebuild_error(cls: type[CollectorError], message: str, attrs: dict[str, Any
     return exc
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Job:
     future: Future[RedactedBatch]
+    head: bytes
     body: bytes
-    encoding: str
-    as_json: bool
+    sent: int = 0  # bytes of head + body written to the worker's socket so far
+    sent_at: float = 0.0  # monotonic time its last byte was written, seconds
+    resent: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.head) + len(self.body)
 
 
 class _Worker:
-    """One worker process, its socket, and the serving-process thread that feeds it."""
+    """One worker process, the serving process's end of its socket, and what is on the
+    way to it and back. Touched by the pool's I/O thread only."""
 
-    def __init__(self, pool: DecodePool, index: int) -> None:
-        self.pool = pool
+    def __init__(self, index: int) -> None:
         self.index = index
         self.process: BaseProcess | None = None
         self.sock: socket.socket | None = None
-        self.holding = False  # a request has been sent to the process, no answer yet
-        self.thread = threading.Thread(
-            target=self._serve, name=f"loopwatch-decode-{index}", daemon=True
-        )
+        self.out: deque[_Job] = deque()  # sent or being sent, oldest first; no answer yet
+        self.head = bytearray(_ANSWER.size)
+        self.answer: bytearray | None = None
+        self.got = 0  # bytes of the current header, then of the answer
+        self.stuck = False
 
-    def spawn(self) -> None:
-        """Start a worker process (it imports the collector and builds its redactor in
-        the background; the first body waits in the socket meanwhile)."""
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        process = self.pool._context.Process(
-            target=_worker_main,
-            args=(theirs, *self.pool._initargs),
-            name=f"loopwatch-decode-{self.index}",
-            daemon=True,
-        )
-        try:
-            process.start()
-        finally:
-            theirs.close()  # the worker holds the only other copy: its death is our EOF
-        self.process, self.sock = process, mine
-
-    def reap(self, *, kill: bool = False) -> None:
-        """Close the socket and make sure the process is gone (SIGKILL at once with
-        ``kill``, else if it lingers 5 s after its socket closed)."""
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-        process, self.process = self.process, None
-        if process is not None:
-            if kill:
-                process.kill()
-            process.join(5)
-            if process.is_alive():
-                process.kill()
-                process.join(5)
-            process.close()
-
-    def _respawn(self, why: str, *, kill: bool = False) -> None:
-        self.reap(kill=kill)
-        self.pool._count_replaced()
-        _log.error("decode worker %d %s; started it again", self.index, why)
-        self.spawn()
-
-    def _serve(self) -> None:
-        jobs = self.pool._jobs
-        while True:
-            job = jobs.get()
-            if job is _STOP:
-                self.reap()
-                return
-            assert isinstance(job, _Job)
-            if not job.future.set_running_or_notify_cancel():
-                continue  # the client went away while it waited
-            try:
-                outcome = self._run(job)
-            except BaseException as exc:  # the future carries it to the request
-                job.future.set_exception(exc)
-            else:
-                job.future.set_result(outcome)
-            finally:
-                self.holding = False
-
-    def _run(self, job: _Job) -> RedactedBatch:
-        name = job.encoding.encode("ascii", "replace")
-        head = _REQUEST.pack(len(job.body), len(name), job.as_json) + name
-        if self.sock is None:
-            self.spawn()
-        assert self.sock is not None
-        self.holding = True
-        try:
-            _send_all(self.sock, head, job.body)
-        except _Closed:
-            # It died idle (nothing of this body reached a live worker): send it once to
-            # the replacement rather than fail a request that did not cause it.
-            self._respawn("was gone when a request came")
-            assert self.sock is not None
-            try:
-                _send_all(self.sock, head, job.body)
-            except _Closed:
-                self._respawn("died at start")
-                raise DecodeWorkerLost() from None
-        sock = self.sock
-        try:
-            poll = select.poll()  # not select(): a busy collector has fds past 1024
-            poll.register(sock, select.POLLIN)
-            if not poll.poll(DECODE_TIMEOUT_SECONDS * 1000):
-                self._respawn(
-                    f"gave no answer in {DECODE_TIMEOUT_SECONDS:.0f} s and was killed", kill=True
-                )
-                raise DecodeWorkerLost("decode worker stuck")
-            (length,) = _ANSWER.unpack(_recv_exactly(sock, _ANSWER.size))
-            answer = _recv_exactly(sock, length)
-        except (_Closed, OSError) as exc:
-            self._respawn(f"died while it held a request ({exc})")
-            raise DecodeWorkerLost() from None
-        return _from_worker(pickle.loads(answer))
+    def writing(self) -> _Job | None:
+        """The job whose bytes are not all written yet (only the newest can be)."""
+        return self.out[-1] if self.out and self.out[-1].sent < self.out[-1].size else None
 
 
 class DecodePool:
@@ -382,10 +306,17 @@ class DecodePool:
     as in process. :meth:`decode` is the receiver's :data:`~loopwatch.collector.http.Decode`
     and may be awaited from any event loop or thread.
 
+    One I/O thread of the serving process drives every worker's socket without blocking:
+    each worker holds at most :data:`_DEPTH` requests (the one it decodes and the next,
+    already in its socket, so it never waits for this process's GIL between two), and the
+    rest wait in one queue for the first worker with room. Results are unpickled on that
+    thread and handed to the awaiting request.
+
     A worker that dies (or gives no answer for :data:`DECODE_TIMEOUT_SECONDS`, and is
-    then killed) fails only the request it held, with :class:`DecodeWorkerLost`, and is
-    started again; requests waiting for a worker are not affected. A worker exits when
-    the serving process closes its socket or dies, even by SIGKILL.
+    then killed) fails only the request it was decoding, with :class:`DecodeWorkerLost`;
+    the one behind it, which it had not begun, goes to the front of the queue, once. The
+    worker is started again at once. A worker exits when the serving process closes its
+    socket or dies, even by SIGKILL.
 
     Args:
         workers: number of processes, ``>= 1``.
@@ -410,26 +341,29 @@ class DecodePool:
         self.workers = workers
         self._initargs = (tuple(canaries), hmac_key, max_decompressed_bytes)
         self._context = get_context("forkserver")
-        self._jobs: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._incoming: deque[_Job] = deque()  # from decode(), for the I/O thread
+        self._waiting: deque[_Job] = deque()  # the I/O thread's queue for a free worker
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._pool: list[_Worker] = []
-        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._closing = False
         self.replaced = 0
-
-    def _count_replaced(self) -> None:
-        with self._lock:
-            self.replaced += 1
 
     def start(self) -> None:
         """Start the workers now rather than on the first request (returns once they are
         forked; each imports the collector and builds its redactor in the background)."""
         with self._lock:
-            if self._pool or self._closed:
+            if self._thread is not None or self._closing:
                 return
-            self._pool = [_Worker(self, i) for i in range(self.workers)]
+            self._pool = [_Worker(i) for i in range(self.workers)]
             for worker in self._pool:
-                worker.spawn()
-                worker.thread.start()
+                self._spawn(worker)
+            self._thread = threading.Thread(target=self._serve, name="loopwatch-decode-io")
+            self._thread.daemon = True
+            self._thread.start()
 
     def pids(self) -> list[int]:
         """Process ids of the live workers (they start on :meth:`start` or the first
@@ -441,12 +375,12 @@ class DecodePool:
         ]
 
     def held(self) -> int:
-        """Requests the workers hold now (sent to a worker, not yet answered)."""
-        return sum(w.holding for w in list(self._pool))
+        """Requests the workers hold now (sent or being sent, not yet answered)."""
+        return sum(len(w.out) for w in list(self._pool))
 
     def queued(self) -> int:
-        """Requests waiting for a free worker."""
-        return self._jobs.qsize()
+        """Requests waiting for a worker with room."""
+        return len(self._incoming) + len(self._waiting)
 
     async def decode(self, body: bytes, encoding: str, as_json: bool) -> RedactedBatch:
         """Decode and redact ``body`` in a worker.
@@ -457,26 +391,275 @@ class DecodePool:
         Raises:
             DecodeError, PayloadTooLarge, UnsupportedMediaType: as
                 :func:`~loopwatch.collector.decode.decode_body` (the client's fault).
-            DecodeWorkerLost: the worker holding it died or was stuck, or the pool is
+            DecodeWorkerLost: the worker decoding it died or was stuck, or the pool is
                 closed; the client retries.
         """
-        if not self._pool:
+        if self._thread is None:
             self.start()
-        future: Future[RedactedBatch] = Future()
-        with self._lock:  # close() counts on no job arriving after its stop markers
-            if self._closed:
+        name = encoding.encode("ascii", "replace")
+        job = _Job(Future(), _REQUEST.pack(len(body), len(name), as_json) + name, body)
+        with self._lock:  # the I/O thread stops only once nothing can come in
+            if self._closing:
                 raise DecodeWorkerLost("decode workers stopped")
-            self._jobs.put(_Job(future, body, encoding, as_json))
-        return await asyncio.wrap_future(future)
+            self._incoming.append(job)
+        self._wake()
+        return await asyncio.wrap_future(job.future)
 
     def close(self) -> None:
         """Finish the requests already queued, then stop the workers. Idempotent."""
         with self._lock:
-            if self._closed:
+            if self._closing and self._thread is None:
                 return
-            self._closed = True
-            pool = list(self._pool)
-        for _ in pool:
-            self._jobs.put(_STOP)
-        for worker in pool:
-            worker.thread.join()
+            self._closing = True
+            thread = self._thread
+        if thread is None:  # never started
+            self._wake_r.close()
+            self._wake_w.close()
+            return
+        self._wake()
+        thread.join()
+
+    def _wake(self) -> None:
+        # Full: a wake-up is pending anyway. Closed: the I/O thread has stopped.
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    # The rest runs on the I/O thread (and _spawn also under start()'s lock).
+
+    def _spawn(self, worker: _Worker) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        process = self._context.Process(
+            target=_worker_main,
+            args=(theirs, *self._initargs),
+            name=f"loopwatch-decode-{worker.index}",
+            daemon=True,
+        )
+        try:
+            process.start()
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()  # the worker holds the only other copy: its death is our EOF
+        mine.setblocking(False)
+        worker.process, worker.sock = process, mine
+        worker.got, worker.answer, worker.stuck = 0, None, False
+
+    def _respawn(self, worker: _Worker) -> bool:
+        """Start ``worker`` again; ``False`` (logged) if that fails, e.g. the forkserver is
+        gone: its next request tries again."""
+        try:
+            self._spawn(worker)
+        except Exception:
+            _log.exception("decode worker %d cannot start", worker.index)
+            return False
+        return True
+
+    def _reap(self, worker: _Worker, *, kill: bool) -> None:
+        if worker.sock is not None:
+            worker.sock.close()
+            worker.sock = None
+        process, worker.process = worker.process, None
+        if process is not None:
+            if kill:
+                process.kill()
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+            process.close()
+
+    def _serve(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ, None)
+        registered: dict[int, int] = {}  # worker index -> events registered
+        try:
+            while True:
+                self._take_incoming()
+                self._dispatch()
+                if self._closing and not self._waiting and not any(w.out for w in self._pool):
+                    with self._lock:
+                        if not self._incoming:
+                            return
+                    continue
+                for worker in self._pool:
+                    self._register(selector, registered, worker)
+                for key, events in selector.select(self._next_timeout()):
+                    if key.data is None:
+                        with contextlib.suppress(BlockingIOError):
+                            self._wake_r.recv(4096)
+                        continue
+                    worker = key.data
+                    try:
+                        if events & selectors.EVENT_WRITE:
+                            self._write(worker)
+                        if events & selectors.EVENT_READ:
+                            self._read(worker)
+                    except _Closed as exc:
+                        self._lost(selector, registered, worker, str(exc))
+                self._kill_stuck()
+        except BaseException:
+            _log.exception("the decode workers' I/O thread failed; decode requests get 503")
+            raise
+        finally:
+            with self._lock:
+                self._closing = True  # nothing serves the queue any more
+            selector.close()
+            for worker in self._pool:
+                self._reap(worker, kill=False)
+            self._fail_all(DecodeWorkerLost("decode workers stopped"))
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _take_incoming(self) -> None:
+        with self._lock:
+            while self._incoming:
+                self._waiting.append(self._incoming.popleft())
+
+    def _dispatch(self) -> None:
+        while self._waiting:
+            worker = min(self._pool, key=lambda w: len(w.out))
+            if len(worker.out) >= _DEPTH or worker.writing() is not None:
+                return
+            job = self._waiting.popleft()
+            if not job.resent and not job.future.set_running_or_notify_cancel():
+                continue  # the client went away while it waited
+            if worker.sock is None and not self._respawn(worker):
+                job.future.set_exception(DecodeWorkerLost("decode worker cannot start"))
+                continue
+            worker.out.append(job)
+            with contextlib.suppress(_Closed):  # its end of file is read next, and handled
+                self._write(worker)
+
+    def _register(
+        self, selector: selectors.BaseSelector, registered: dict[int, int], worker: _Worker
+    ) -> None:
+        if worker.sock is None:
+            return
+        events = selectors.EVENT_READ | (
+            selectors.EVENT_WRITE if worker.writing() is not None else 0
+        )
+        if registered.get(worker.index) != events:
+            if worker.index in registered:
+                selector.modify(worker.sock, events, worker)
+            else:
+                selector.register(worker.sock, events, worker)
+            registered[worker.index] = events
+
+    def _next_timeout(self) -> float | None:
+        sent = [w.out[0].sent_at for w in self._pool if w.out and w.out[0].sent_at]
+        if not sent:
+            return None
+        return max(0.0, min(sent) + DECODE_TIMEOUT_SECONDS - time.monotonic())
+
+    def _write(self, worker: _Worker) -> None:
+        job = worker.writing()
+        assert worker.sock is not None
+        while job is not None:
+            head = len(job.head)
+            parts: list[bytes | memoryview] = (
+                [memoryview(job.head)[job.sent :], job.body]
+                if job.sent < head
+                else [memoryview(job.body)[job.sent - head :]]
+            )
+            try:
+                job.sent += worker.sock.sendmsg(parts)
+            except BlockingIOError:
+                return
+            except OSError as exc:  # EPIPE, ECONNRESET: the worker is gone
+                raise _Closed(str(exc)) from None
+            if job.sent == job.size:
+                job.sent_at = time.monotonic()
+                job = None
+
+    def _read(self, worker: _Worker) -> None:
+        sock = worker.sock
+        assert sock is not None
+        while True:
+            if worker.answer is None:
+                view = memoryview(worker.head)[worker.got :]
+            else:
+                view = memoryview(worker.answer)[worker.got :]
+            try:
+                n = sock.recv_into(view)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                raise _Closed(str(exc)) from None
+            if n == 0:
+                raise _Closed("end of file")
+            worker.got += n
+            if worker.answer is None:
+                if worker.got == _ANSWER.size:
+                    (length,) = _ANSWER.unpack(worker.head)
+                    worker.answer, worker.got = bytearray(length), 0
+                else:
+                    continue
+            if worker.got < len(worker.answer):
+                continue
+            answer, worker.answer, worker.got = worker.answer, None, 0
+            if not worker.out:
+                raise _Closed("an answer to no request")
+            job = worker.out.popleft()
+            try:
+                job.future.set_result(_from_worker(pickle.loads(answer)))
+            except BaseException as exc:  # a refused body, or a fault of ours: 500
+                job.future.set_exception(exc)
+            self._dispatch()
+
+    def _kill_stuck(self) -> None:
+        now = time.monotonic()
+        for worker in self._pool:
+            first = worker.out[0] if worker.out else None
+            if (
+                first is not None
+                and first.sent_at
+                and not worker.stuck
+                and now - first.sent_at >= DECODE_TIMEOUT_SECONDS
+                and worker.process is not None
+            ):
+                worker.stuck = True
+                worker.process.kill()  # its end of file follows and is handled in _lost
+
+    def _lost(
+        self,
+        selector: selectors.BaseSelector,
+        registered: dict[int, int],
+        worker: _Worker,
+        why: str,
+    ) -> None:
+        stuck = worker.stuck
+        if worker.sock is not None:
+            selector.unregister(worker.sock)
+        registered.pop(worker.index, None)
+        held = list(worker.out)
+        worker.out.clear()
+        self._reap(worker, kill=True)
+        with self._lock:
+            self.replaced += 1
+        reason = f"gave no answer in {DECODE_TIMEOUT_SECONDS:g} s and was killed" if stuck else why
+        _log.error("decode worker %d lost (%s); starting it again", worker.index, reason)
+        # The worker had begun the first only if all of its bytes reached it; the rest it
+        # had not begun, so they go once more to the front of the queue.
+        if held and held[0].sent == held[0].size and not held[0].resent:
+            first = held.pop(0)
+            first.future.set_exception(
+                DecodeWorkerLost("decode worker stuck" if stuck else "decode worker lost")
+            )
+        for job in reversed(held):
+            if job.resent:
+                job.future.set_exception(DecodeWorkerLost())
+            else:
+                job.sent, job.sent_at, job.resent = 0, 0.0, True
+                self._waiting.appendleft(job)
+        self._respawn(worker)
+
+    def _fail_all(self, exc: DecodeWorkerLost) -> None:
+        self._take_incoming()
+        for worker in self._pool:
+            self._waiting.extend(worker.out)
+            worker.out.clear()
+        while self._waiting:
+            job = self._waiting.popleft()
+            if not job.future.done():
+                job.future.set_exception(exc)

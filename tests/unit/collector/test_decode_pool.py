@@ -101,7 +101,10 @@ def test_a_worker_killed_holding_a_request_fails_that_request_only(pool: DecodeP
         first = asyncio.ensure_future(pool.decode(_body("held"), "identity", False))
         await asyncio.to_thread(_wait, lambda: pool.held() == 1, "the worker to hold it")
         rest = [asyncio.ensure_future(pool.decode(_body(a), "identity", False)) for a in "bc"]
-        await asyncio.to_thread(_wait, lambda: pool.queued() == 2, "two queued")
+        # The worker holds the next one in its socket too; the third waits here.
+        await asyncio.to_thread(
+            _wait, lambda: pool.held() == 2 and pool.queued() == 1, "two held, one queued"
+        )
         os.kill(pid, signal.SIGKILL)
         return await asyncio.gather(first, *rest, return_exceptions=True)
 
@@ -149,6 +152,31 @@ class _Scripted:
                 self.theirs.sendall(answer)
 
 
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> Callable[[_Scripted], DecodePool]:
+    """A one-worker pool whose first worker is ``peer``; later ones are real."""
+    real = DecodePool._spawn
+    made: list[DecodePool] = []
+
+    def make(peer: _Scripted) -> DecodePool:
+        def spawn(self: DecodePool, worker: workers._Worker) -> None:
+            if self.replaced:
+                real(self, worker)
+                return
+            peer.mine.setblocking(False)
+            worker.process, worker.sock = None, peer.mine
+
+        monkeypatch.setattr(DecodePool, "_spawn", spawn)
+        pool = DecodePool(1, canaries=(), hmac_key=None, max_decompressed_bytes=1 << 22)
+        made.append(pool)
+        pool.start()
+        return pool
+
+    yield make  # type: ignore[misc]
+    for pool in made:
+        pool.close()
+
+
 @pytest.mark.parametrize(
     "answer",
     [
@@ -159,12 +187,9 @@ class _Scripted:
     ],
 )
 def test_a_worker_that_dies_mid_answer_fails_its_request_at_once(
-    pool: DecodePool, answer: bytes
+    scripted: Callable[[_Scripted], DecodePool], answer: bytes
 ) -> None:
-    worker = pool._pool[0]
-    worker.reap()  # the real worker leaves; a scripted one takes its socket
-    peer = _Scripted(answer)
-    worker.sock = peer.mine
+    pool = scripted(_Scripted(answer))
     started = time.monotonic()
     with pytest.raises(DecodeWorkerLost):
         _run(pool.decode(_body("a"), "identity", False))
@@ -174,14 +199,11 @@ def test_a_worker_that_dies_mid_answer_fails_its_request_at_once(
 
 
 def test_a_worker_that_dies_reading_a_request_has_it_sent_to_its_replacement(
-    pool: DecodePool,
+    scripted: Callable[[_Scripted], DecodePool],
 ) -> None:
-    """The dead worker never answered, so the body goes once to the new worker. A body
-    well past the socket buffer, so the scripted worker leaves mid-body."""
-    worker = pool._pool[0]
-    worker.reap()
-    peer = _Scripted(None, read=1000)
-    worker.sock = peer.mine
+    """The dead worker never had the whole body, so the body goes once to the new worker.
+    A body well past the socket buffer, so the scripted worker leaves mid-body."""
+    pool = scripted(_Scripted(None, read=1000))
     request = encode_spans(record(looping_run("big")))
     attr = request.resource_spans[0].resource.attributes.add()
     attr.key, attr.value.string_value = "pad", "x" * 2_000_000
@@ -200,7 +222,7 @@ def test_close_finishes_queued_requests_then_refuses(pool: DecodePool) -> None:
 
     thread = threading.Thread(target=client)
     thread.start()
-    _wait(lambda: pool.held() == 1 and pool.queued() == 2, "one held, two queued")
+    _wait(lambda: pool.held() == 2 and pool.queued() == 1, "two held, one queued")
     closer = threading.Thread(target=pool.close)
     closer.start()
     os.kill(pid, signal.SIGCONT)
