@@ -5,7 +5,7 @@ serving process by a Unix socket pair; one I/O thread of the serving process dri
 the sockets without blocking (see :class:`DecodePool`). Frames on a socket:
 
 - serving process -> worker: ``!QH?`` (body length in bytes, encoding name length,
-  ``as_json``), the encoding name (ASCII), the body;
+  ``as_json``), the encoding name (UTF-8, at most 4,096 bytes), the body;
 - worker -> serving process: ``!Q`` (length in bytes), then a pickle of
   :func:`_decode_in_worker`'s tuple.
 
@@ -67,6 +67,7 @@ DECODE_TIMEOUT_SECONDS: Final = 120.0
 
 _GC_GEN0_THRESHOLD: Final = 20_000
 _REQUEST: Final = struct.Struct("!QH?")
+_MAX_ENCODING_NAME_BYTES: Final = 4096
 _ANSWER: Final = struct.Struct("!Q")
 #: Requests a worker holds at once: the one it decodes and the next, already in its
 #: socket, so that it never waits for the serving process's GIL between two.
@@ -192,7 +193,7 @@ def _worker_main(
         try:
             while True:
                 length, name_length, as_json = _REQUEST.unpack(_recv_exactly(sock, _REQUEST.size))
-                encoding = _recv_exactly(sock, name_length).decode("ascii")
+                encoding = _recv_exactly(sock, name_length).decode("utf-8", "replace")
                 body = _recv_exactly(sock, length)
                 try:
                     result: tuple[Any, ...] = _decode_in_worker(body, encoding, as_json)
@@ -396,7 +397,9 @@ class DecodePool:
         """
         if self._thread is None:
             self.start()
-        name = encoding.encode("ascii", "replace")
+        # Any text the client sent as its encoding reaches the worker intact (it is refused
+        # there by name, as in process); no header is near the 65,535-byte frame field.
+        name = encoding.encode("utf-8", "surrogatepass")[:_MAX_ENCODING_NAME_BYTES]
         job = _Job(Future(), _REQUEST.pack(len(body), len(name), as_json) + name, body)
         with self._lock:  # the I/O thread stops only once nothing can come in
             if self._closing:

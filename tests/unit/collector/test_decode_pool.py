@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 from loopwatch.collector import workers
-from loopwatch.collector.errors import DecodeError
+from loopwatch.collector.errors import DecodeError, UnsupportedMediaType
 from loopwatch.collector.workers import DecodePool, DecodeWorkerLost, RedactedBatch
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
@@ -234,3 +234,15 @@ def test_close_finishes_queued_requests_then_refuses(pool: DecodePool) -> None:
     wait_dead(pid)
     with pytest.raises(DecodeWorkerLost, match="stopped"):
         _run(pool.decode(_body("late"), "identity", False))
+
+
+@pytest.mark.parametrize(
+    "encoding", ["br", "gzip, gzip", "g\u00e9zip", "\udcff", "x" * 70_000, "\u00e9" * 3000]
+)
+def test_any_encoding_name_is_refused_by_name_and_the_worker_lives(
+    pool: DecodePool, encoding: str
+) -> None:
+    (pid,) = pool.pids()
+    with pytest.raises(UnsupportedMediaType):
+        _run(pool.decode(_body("a"), encoding, False))
+    assert pool.pids() == [pid] and pool.replaced == 0
