@@ -351,6 +351,7 @@ class DecodePool:
         self._pool: list[_Worker] = []
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._asleep = False  # the I/O thread waits in select() with nothing incoming
         self.replaced = 0
 
     def start(self) -> None:
@@ -405,7 +406,10 @@ class DecodePool:
             if self._closing:
                 raise DecodeWorkerLost("decode workers stopped")
             self._incoming.append(job)
-        self._wake()
+            # One wake-up per sleep: a busy I/O thread takes the job on its next turn.
+            wake, self._asleep = self._asleep, False
+        if wake:
+            self._wake()
         return await asyncio.wrap_future(job.future)
 
     def close(self) -> None:
@@ -487,7 +491,12 @@ class DecodePool:
                     continue
                 for worker in self._pool:
                     self._register(selector, registered, worker)
-                for key, events in selector.select(self._next_timeout()):
+                with self._lock:
+                    timeout = 0.0 if self._incoming else self._next_timeout()
+                    self._asleep = timeout != 0.0
+                ready = selector.select(timeout)
+                self._asleep = False
+                for key, events in ready:
                     if key.data is None:
                         with contextlib.suppress(BlockingIOError):
                             self._wake_r.recv(4096)
