@@ -60,9 +60,10 @@ __all__ = [
 
 _log = logging.getLogger("loopwatch.collector")
 
-#: A worker that has not begun to answer this long after it was sent a body is taken
-#: for stuck (a body is at most ``limits.max_decompressed_bytes`` after decompression,
-#: 20 MiB by default, which decodes in a few seconds) and is killed and started again.
+#: A worker that has not answered a request this long after it became the oldest one the
+#: worker holds (its bytes may still be on the way) is taken for stuck (a body is at most
+#: ``limits.max_decompressed_bytes`` after decompression, 20 MiB by default, which
+#: decodes in a few seconds) and is killed and started again.
 DECODE_TIMEOUT_SECONDS: Final = 120.0
 
 _GC_GEN0_THRESHOLD: Final = 20_000
@@ -271,7 +272,10 @@ class _Job:
     head: bytes
     body: bytes
     sent: int = 0  # bytes of head + body written to the worker's socket so far
-    sent_at: float = 0.0  # monotonic time its last byte was written, seconds
+    # Monotonic time it became the oldest request its worker holds, seconds: the worker
+    # works on it from then on (one behind it waits in the socket, one partly written
+    # waits for the worker to read it), so the stuck clock runs from then.
+    current_since: float = 0.0
     resent: bool = False
 
     @property
@@ -539,6 +543,8 @@ class DecodePool:
             if worker.sock is None and not self._respawn(worker):
                 job.future.set_exception(DecodeWorkerLost("decode worker cannot start"))
                 continue
+            if not worker.out:
+                job.current_since = time.monotonic()
             worker.out.append(job)
             with contextlib.suppress(_Closed):  # its end of file is read next, and handled
                 self._write(worker)
@@ -559,10 +565,10 @@ class DecodePool:
             registered[worker.index] = events
 
     def _next_timeout(self) -> float | None:
-        sent = [w.out[0].sent_at for w in self._pool if w.out and w.out[0].sent_at]
-        if not sent:
+        since = [w.out[0].current_since for w in self._pool if w.out]
+        if not since:
             return None
-        return max(0.0, min(sent) + DECODE_TIMEOUT_SECONDS - time.monotonic())
+        return max(0.0, min(since) + DECODE_TIMEOUT_SECONDS - time.monotonic())
 
     def _write(self, worker: _Worker) -> None:
         job = worker.writing()
@@ -581,7 +587,6 @@ class DecodePool:
             except OSError as exc:  # EPIPE, ECONNRESET: the worker is gone
                 raise _Closed(str(exc)) from None
             if job.sent == job.size:
-                job.sent_at = time.monotonic()
                 job = None
 
     def _read(self, worker: _Worker) -> None:
@@ -613,6 +618,8 @@ class DecodePool:
             if not worker.out:
                 raise _Closed("an answer to no request")
             job = worker.out.popleft()
+            if worker.out:
+                worker.out[0].current_since = time.monotonic()
             try:
                 job.future.set_result(_from_worker(pickle.loads(answer)))
             except BaseException as exc:  # a refused body, or a fault of ours: 500
@@ -625,9 +632,8 @@ class DecodePool:
             first = worker.out[0] if worker.out else None
             if (
                 first is not None
-                and first.sent_at
                 and not worker.stuck
-                and now - first.sent_at >= DECODE_TIMEOUT_SECONDS
+                and now - first.current_since >= DECODE_TIMEOUT_SECONDS
                 and worker.process is not None
             ):
                 worker.stuck = True
@@ -662,7 +668,7 @@ class DecodePool:
             if job.resent:
                 job.future.set_exception(DecodeWorkerLost())
             else:
-                job.sent, job.sent_at, job.resent = 0, 0.0, True
+                job.sent, job.current_since, job.resent = 0, 0.0, True
                 self._waiting.appendleft(job)
         self._respawn(worker)
 

@@ -246,3 +246,61 @@ def test_any_encoding_name_is_refused_by_name_and_the_worker_lives(
     with pytest.raises(UnsupportedMediaType):
         _run(pool.decode(_body("a"), encoding, False))
     assert pool.pids() == [pid] and pool.replaced == 0
+
+
+def _big_body(agent: str, pad_bytes: int = 2_000_000) -> bytes:
+    """A body well past a Unix socket's buffer: a stopped worker takes only part of it."""
+    request = encode_spans(record(looping_run(agent)))
+    attr = request.resource_spans[0].resource.attributes.add()
+    attr.key, attr.value.string_value = "pad", "x" * pad_bytes
+    return request.SerializeToString()
+
+
+def test_a_stopped_worker_is_replaced_before_it_took_the_whole_body(
+    pool: DecodePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stuck clock ran only once a body's last byte was written, so a worker that
+    stopped reading mid-body was never killed and its request hung. It had not begun the
+    body, so the body goes to the replacement."""
+    assert isinstance(_run(pool.decode(_body("warm"), "identity", False)), RedactedBatch)
+    monkeypatch.setattr(workers, "DECODE_TIMEOUT_SECONDS", 1.5)
+    (pid,) = pool.pids()
+    os.kill(pid, signal.SIGSTOP)
+    batch = asyncio.run(asyncio.wait_for(pool.decode(_big_body("big"), "identity", False), 5))
+    assert isinstance(batch, RedactedBatch)
+    assert pool.replaced == 1
+    wait_dead(pid)
+
+
+SLOW_SECONDS = 1.0
+
+
+def _slow_worker_main(sock: socket.socket, *args: Any) -> None:
+    """A real decode worker (forkserver child) that takes :data:`SLOW_SECONDS` more on
+    each body."""
+    decode = workers._decode_in_worker
+
+    def slow(*body: Any) -> tuple[Any, ...]:
+        time.sleep(SLOW_SECONDS)
+        return decode(*body)
+
+    workers._decode_in_worker = slow
+    workers._worker_main(sock, *args)
+
+
+def test_the_request_behind_a_slow_one_gets_the_whole_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second request a worker holds waits in its socket while the first decodes; its
+    clock ran from that moment, so a worker that took 1 s on each of two bodies was
+    killed as stuck after 1.5 s, on the second, with a 1.5 s limit."""
+    monkeypatch.setattr(workers, "_worker_main", _slow_worker_main)
+    pool = DecodePool(1, canaries=(), hmac_key=None, max_decompressed_bytes=1 << 22)
+    try:
+        assert isinstance(_run(pool.decode(_body("warm"), "identity", False)), RedactedBatch)
+        monkeypatch.setattr(workers, "DECODE_TIMEOUT_SECONDS", 1.5 * SLOW_SECONDS)
+        results = _run(_gather(pool, _body("a"), _body("b")))
+        assert all(isinstance(r, RedactedBatch) for r in results), results
+        assert pool.replaced == 0
+    finally:
+        pool.close()
