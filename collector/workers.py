@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import pickle
 import selectors
 import signal
@@ -635,9 +636,15 @@ class DecodePool:
                 and not worker.stuck
                 and now - first.current_since >= DECODE_TIMEOUT_SECONDS
                 and worker.process is not None
+                and worker.process.pid is not None
             ):
                 worker.stuck = True
-                worker.process.kill()  # its end of file follows and is handled in _lost
+                # Not Process.kill(): once the forkserver is gone, multiprocessing takes
+                # live workers for dead and sends them nothing. Its socket is still open,
+                # so the worker is alive or has just died (and its end of file follows,
+                # handled in _lost).
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.process.pid, signal.SIGKILL)
 
     def _lost(
         self,

@@ -304,3 +304,35 @@ def test_the_request_behind_a_slow_one_gets_the_whole_timeout(
         assert pool.replaced == 0
     finally:
         pool.close()
+
+
+def test_a_stuck_worker_is_killed_after_the_forkserver_died(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the forkserver is gone, starting any process makes multiprocessing poll every
+    child it knows through the forkserver's pipe, and it takes the live workers for dead
+    (exit code 255): ``Process.kill`` then sends nothing. A stuck worker was never killed
+    and its request hung."""
+    from multiprocessing import forkserver
+
+    pool = DecodePool(2, canaries=(), hmac_key=None, max_decompressed_bytes=1 << 22)
+    try:
+        pool.start()
+        bodies = [_body(a) for a in "abcd"]
+        assert all(isinstance(r, RedactedBatch) for r in _run(_gather(pool, *bodies)))
+        server = forkserver._forkserver._forkserver_pid
+        assert server is not None
+        os.kill(server, signal.SIGKILL)
+        wait_dead(server)
+        first, second = (w.process.pid for w in pool._pool if w.process is not None)
+        os.kill(second, signal.SIGKILL)  # its replacement comes from a new forkserver
+        _wait(lambda: pool.replaced == 1 and len(pool.pids()) == 2, "a replacement")
+        monkeypatch.setattr(workers, "DECODE_TIMEOUT_SECONDS", 0.5)
+        os.kill(first, signal.SIGSTOP)
+        with pytest.raises(DecodeWorkerLost, match="stuck"):
+            asyncio.run(asyncio.wait_for(pool.decode(_body("a"), "identity", False), 5))
+        wait_dead(first)
+    finally:
+        for pid in pool.pids():
+            os.kill(pid, signal.SIGCONT)
+        pool.close()
