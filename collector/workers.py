@@ -536,12 +536,16 @@ class DecodePool:
     def _dispatch(self) -> None:
         while self._waiting:
             worker = min(self._pool, key=lambda w: len(w.out))
+            if worker.sock is None and not self._respawn(worker):
+                # It holds nothing, so it is always the least busy: the live ones, if
+                # any, take the work rather than it failing every request.
+                worker = min(self._pool, key=lambda w: (w.sock is None, len(w.out)))
             if len(worker.out) >= _DEPTH or worker.writing() is not None:
                 return
             job = self._waiting.popleft()
             if not job.resent and not job.future.set_running_or_notify_cancel():
                 continue  # the client went away while it waited
-            if worker.sock is None and not self._respawn(worker):
+            if worker.sock is None:  # none is alive, nor can be started
                 job.future.set_exception(DecodeWorkerLost("decode worker cannot start"))
                 continue
             if not worker.out:

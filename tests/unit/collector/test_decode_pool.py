@@ -9,6 +9,7 @@ pair, since a kill cannot be timed to land mid-write.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -335,4 +336,42 @@ def test_a_stuck_worker_is_killed_after_the_forkserver_died(
     finally:
         for pid in pool.pids():
             os.kill(pid, signal.SIGCONT)
+        pool.close()
+
+
+def test_a_worker_that_cannot_start_again_leaves_the_work_to_the_others() -> None:
+    """A worker whose replacement cannot start (here: no file descriptor left for its
+    socket pair) has the fewest requests, so each request went to it and failed with
+    "cannot start" while the other worker sat idle."""
+    import resource
+
+    pool = DecodePool(2, canaries=(), hmac_key=None, max_decompressed_bytes=1 << 22)
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers: list[int] = []
+
+    async def scenario() -> list[RedactedBatch | BaseException]:
+        # Every descriptor below the limit is taken, so once the dead worker's socket is
+        # closed one is free and a socket pair (two) cannot be made.
+        top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1, limits[1]))
+        with contextlib.suppress(OSError):
+            while True:
+                fillers.append(os.open("/dev/null", os.O_RDONLY))
+        dead = pool._pool[0].process
+        assert dead is not None and dead.pid is not None
+        os.kill(dead.pid, signal.SIGKILL)
+        await asyncio.to_thread(
+            _wait, lambda: pool.replaced == 1 and len(pool.pids()) == 1, "a failed restart"
+        )
+        return await _gather(pool, *(_body(a) for a in "abc"))
+
+    try:
+        pool.start()
+        assert all(isinstance(r, RedactedBatch) for r in _run(_gather(pool, _body("a"))))
+        results = _run(scenario())
+        assert all(isinstance(r, RedactedBatch) for r in results), results
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
         pool.close()
