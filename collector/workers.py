@@ -7,7 +7,7 @@ the sockets without blocking (see :class:`DecodePool`). Frames on a socket:
 - serving process -> worker: ``!QH?`` (body length in bytes, encoding name length,
   ``as_json``), the encoding name (UTF-8, at most 4,096 bytes), the body;
 - worker -> serving process: ``!Q`` (length in bytes), then a pickle of
-  :func:`_decode_in_worker`'s tuple.
+  :func:`_decode_in_worker`'s tuple; first of all, once, a frame of length 0 (ready).
 
 Why our own hand-off and not :class:`concurrent.futures.ProcessPoolExecutor`: when a
 worker of an executor dies while it writes a result, the executor's manager thread
@@ -71,6 +71,13 @@ _GC_GEN0_THRESHOLD: Final = 20_000
 _REQUEST: Final = struct.Struct("!QH?")
 _MAX_ENCODING_NAME_BYTES: Final = 4096
 _ANSWER: Final = struct.Struct("!Q")
+#: A worker that dies this many times in a row before it is ready (it cannot import, say,
+#: after the package changed on disk), or cannot be started, is started again only after
+#: 0.25 s, doubling up to _MAX_BACKOFF_SECONDS; meanwhile requests go to other workers, or
+#: get a retryable 503 at once when none is alive.
+_DEATHS_BEFORE_BACKOFF: Final = 3
+_MAX_BACKOFF_SECONDS: Final = 10.0
+
 #: Requests a worker holds at once: the one it decodes and the next, already in its
 #: socket, so that it never waits for the serving process's GIL between two.
 _DEPTH: Final = 2
@@ -140,6 +147,21 @@ class DecodeWorkerLost(CollectorError):
         super().__init__(f"{reason}; retry later")
 
 
+def _sigkill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (Linux ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 class _Closed(Exception):
     """The other end of a worker socket is gone (end of file or a broken pipe)."""
 
@@ -193,6 +215,7 @@ def _worker_main(
     tune_gc()
     with sock:
         try:
+            _send_all(sock, _ANSWER.pack(0), b"")  # ready: imported and built its redactor
             while True:
                 length, name_length, as_json = _REQUEST.unpack(_recv_exactly(sock, _REQUEST.size))
                 encoding = _recv_exactly(sock, name_length).decode("utf-8", "replace")
@@ -297,6 +320,9 @@ class _Worker:
         self.answer: bytearray | None = None
         self.got = 0  # bytes of the current header, then of the answer
         self.stuck = False
+        self.ready = False  # its first frame came: it imported and built its redactor
+        self.deaths = 0  # times in a row it died, or failed to start, before it was ready
+        self.not_before = 0.0  # monotonic time before which it is not started again
 
     def writing(self) -> _Job | None:
         """The job whose bytes are not all written yet (only the newest can be)."""
@@ -365,9 +391,15 @@ class DecodePool:
         with self._lock:
             if self._thread is not None or self._closing:
                 return
-            self._pool = [_Worker(i) for i in range(self.workers)]
-            for worker in self._pool:
-                self._spawn(worker)
+            pool = [_Worker(i) for i in range(self.workers)]
+            try:
+                for worker in pool:
+                    self._spawn(worker)
+            except BaseException:
+                for worker in pool:
+                    self._reap(worker, kill=True)
+                raise
+            self._pool = pool
             self._thread = threading.Thread(target=self._serve, name="loopwatch-decode-io")
             self._thread.daemon = True
             self._thread.start()
@@ -375,11 +407,13 @@ class DecodePool:
     def pids(self) -> list[int]:
         """Process ids of the live workers (they start on :meth:`start` or the first
         request)."""
-        return [
-            p.pid
-            for p in (w.process for w in list(self._pool))
-            if p is not None and p.pid is not None
-        ]
+        out = []
+        for worker in list(self._pool):
+            process = worker.process
+            with contextlib.suppress(ValueError):  # closed by the I/O thread meanwhile
+                if process is not None and process.pid is not None:
+                    out.append(process.pid)
+        return out
 
     def held(self) -> int:
         """Requests the workers hold now (sent or being sent, not yet answered)."""
@@ -455,30 +489,45 @@ class DecodePool:
             theirs.close()  # the worker holds the only other copy: its death is our EOF
         mine.setblocking(False)
         worker.process, worker.sock = process, mine
-        worker.got, worker.answer, worker.stuck = 0, None, False
+        worker.got, worker.answer, worker.stuck, worker.ready = 0, None, False, False
 
     def _respawn(self, worker: _Worker) -> bool:
-        """Start ``worker`` again; ``False`` (logged) if that fails, e.g. the forkserver is
-        gone: its next request tries again."""
+        """Start ``worker`` again; ``False`` if that fails (logged; e.g. the forkserver is
+        gone) or it is backing off after dying again and again: a later request tries."""
+        if time.monotonic() < worker.not_before:
+            return False
         try:
             self._spawn(worker)
         except Exception:
             _log.exception("decode worker %d cannot start", worker.index)
+            self._back_off(worker)
             return False
         return True
 
+    def _back_off(self, worker: _Worker) -> None:
+        worker.deaths += 1
+        if worker.deaths >= _DEATHS_BEFORE_BACKOFF:
+            delay = min(_MAX_BACKOFF_SECONDS, 0.25 * 2 ** (worker.deaths - _DEATHS_BEFORE_BACKOFF))
+            worker.not_before = time.monotonic() + delay
+
     def _reap(self, worker: _Worker, *, kill: bool) -> None:
+        """Close ``worker``'s socket (it exits on that end of file) and see its process
+        gone: SIGKILL at once with ``kill``, or if it lives 5 s on."""
         if worker.sock is not None:
             worker.sock.close()
             worker.sock = None
         process, worker.process = worker.process, None
-        if process is not None:
-            if kill:
-                process.kill()
-            process.join(5)
-            if process.is_alive():
-                process.kill()
-                process.join(5)
+        if process is None:
+            return
+        pid = process.pid
+        if kill and pid is not None:
+            _sigkill(pid)
+        process.join(5)
+        # Once the forkserver is gone, multiprocessing reads every worker as exited (code
+        # 255) and Process.kill() sends nothing, so the kernel is asked instead.
+        if pid is not None and _alive(pid):
+            _sigkill(pid)
+        with contextlib.suppress(ValueError):  # still running: nothing more to do here
             process.close()
 
     def _serve(self) -> None:
@@ -535,17 +584,13 @@ class DecodePool:
 
     def _dispatch(self) -> None:
         while self._waiting:
-            worker = min(self._pool, key=lambda w: len(w.out))
-            if worker.sock is None and not self._respawn(worker):
-                # It holds nothing, so it is always the least busy: the live ones, if
-                # any, take the work rather than it failing every request.
-                worker = min(self._pool, key=lambda w: (w.sock is None, len(w.out)))
-            if len(worker.out) >= _DEPTH or worker.writing() is not None:
-                return
+            worker = self._free_worker()
+            if worker is None:
+                return  # every live worker is full, or every worker is backing off
             job = self._waiting.popleft()
             if not job.resent and not job.future.set_running_or_notify_cancel():
                 continue  # the client went away while it waited
-            if worker.sock is None:  # none is alive, nor can be started
+            if worker.sock is None:  # none is alive, and starting one just failed
                 job.future.set_exception(DecodeWorkerLost("decode worker cannot start"))
                 continue
             if not worker.out:
@@ -553,6 +598,22 @@ class DecodePool:
             worker.out.append(job)
             with contextlib.suppress(_Closed):  # its end of file is read next, and handled
                 self._write(worker)
+
+    def _free_worker(self) -> _Worker | None:
+        """The least busy live worker with room, after starting dead ones again; ``None``
+        to wait (all full); a dead worker when none is alive or can be started now (its
+        start failed, or it is backing off), so that the request fails at once (503)
+        rather than waits on a broken install."""
+        dead = [w for w in self._pool if w.sock is None]
+        for w in dead:
+            self._respawn(w)
+        live = [w for w in self._pool if w.sock is not None]
+        if not live:
+            return dead[0]
+        worker = min(live, key=lambda w: len(w.out))
+        if len(worker.out) >= _DEPTH or worker.writing() is not None:
+            return None
+        return worker
 
     def _register(
         self, selector: selectors.BaseSelector, registered: dict[int, int], worker: _Worker
@@ -570,10 +631,10 @@ class DecodePool:
             registered[worker.index] = events
 
     def _next_timeout(self) -> float | None:
-        since = [w.out[0].current_since for w in self._pool if w.out]
-        if not since:
+        due = [w.out[0].current_since + DECODE_TIMEOUT_SECONDS for w in self._pool if w.out]
+        if not due:
             return None
-        return max(0.0, min(since) + DECODE_TIMEOUT_SECONDS - time.monotonic())
+        return max(0.0, min(due) - time.monotonic())
 
     def _write(self, worker: _Worker) -> None:
         job = worker.writing()
@@ -612,11 +673,14 @@ class DecodePool:
                 raise _Closed("end of file")
             worker.got += n
             if worker.answer is None:
-                if worker.got == _ANSWER.size:
-                    (length,) = _ANSWER.unpack(worker.head)
-                    worker.answer, worker.got = bytearray(length), 0
-                else:
+                if worker.got < _ANSWER.size:
                     continue
+                (length,) = _ANSWER.unpack(worker.head)
+                worker.got = 0
+                if not length:  # the worker is up (its first frame)
+                    worker.ready, worker.deaths = True, 0
+                    continue
+                worker.answer = bytearray(length)
             if worker.got < len(worker.answer):
                 continue
             answer, worker.answer, worker.got = worker.answer, None, 0
@@ -647,8 +711,7 @@ class DecodePool:
                 # live workers for dead and sends them nothing. Its socket is still open,
                 # so the worker is alive or has just died (and its end of file follows,
                 # handled in _lost).
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker.process.pid, signal.SIGKILL)
+                _sigkill(worker.process.pid)
 
     def _lost(
         self,
@@ -663,7 +726,10 @@ class DecodePool:
         registered.pop(worker.index, None)
         held = list(worker.out)
         worker.out.clear()
+        ready = worker.ready
         self._reap(worker, kill=True)
+        if not ready:  # a worker that cannot start (broken install) is not restarted flat out
+            self._back_off(worker)
         with self._lock:
             self.replaced += 1
         reason = f"gave no answer in {DECODE_TIMEOUT_SECONDS:g} s and was killed" if stuck else why

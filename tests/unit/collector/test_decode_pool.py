@@ -128,6 +128,8 @@ def test_a_stuck_worker_is_killed_and_replaced(
         _run(pool.decode(_body("a"), "identity", False))
     wait_dead(pid)
     assert pool.replaced == 1
+    # The replacement's start-up (0.4-0.6 s here) must not count against a 0.5 s limit.
+    monkeypatch.setattr(workers, "DECODE_TIMEOUT_SECONDS", 120.0)
     assert isinstance(_run(pool.decode(_body("a"), "identity", False)), RedactedBatch)
 
 
@@ -374,4 +376,50 @@ def test_a_worker_that_cannot_start_again_leaves_the_work_to_the_others() -> Non
         for fd in fillers:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+        pool.close()
+
+
+def _dying_worker_main(sock: socket.socket, canaries: tuple[str, ...], *args: Any) -> None:
+    """A worker that dies before it is ready while the file named by its first canary
+    exists (a broken install), and a real one after."""
+    if Path(canaries[0]).exists():
+        os._exit(3)
+    workers._worker_main(sock, canaries, *args)
+
+
+def test_a_worker_that_cannot_start_is_restarted_with_a_backoff_and_fails_fast(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the backoff it was started again flat out, a fork and an import each time,
+    for as long as the install stayed broken. Requests meanwhile get a retryable error at
+    once, and once the worker can start it serves again."""
+    broken = tmp_path / "broken"
+    broken.touch()
+    monkeypatch.setattr(workers, "_worker_main", _dying_worker_main)
+    pool = DecodePool(1, canaries=(str(broken),), hmac_key=None, max_decompressed_bytes=1 << 22)
+    try:
+        started = time.monotonic()
+        answers = []
+        while time.monotonic() - started < 4.0:
+            asked = time.monotonic()
+            with pytest.raises(DecodeWorkerLost):
+                _run(pool.decode(_body("a"), "identity", False))
+            answers.append(time.monotonic() - asked)
+            time.sleep(0.05)
+        # 3 deaths, then waits of 0.25, 0.5, 1 and 2 s, each request failing at once in
+        # them: 5 starts and 27 answers in 4 s here. Flat out, a start every 0.5 s (a fork
+        # and an import each) and each request waiting for that start to die: 8 and 8.
+        assert 3 <= pool.replaced <= 6, pool.replaced
+        assert len(answers) >= 15 and max(answers) < 2.0, answers
+        broken.unlink()
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                batch = _run(pool.decode(_body("a"), "identity", False))
+                break
+            except DecodeWorkerLost:
+                assert time.monotonic() < deadline, "never started again"
+                time.sleep(0.1)
+        assert isinstance(batch, RedactedBatch)
+    finally:
         pool.close()

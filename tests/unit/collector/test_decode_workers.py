@@ -392,20 +392,24 @@ def test_workers_exit_when_the_collector_is_sigkilled(tmp_path: Path) -> None:
     assert not alive, "decode worker processes outlived a SIGKILLed collector"
 
 
-def _decode_worker_pids(collector_pid: int) -> list[int]:
-    """The forkserver's children under ``collector_pid``: the decode workers."""
+def _decode_worker_pids(collector_pid: int, min_age_s: float = 0.0) -> list[int]:
+    """The forkserver's children under ``collector_pid``: the decode workers, those at
+    least ``min_age_s`` old."""
     out = []
+    ticks = os.sysconf("SC_CLK_TCK")
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
     for pid in _descendants(collector_pid):
         with contextlib.suppress(OSError):
             stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             parent = Path(f"/proc/{stat[1]}/cmdline").read_bytes()
-            if b"forkserver" in parent and stat[0] not in ("Z", "X"):
+            age = uptime - int(stat[19]) / ticks
+            if b"forkserver" in parent and stat[0] not in ("Z", "X") and age >= min_age_s:
                 out.append(pid)
     return out
 
 
 def test_workers_killed_at_random_moments_under_load_never_hang(tmp_path: Path) -> None:
-    """SIGKILL the decode worker 12 times while six clients send small and 1.5 MB bodies
+    """SIGKILL the decode worker 8 times while six clients send small and 1.5 MB bodies
     (large answers, so some kills land mid-answer, the case that hung
     ``ProcessPoolExecutor`` for good). Every request is answered 200 or 503 well inside its
     client timeout, each kill fails at most one request, and every run acknowledged is in
@@ -450,9 +454,11 @@ def test_workers_killed_at_random_moments_under_load_never_hang(tmp_path: Path) 
             t.start()
         kills = 0
         deadline = time.monotonic() + 60
-        while kills < 12 and time.monotonic() < deadline:
+        while kills < 8 and time.monotonic() < deadline:
             time.sleep(rng.uniform(0.05, 0.4))
-            for pid in _decode_worker_pids(collector.proc.pid):
+            # At work, not starting up: a worker that dies before it is ready is started
+            # again with a backoff (test_decode_pool.py), which this test is not about.
+            for pid in _decode_worker_pids(collector.proc.pid, min_age_s=0.6):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                     kills += 1
@@ -461,7 +467,7 @@ def test_workers_killed_at_random_moments_under_load_never_hang(tmp_path: Path) 
         for t in threads:
             t.join(60)
         assert not any(t.is_alive() for t in threads), "a client hung"
-        assert kills == 12
+        assert kills == 8
         statuses = [s for _, s in answers]
         assert set(statuses) <= {200, 503}, sorted(set(map(str, statuses)))
         # Each kill fails at most the one request its worker was decoding (the executor
