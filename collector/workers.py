@@ -610,10 +610,8 @@ class DecodePool:
         live = [w for w in self._pool if w.sock is not None]
         if not live:
             return dead[0]
-        worker = min(live, key=lambda w: len(w.out))
-        if len(worker.out) >= _DEPTH or worker.writing() is not None:
-            return None
-        return worker
+        room = [w for w in live if len(w.out) < _DEPTH and w.writing() is None]
+        return min(room, key=lambda w: len(w.out)) if room else None
 
     def _register(
         self, selector: selectors.BaseSelector, registered: dict[int, int], worker: _Worker
@@ -734,9 +732,9 @@ class DecodePool:
             self.replaced += 1
         reason = f"gave no answer in {DECODE_TIMEOUT_SECONDS:g} s and was killed" if stuck else why
         _log.error("decode worker %d lost (%s); starting it again", worker.index, reason)
-        # The worker had begun the first only if all of its bytes reached it; the rest it
-        # had not begun, so they go once more to the front of the queue.
-        if held and held[0].sent == held[0].size and not held[0].resent:
+        # The worker had begun the first only if it was ready and all of its bytes reached
+        # it; the rest it had not begun, so they go once more to the front of the queue.
+        if held and ready and held[0].sent == held[0].size and not held[0].resent:
             first = held.pop(0)
             first.future.set_exception(
                 DecodeWorkerLost("decode worker stuck" if stuck else "decode worker lost")

@@ -57,6 +57,9 @@ def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 10.0) -> 
 def pool() -> Iterator[DecodePool]:
     p = DecodePool(1, canaries=(CANARY,), hmac_key=None, max_decompressed_bytes=1 << 22)
     p.start()
+    # Ready and at work: a worker that dies before it is ready has begun nothing, so its
+    # requests go to the next one rather than fail.
+    assert isinstance(_run(p.decode(_body("warm"), "identity", False)), RedactedBatch)
     yield p
     for pid in p.pids():  # a test may leave its worker stopped
         os.kill(pid, signal.SIGCONT)
@@ -144,6 +147,7 @@ class _Scripted:
 
     def _play(self, answer: bytes | None, read: int | None) -> None:
         with self.theirs:
+            self.theirs.sendall(workers._ANSWER.pack(0))  # ready, as a real worker says
             if read is not None:
                 self.theirs.recv(read, socket.MSG_WAITALL)
                 return
@@ -421,5 +425,26 @@ def test_a_worker_that_cannot_start_is_restarted_with_a_backoff_and_fails_fast(
                 assert time.monotonic() < deadline, "never started again"
                 time.sleep(0.1)
         assert isinstance(batch, RedactedBatch)
+    finally:
+        pool.close()
+
+
+def test_a_worker_killed_before_it_is_ready_has_its_requests_sent_to_the_next() -> None:
+    """It had begun nothing (it was still importing), so neither request fails."""
+    pool = DecodePool(1, canaries=(), hmac_key=None, max_decompressed_bytes=1 << 22)
+    try:
+        pool.start()
+        (pid,) = pool.pids()
+        os.kill(pid, signal.SIGSTOP)
+
+        async def scenario() -> list[RedactedBatch | BaseException]:
+            asked = [asyncio.ensure_future(pool.decode(_body(a), "identity", False)) for a in "ab"]
+            await asyncio.to_thread(_wait, lambda: pool.held() == 2, "both held")
+            os.kill(pid, signal.SIGKILL)
+            return await asyncio.gather(*asked, return_exceptions=True)
+
+        results = _run(scenario())
+        assert all(isinstance(r, RedactedBatch) for r in results), results
+        assert pool.replaced == 1
     finally:
         pool.close()
