@@ -25,7 +25,8 @@ set of rule names (:attr:`Redactor.rule_names`), also the ``rule`` label of
 ``loopwatch_redactions_total``: ``canary``; the secret patterns ``private_key``,
 ``anthropic_key``, ``openai_key``, ``github_token``, ``slack_token``, ``google_api_key``,
 ``stripe_key``, ``jwt``, ``aws_access_key``, ``aws_secret_key``, ``bearer``,
-``url_password``, ``assignment`` (plus any custom :class:`SecretRule`); ``sensitive_key``
+``url_password``, ``cli_password``, ``assignment`` (plus any custom :class:`SecretRule`);
+``sensitive_key``
 (a value under a sensitive key); ``depth`` (a container nested past
 :attr:`RedactionRules.max_json_depth`, JSON text too deep to walk that holds an escape,
 or text whose redaction did not settle, replaced whole: fail closed). JSON with duplicate
@@ -136,6 +137,7 @@ _CAMEL_1: Final = re.compile(r"([A-Z]+)([A-Z][a-z])")
 _CAMEL_2: Final = re.compile(r"([a-z0-9])([A-Z])")
 _KEY_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 _KEY_LOOKBACK_CHARS: Final = 128
+_PERCENT_ESCAPE_RE: Final = re.compile(r"%[0-9A-Fa-f]{2}")
 _CLEAN_CACHE_MAX_ENTRIES: Final = 32768
 _CLEAN_CACHE_MAX_CHARS: Final = 256
 # JSON text that a parse and walk left unchanged, by the depth it was scrubbed at. Longer
@@ -194,6 +196,7 @@ class SecretRule:
 
 _TOKEN = r"A-Za-z0-9_\-"
 _Q = r"(?:\\?[\"'])?"  # optional quote, possibly JSON-escaped
+_QU = r"(?:\\?[\"']|%22|%27)?"  # the same, or URL-encoded
 
 BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
     # PEM / OpenSSH / OpenPGP private key blocks: RFC 7468 section 2 encapsulation
@@ -285,6 +288,14 @@ BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
         "url_password",
         r"://[^\s:/?#@\[\]\"'<>]{0,256}:(?P<secret>[^\s/?#@\"'<>]{1,256})@",
         ("://",),
+    ),
+    # user:password given to curl's -u / --user and -U / --proxy-user (curl(1), "-u,
+    # --user <user:password>"), also written -uuser:pass; only the password is replaced.
+    SecretRule(
+        "cli_password",
+        r"(?<![\w\-])(?:-[uU]|--(?:proxy-)?user)(?:[ \t]+|=)?[\"']?[^\s:\"'\-][^\s:\"']{0,255}:"
+        r"(?P<secret>[^\s\"']{1,256})",
+        ("-u", "-U"),
     ),
 )
 """The built-in secret patterns, in priority order (an earlier rule tags an overlap)."""
@@ -485,11 +496,17 @@ class RedactionRules:
         setattr_(self, "_alnum_lower_safe", all(r in builtin for r in self.secret_rules))
 
     def _assignment_rule(self) -> SecretRule:
+        # A sensitive name, then its value: after ``=``, ``:`` or ``=>`` (Ruby, PHP, Perl
+        # hashes), the same URL-encoded (``%3D``, ``%3A``: a form or query string encoded
+        # once more), or a space after a command-line flag (``--password x``,
+        # ``--db-password x``). Over-redaction is the safe side: a URL-encoded value runs
+        # on to the next raw separator.
         names = sorted(self.key_names, key=len, reverse=True)
         alternation = "|".join(re.escape(n).replace("_", "[_-]?") for n in names)
         return SecretRule(
             RULE_ASSIGNMENT,
-            rf"(?:{alternation}){_Q}[ \t]{{0,5}}[:=][ \t]{{0,5}}{_Q}"
+            rf"(?:(?:{alternation}){_QU}[ \t]{{0,5}}(?:=>|[:=]|%3[ad])[ \t]{{0,5}}{_QU}"
+            rf"|(?<![\w\-])--(?:[a-z0-9]+-){{0,3}}(?:{alternation})[ \t]+{_Q})"
             r"(?:(?:bearer|basic|token|digest)[ \t]+)?"
             r"(?P<secret>[^\s\"'&,;<>\\]{1,512})",
             _key_triggers(self.key_names),
@@ -1092,6 +1109,8 @@ class Redactor:
         start = match.start()
         floor = max(0, start - _KEY_LOOKBACK_CHARS)
         while start > floor and text[start - 1] in _KEY_CHARS:
+            if _PERCENT_ESCAPE_RE.fullmatch(text, max(0, start - 3), start):
+                break  # "%26password": a URL-encoded separator, not part of the key
             start -= 1
         end = match.start()
         while end < len(text) and text[end] in _KEY_CHARS:

@@ -157,6 +157,65 @@ TEXT_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         f'msg="{{\\"client_secret\\":\\"{ph("assignment")}\\"}}"',
         {"assignment": 1},
     ),
+    (
+        "assignment ruby hash",
+        '{"password" => "hunter2", "user" => "bob"}',
+        f'{{"password" => "{ph("assignment")}", "user" => "bob"}}',
+        {"assignment": 1},
+    ),
+    (
+        "assignment php array",
+        "['api_key' => 'abc123']",
+        f"['api_key' => '{ph('assignment')}']",
+        {"assignment": 1},
+    ),
+    (
+        "assignment url-encoded form",
+        "body=user%3Dbob%26password%3Dhunter2",
+        f"body=user%3Dbob%26password%3D{ph('assignment')}",
+        {"assignment": 1},
+    ),
+    (
+        # Over-redaction is the safe side: the value runs on to a raw separator.
+        "assignment url-encoded json",
+        "q=%7B%22token%22%3A%22abc%22%7D&x=1",
+        f"q=%7B%22token%22%3A%22{ph('assignment')}&x=1",
+        {"assignment": 1},
+    ),
+    (
+        "assignment url-encoded allowed key",
+        "q=x%26next_page_token%3Dp2",
+        "q=x%26next_page_token%3Dp2",
+        {},
+    ),
+    (
+        "cli flag",
+        "mysqldump --password hunter2 orders",
+        f"mysqldump --password {ph('assignment')} orders",
+        {"assignment": 1},
+    ),
+    (
+        "cli flag with a prefix",
+        "deploy --db-password 's3cr3t' --api-key abc123 --region eu",
+        f"deploy --db-password '{ph('assignment')}' --api-key {ph('assignment')} --region eu",
+        {"assignment": 2},
+    ),
+    (
+        "curl user",
+        "curl -u alice:s3cret https://api.example.com",
+        f"curl -u alice:{ph('cli_password')} https://api.example.com",
+        {"cli_password": 1},
+    ),
+    (
+        "curl user glued and quoted",
+        "curl -ualice:s3cret x; curl --user 'bob:pa55' y; curl -U proxy:pw3 z",
+        f"curl -ualice:{ph('cli_password')} x; curl --user 'bob:{ph('cli_password')}' y; "
+        f"curl -U proxy:{ph('cli_password')} z",
+        {"cli_password": 3},
+    ),
+    ("git push -u", "git push -u origin main", "git push -u origin main", {}),
+    ("pip --user", "pip install --user requests", "pip install --user requests", {}),
+    ("password-stdin", "login --password-stdin < f", "login --password-stdin < f", {}),
     ("canary raw", f"leak {CANARY}!", f"leak {ph('canary')}!", {"canary": 1}),
     (
         "two kinds",
