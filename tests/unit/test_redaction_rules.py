@@ -213,6 +213,15 @@ TEXT_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         f"curl -U proxy:{ph('cli_password')} z",
         {"cli_password": 3},
     ),
+    # -u / --user take user[:group] (docker, podman, sudo, pgrep) or a time (at, date -u)
+    # outside curl: a uid:gid or a group is not a password.
+    (
+        "docker uid:gid",
+        "docker run -u 1000:1000 img; docker exec --user=root:root c sh; at -u 12:30",
+        "docker run -u 1000:1000 img; docker exec --user=root:root c sh; at -u 12:30",
+        {},
+    ),
+    ("date -u format", "date -u +%H:%M:%S", "date -u +%H:%M:%S", {}),
     ("git push -u", "git push -u origin main", "git push -u origin main", {}),
     ("pip --user", "pip install --user requests", "pip install --user requests", {}),
     ("password-stdin", "login --password-stdin < f", "login --password-stdin < f", {}),
