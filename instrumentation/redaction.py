@@ -290,14 +290,15 @@ BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
         ("://",),
     ),
     # user:password given to curl's -u / --user and -U / --proxy-user (curl(1), "-u,
-    # --user <user:password>"), also written -uuser:pass; only the password is replaced.
+    # --user <user:password>"), also written -uuser:pass or after other short options
+    # (-su user:pass is -s -u user:pass); only the password is replaced.
     # The trigger is "curl", not the flag: it gates the rule to text that names curl, as
     # elsewhere -u / --user take user:group or uid:gid (docker, podman, sudo, pgrep) or a
     # time (at, date -u +%H:%M), which are not passwords.
     SecretRule(
         "cli_password",
-        r"(?<![\w\-])(?:-[uU]|--(?:proxy-)?user)(?:[ \t]+|=)?[\"']?[^\s:\"'\-][^\s:\"']{0,255}:"
-        r"(?P<secret>[^\s\"']{1,256})",
+        r"(?<![\w\-])(?:-[a-z]{0,8}u|--(?:proxy-)?user)(?:[ \t]+|=)?[\"']?"
+        r"[^\s:\"'\-][^\s:\"']{0,255}:(?P<secret>[^\s\"']{1,256})",
         ("curl",),
         ignore_case=True,
     ),

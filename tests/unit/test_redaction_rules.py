@@ -213,6 +213,13 @@ TEXT_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         f"curl -U proxy:{ph('cli_password')} z",
         {"cli_password": 3},
     ),
+    (
+        # curl reads -su alice:pw as -s -u alice:pw (short options combine).
+        "curl user after combined short options",
+        "curl -su alice:s3cret x; curl -kSu 'bob:pa55' y",
+        f"curl -su alice:{ph('cli_password')} x; curl -kSu 'bob:{ph('cli_password')}' y",
+        {"cli_password": 2},
+    ),
     # -u / --user take user[:group] (docker, podman, sudo, pgrep) or a time (at, date -u)
     # outside curl: a uid:gid or a group is not a password.
     (
