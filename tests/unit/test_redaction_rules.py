@@ -201,6 +201,13 @@ TEXT_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         {"assignment": 2},
     ),
     (
+        # gflags / absl and many scripts spell flags with underscores.
+        "cli flag with an underscore prefix",
+        "serve --db_password hunter2 --api_token abc123",
+        f"serve --db_password {ph('assignment')} --api_token {ph('assignment')}",
+        {"assignment": 2},
+    ),
+    (
         "curl user",
         "curl -u alice:s3cret https://api.example.com",
         f"curl -u alice:{ph('cli_password')} https://api.example.com",
