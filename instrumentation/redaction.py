@@ -504,14 +504,16 @@ class RedactionRules:
         # A sensitive name, then its value: after ``=``, ``:`` or ``=>`` (Ruby, PHP, Perl
         # hashes), the same URL-encoded (``%3D``, ``%3A``: a form or query string encoded
         # once more), or a space after a command-line flag (``--password x``,
-        # ``--db-password x``, ``--db_password x``). Over-redaction is the safe side: a
-        # URL-encoded value runs on to the next raw separator.
+        # ``--db-password x``, ``--db_password x``; an unquoted word after the flag that
+        # starts with ``-`` is the next option or stdin, as after psql's --no-password).
+        # Over-redaction is the safe side: a URL-encoded value runs on to the next raw
+        # separator.
         names = sorted(self.key_names, key=len, reverse=True)
         alternation = "|".join(re.escape(n).replace("_", "[_-]?") for n in names)
         return SecretRule(
             RULE_ASSIGNMENT,
             rf"(?:(?:{alternation}){_QU}[ \t]{{0,5}}(?:=>|[:=]|%3[ad])[ \t]{{0,5}}{_QU}"
-            rf"|(?<![\w\-])--(?:[a-z0-9]+[_-]){{0,3}}(?:{alternation})[ \t]+{_Q})"
+            rf"|(?<![\w\-])--(?:[a-z0-9]+[_-]){{0,3}}(?:{alternation})[ \t]+(?!-){_Q})"
             r"(?:(?:bearer|basic|token|digest)[ \t]+)?"
             r"(?P<secret>[^\s\"'&,;<>\\]{1,512})",
             _key_triggers(self.key_names),

@@ -239,6 +239,14 @@ TEXT_CASES: list[tuple[str, str, str, dict[str, int]]] = [
     ("git push -u", "git push -u origin main", "git push -u origin main", {}),
     ("pip --user", "pip install --user requests", "pip install --user requests", {}),
     ("password-stdin", "login --password-stdin < f", "login --password-stdin < f", {}),
+    (
+        # A flag that takes no value (psql -W / --password prompts) is followed by the
+        # next option, not by a secret.
+        "cli flag without a value",
+        "psql --no-password -h db -U app; psql --password -d app; login --token - < f",
+        "psql --no-password -h db -U app; psql --password -d app; login --token - < f",
+        {},
+    ),
     ("canary raw", f"leak {CANARY}!", f"leak {ph('canary')}!", {"canary": 1}),
     (
         "two kinds",
