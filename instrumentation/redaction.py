@@ -137,7 +137,8 @@ _CAMEL_1: Final = re.compile(r"([A-Z]+)([A-Z][a-z])")
 _CAMEL_2: Final = re.compile(r"([a-z0-9])([A-Z])")
 _KEY_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 _KEY_LOOKBACK_CHARS: Final = 128
-_PERCENT_ESCAPE_RE: Final = re.compile(r"%[0-9A-Fa-f]{2}")
+# A percent escape, or one encoded once more ("%26", "%2526").
+_PERCENT_ESCAPE_RE: Final = re.compile(r"%(?:25)?[0-9A-Fa-f]{2}")
 _CLEAN_CACHE_MAX_ENTRIES: Final = 32768
 _CLEAN_CACHE_MAX_CHARS: Final = 256
 # JSON text that a parse and walk left unchanged, by the depth it was scrubbed at. Longer
@@ -196,7 +197,7 @@ class SecretRule:
 
 _TOKEN = r"A-Za-z0-9_\-"
 _Q = r"(?:\\?[\"'])?"  # optional quote, possibly JSON-escaped
-_QU = r"(?:\\?[\"']|%22|%27)?"  # the same, or URL-encoded
+_QU = r"(?:\\?[\"']|%(?:25)?2[27])?"  # the same, or URL-encoded (once or twice)
 
 BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
     # PEM / OpenSSH / OpenPGP private key blocks: RFC 7468 section 2 encapsulation
@@ -503,16 +504,17 @@ class RedactionRules:
     def _assignment_rule(self) -> SecretRule:
         # A sensitive name, then its value: after ``=``, ``:`` or ``=>`` (Ruby, PHP, Perl
         # hashes), the same URL-encoded (``%3D``, ``%3A``: a form or query string encoded
-        # once more), or a space after a command-line flag (``--password x``,
-        # ``--db-password x``, ``--db_password x``; an unquoted word after the flag that
-        # starts with ``-`` is the next option or stdin, as after psql's --no-password).
+        # once more; ``%253D``: twice, a query in a URL in a query), or a space after a
+        # command-line flag (``--password x``, ``--db-password x``, ``--db_password x``;
+        # an unquoted word after the flag that starts with ``-`` is the next option or
+        # stdin, as after psql's --no-password).
         # Over-redaction is the safe side: a URL-encoded value runs on to the next raw
         # separator.
         names = sorted(self.key_names, key=len, reverse=True)
         alternation = "|".join(re.escape(n).replace("_", "[_-]?") for n in names)
         return SecretRule(
             RULE_ASSIGNMENT,
-            rf"(?:(?:{alternation}){_QU}[ \t]{{0,5}}(?:=>|[:=]|%3[ad])[ \t]{{0,5}}{_QU}"
+            rf"(?:(?:{alternation}){_QU}[ \t]{{0,5}}(?:=>|[:=]|%(?:25)?3[ad])[ \t]{{0,5}}{_QU}"
             rf"|(?<![\w\-])--(?:[a-z0-9]+[_-]){{0,3}}(?:{alternation})[ \t]+(?!-){_Q})"
             r"(?:(?:bearer|basic|token|digest)[ \t]+)?"
             r"(?P<secret>[^\s\"'&,;<>\\]{1,512})",
@@ -1116,7 +1118,9 @@ class Redactor:
         start = match.start()
         floor = max(0, start - _KEY_LOOKBACK_CHARS)
         while start > floor and text[start - 1] in _KEY_CHARS:
-            if _PERCENT_ESCAPE_RE.fullmatch(text, max(0, start - 3), start):
+            if _PERCENT_ESCAPE_RE.fullmatch(
+                text, max(0, start - 3), start
+            ) or _PERCENT_ESCAPE_RE.fullmatch(text, max(0, start - 5), start):
                 break  # "%26password": a URL-encoded separator, not part of the key
             start -= 1
         end = match.start()

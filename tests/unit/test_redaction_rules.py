@@ -183,6 +183,14 @@ TEXT_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         {"assignment": 1},
     ),
     (
+        # A query inside a URL inside a query (a nested redirect) is encoded twice.
+        "assignment url-encoded twice",
+        "next=%2Fcb%253Fuser%253Dbob%2526password%253Dhunter2&q=%2522token%2522%253A%2522ab%2522",
+        f"next=%2Fcb%253Fuser%253Dbob%2526password%253D{ph('assignment')}"
+        f"&q=%2522token%2522%253A%2522{ph('assignment')}",
+        {"assignment": 2},
+    ),
+    (
         "assignment url-encoded allowed key",
         "q=x%26next_page_token%3Dp2",
         "q=x%26next_page_token%3Dp2",
