@@ -51,6 +51,7 @@ from .records import SpanBatch
 from .redact import RedactStage
 
 __all__ = [
+    "CLOSE_TIMEOUT_SECONDS",
     "DECODE_TIMEOUT_SECONDS",
     "DecodePool",
     "DecodeWorkerLost",
@@ -66,6 +67,10 @@ _log = logging.getLogger("loopwatch.collector")
 #: ``limits.max_decompressed_bytes`` after decompression, 20 MiB by default, which
 #: decodes in a few seconds) and is killed and started again.
 DECODE_TIMEOUT_SECONDS: Final = 120.0
+
+#: The same limit once :meth:`DecodePool.close` has begun, so that a stopped or stuck
+#: worker holds a shutdown (SIGTERM) for seconds, not for DECODE_TIMEOUT_SECONDS.
+CLOSE_TIMEOUT_SECONDS: Final = 10.0
 
 _GC_GEN0_THRESHOLD: Final = 20_000
 _REQUEST: Final = struct.Struct("!QH?")
@@ -452,7 +457,11 @@ class DecodePool:
         return await asyncio.wrap_future(job.future)
 
     def close(self) -> None:
-        """Finish the requests already queued, then stop the workers. Idempotent."""
+        """Finish the requests already queued, then stop the workers. Idempotent.
+
+        A worker that gives no answer for :data:`CLOSE_TIMEOUT_SECONDS` from here on is
+        killed, and its request fails with :class:`DecodeWorkerLost`.
+        """
         with self._lock:
             if self._closing and self._thread is None:
                 return
@@ -629,7 +638,8 @@ class DecodePool:
             registered[worker.index] = events
 
     def _next_timeout(self) -> float | None:
-        due = [w.out[0].current_since + DECODE_TIMEOUT_SECONDS for w in self._pool if w.out]
+        limit = self._limit()
+        due = [w.out[0].current_since + limit for w in self._pool if w.out]
         if not due:
             return None
         return max(0.0, min(due) - time.monotonic())
@@ -693,6 +703,11 @@ class DecodePool:
                 job.future.set_exception(exc)
             self._dispatch()
 
+    def _limit(self) -> float:
+        """Seconds a worker may take on its oldest request before it is killed."""
+        limit = DECODE_TIMEOUT_SECONDS
+        return min(limit, CLOSE_TIMEOUT_SECONDS) if self._closing else limit
+
     def _kill_stuck(self) -> None:
         now = time.monotonic()
         for worker in self._pool:
@@ -700,7 +715,7 @@ class DecodePool:
             if (
                 first is not None
                 and not worker.stuck
-                and now - first.current_since >= DECODE_TIMEOUT_SECONDS
+                and now - first.current_since >= self._limit()
                 and worker.process is not None
                 and worker.process.pid is not None
             ):
@@ -730,7 +745,7 @@ class DecodePool:
             self._back_off(worker)
         with self._lock:
             self.replaced += 1
-        reason = f"gave no answer in {DECODE_TIMEOUT_SECONDS:g} s and was killed" if stuck else why
+        reason = f"gave no answer in {self._limit():g} s and was killed" if stuck else why
         _log.error("decode worker %d lost (%s); starting it again", worker.index, reason)
         # The worker had begun the first only if it was ready and all of its bytes reached
         # it; the rest it had not begun, so they go once more to the front of the queue.

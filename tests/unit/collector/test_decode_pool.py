@@ -448,3 +448,22 @@ def test_a_worker_killed_before_it_is_ready_has_its_requests_sent_to_the_next() 
         assert pool.replaced == 1
     finally:
         pool.close()
+
+
+def test_close_with_a_stopped_worker_takes_seconds_not_the_stuck_limit(
+    pool: DecodePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM with a stopped worker held the shutdown for DECODE_TIMEOUT_SECONDS (120)."""
+    monkeypatch.setattr(workers, "CLOSE_TIMEOUT_SECONDS", 0.5)
+    (pid,) = pool.pids()
+    os.kill(pid, signal.SIGSTOP)
+    results: list[RedactedBatch | BaseException] = []
+    client = threading.Thread(target=lambda: results.extend(_run(_gather(pool, _body("a")))))
+    client.start()
+    _wait(lambda: pool.held() == 1, "the worker to hold it")
+    started = time.monotonic()
+    pool.close()
+    assert time.monotonic() - started < 5
+    client.join(10)
+    assert len(results) == 1 and isinstance(results[0], DecodeWorkerLost), results
+    wait_dead(pid)
