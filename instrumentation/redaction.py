@@ -1126,7 +1126,8 @@ class Redactor:
         end = match.start()
         while end < len(text) and text[end] in _KEY_CHARS:
             end += 1
-        return self._key_sensitive(text[start:end], remember=False)
+        # A flag's dashes are not part of its name: "--page-token" is "page_token".
+        return self._key_sensitive(text[start:end].lstrip("-"), remember=False)
 
     def _walk(self, value: Any, hits: Hits, depth: int) -> Any:
         kind = type(value)

@@ -244,6 +244,12 @@ TEXT_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         {},
     ),
     ("date -u format", "date -u +%H:%M:%S", "date -u +%H:%M:%S", {}),
+    (
+        "cli flag of an allowed name",
+        "list --page-token p2 --next-page-token=p3",
+        "list --page-token p2 --next-page-token=p3",
+        {},
+    ),
     ("git push -u", "git push -u origin main", "git push -u origin main", {}),
     ("pip --user", "pip install --user requests", "pip install --user requests", {}),
     ("password-stdin", "login --password-stdin < f", "login --password-stdin < f", {}),
