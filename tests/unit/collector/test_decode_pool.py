@@ -121,12 +121,20 @@ def test_a_worker_killed_holding_a_request_fails_that_request_only(pool: DecodeP
     assert isinstance(_run(pool.decode(_body("held"), "identity", False)), RedactedBatch)
 
 
+def _stop_the_worker(
+    pool: DecodePool, monkeypatch: pytest.MonkeyPatch, limit: str, seconds: float
+) -> int:
+    """SIGSTOP the pool's one worker with the stuck limit ``limit`` set to ``seconds``."""
+    monkeypatch.setattr(workers, limit, seconds)
+    (pid,) = pool.pids()
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
 def test_a_stuck_worker_is_killed_and_replaced(
     pool: DecodePool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workers, "DECODE_TIMEOUT_SECONDS", 0.5)
-    (pid,) = pool.pids()
-    os.kill(pid, signal.SIGSTOP)
+    pid = _stop_the_worker(pool, monkeypatch, "DECODE_TIMEOUT_SECONDS", 0.5)
     with pytest.raises(DecodeWorkerLost, match="stuck"):
         _run(pool.decode(_body("a"), "identity", False))
     wait_dead(pid)
@@ -454,9 +462,7 @@ def test_close_with_a_stopped_worker_takes_seconds_not_the_stuck_limit(
     pool: DecodePool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A SIGTERM with a stopped worker held the shutdown for DECODE_TIMEOUT_SECONDS (120)."""
-    monkeypatch.setattr(workers, "CLOSE_TIMEOUT_SECONDS", 0.5)
-    (pid,) = pool.pids()
-    os.kill(pid, signal.SIGSTOP)
+    pid = _stop_the_worker(pool, monkeypatch, "CLOSE_TIMEOUT_SECONDS", 0.5)
     results: list[RedactedBatch | BaseException] = []
     client = threading.Thread(target=lambda: results.extend(_run(_gather(pool, _body("a")))))
     client.start()
