@@ -1118,10 +1118,13 @@ class Redactor:
         start = match.start()
         floor = max(0, start - _KEY_LOOKBACK_CHARS)
         while start > floor and text[start - 1] in _KEY_CHARS:
-            if _PERCENT_ESCAPE_RE.fullmatch(
-                text, max(0, start - 3), start
-            ) or _PERCENT_ESCAPE_RE.fullmatch(text, max(0, start - 5), start):
-                break  # "%26password": a URL-encoded separator, not part of the key
+            # "%26password", "%2526password": a URL-encoded separator ends the key. The
+            # cheap test first: this walk runs on every assignment match.
+            if "%" in text[max(0, start - 5) : start] and (
+                _PERCENT_ESCAPE_RE.fullmatch(text, max(0, start - 3), start)
+                or _PERCENT_ESCAPE_RE.fullmatch(text, max(0, start - 5), start)
+            ):
+                break
             start -= 1
         end = match.start()
         while end < len(text) and text[end] in _KEY_CHARS:
