@@ -509,15 +509,20 @@ class RedactionRules:
         # an unquoted word after the flag that starts with ``-`` is the next option or
         # stdin, as after psql's --no-password).
         # Over-redaction is the safe side: a URL-encoded value runs on to the next raw
-        # separator.
+        # separator. A value in quotes (raw or JSON-escaped) runs on to its closing quote,
+        # spaces included (``DB_PASSWORD="correct horse battery"``, ``--password 'a b'``),
+        # or to the end of the line when the quote is never closed.
         names = sorted(self.key_names, key=len, reverse=True)
         alternation = "|".join(re.escape(n).replace("_", "[_-]?") for n in names)
         return SecretRule(
             RULE_ASSIGNMENT,
-            rf"(?:(?:{alternation}){_QU}[ \t]{{0,5}}(?:=>|[:=]|%(?:25)?3[ad])[ \t]{{0,5}}{_QU}"
-            rf"|(?<![\w\-])--(?:[a-z0-9]+[_-]){{0,3}}(?:{alternation})[ \t]+(?!-){_Q})"
+            rf"(?:(?:{alternation}){_QU}[ \t]{{0,5}}(?:=>|[:=]|%(?:25)?3[ad])[ \t]{{0,5}}"
+            r"(?:%(?:25)?2[27])?"
+            rf"|(?<![\w\-])--(?:[a-z0-9]+[_.-]){{0,3}}(?:{alternation})[ \t]+(?!-))"
+            r"(?P<quote>\\?[\"'])?"
             r"(?:(?:bearer|basic|token|digest)[ \t]+)?"
-            r"(?P<secret>[^\s\"'&,;<>\\]{1,512})",
+            r"(?P<secret>(?(quote)(?:(?!(?P=quote))[^\r\n\\]){1,512}+"
+            r"|[^\s\"'&,;<>\\]{1,512}))",
             _key_triggers(self.key_names),
             ignore_case=True,
         )

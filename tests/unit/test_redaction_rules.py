@@ -158,6 +158,39 @@ TEXT_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         {"assignment": 1},
     ),
     (
+        # A quoted value runs on to its closing quote: passphrases have spaces.
+        "assignment quoted with spaces",
+        "export DB_PASSWORD=\"correct horse battery\" && run; password: 'a b c'\nuser: bob",
+        f"export DB_PASSWORD=\"{ph('assignment')}\" && run; password: '{ph('assignment')}'\nuser: bob",
+        {"assignment": 2},
+    ),
+    (
+        "cli flag quoted with spaces",
+        "mysql --password \"correct horse\" -h db; run --api-key='a b' --region eu",
+        f"mysql --password \"{ph('assignment')}\" -h db; run --api-key='{ph('assignment')}' --region eu",
+        {"assignment": 2},
+    ),
+    (
+        # The other quote character is part of the value; an unclosed quote runs on to
+        # the end of the line.
+        "assignment quoted, other quote inside, unclosed",
+        "password=\"it's mine\" ok; token='never closed\nnext line",
+        f'password="{ph("assignment")}" ok; token=\'{ph("assignment")}\nnext line',
+        {"assignment": 2},
+    ),
+    (
+        "assignment escaped json with spaces",
+        'msg="{\\"password\\":\\"a b c\\",\\"user\\":\\"bob\\"}"',
+        f'msg="{{\\"password\\":\\"{ph("assignment")}\\",\\"user\\":\\"bob\\"}}"',
+        {"assignment": 1},
+    ),
+    (
+        "assignment quoted allowed key",
+        'next_page_token="a b" password=""',
+        'next_page_token="a b" password=""',
+        {},
+    ),
+    (
         "assignment ruby hash",
         '{"password" => "hunter2", "user" => "bob"}',
         f'{{"password" => "{ph("assignment")}", "user" => "bob"}}',
@@ -213,6 +246,14 @@ TEXT_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         "cli flag with an underscore prefix",
         "serve --db_password hunter2 --api_token abc123",
         f"serve --db_password {ph('assignment')} --api_token {ph('assignment')}",
+        {"assignment": 2},
+    ),
+    (
+        # Dotted flags: Spring Boot, Helm, many config loaders (--db.password x).
+        "cli flag with a dotted prefix",
+        "app --db.password hunter2 --log.level debug --spring.datasource.password=s3",
+        f"app --db.password {ph('assignment')} --log.level debug "
+        f"--spring.datasource.password={ph('assignment')}",
         {"assignment": 2},
     ),
     (
