@@ -25,11 +25,11 @@ set of rule names (:attr:`Redactor.rule_names`), also the ``rule`` label of
 ``loopwatch_redactions_total``: ``canary``; the secret patterns ``private_key``,
 ``anthropic_key``, ``openai_key``, ``github_token``, ``slack_token``, ``google_api_key``,
 ``stripe_key``, ``jwt``, ``aws_access_key``, ``aws_secret_key``, ``bearer``,
-``url_password``, ``cli_password``, ``assignment`` (plus any custom :class:`SecretRule`);
-``sensitive_key``
-(a value under a sensitive key); ``depth`` (a container nested past
-:attr:`RedactionRules.max_json_depth`, JSON text too deep to walk that holds an escape,
-or text whose redaction did not settle, replaced whole: fail closed). JSON with duplicate
+``url_password``, ``cli_password``, ``cli_password_flag``, ``assignment`` (plus any
+custom :class:`SecretRule`); ``sensitive_key`` (a value under a sensitive key);
+``depth`` (a container nested past :attr:`RedactionRules.max_json_depth`, JSON text too
+deep to walk that holds an escape, or text whose redaction did not settle, replaced
+whole: fail closed). JSON with duplicate
 keys is re-serialized as parsed (the last value of each key). When matches overlap, the
 union is replaced once and tagged with the first rule in that order. In HMAC mode the
 placeholder carries the first 8 hex chars of HMAC-SHA256(key, value) so equal secrets
@@ -198,6 +198,8 @@ class SecretRule:
 _TOKEN = r"A-Za-z0-9_\-"
 _Q = r"(?:\\?[\"'])?"  # optional quote, possibly JSON-escaped
 _QU = r"(?:\\?[\"']|%(?:25)?2[27])?"  # the same, or URL-encoded (once or twice)
+# Up to 16 words of one shell command (none of ; & | or a line break), fewest first.
+_WORDS = r"(?:[ \t]++[^\s;&|]{1,256}+){0,16}?"
 
 BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
     # PEM / OpenSSH / OpenPGP private key blocks: RFC 7468 section 2 encapsulation
@@ -303,6 +305,25 @@ BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
         ("curl",),
         ignore_case=True,
     ),
+    # A password given as the value of a short option, for the commands whose option it
+    # is (each its manual): -p of docker / podman / buildah / nerdctl / skopeo / oras /
+    # helm registry / az "login", of sshpass, and of the MongoDB shell and tools (-p,
+    # --password); -a of redis-cli; -p glued to its value for the MySQL and MariaDB
+    # clients (-pSECRET; a separate word after -p is the database there). The command
+    # must come first on the same line of a shell command (no ; & | between), so
+    # elsewhere -p stays a port (ssh -p 22, psql -p 5432, docker run -p 8080:80).
+    SecretRule(
+        "cli_password_flag",
+        # At most 16 words between the command and the option, each taken whole
+        # (possessive): a match attempt reads at most 16 words, so the scan stays linear.
+        r"(?:(?:\b(?:docker|podman|buildah|nerdctl|skopeo|oras|helm[ \t]+registry|az)"
+        r"[ \t]+login|\bsshpass|\bmongo(?:sh|dump|restore|export|import|files|stat|top)?)\b"
+        rf"{_WORDS}[ \t]++-p(?:[ \t]+|=)?"
+        rf"|\bredis-cli\b{_WORDS}[ \t]++-a[ \t]+"
+        rf"|\b(?:mysql|mariadb)[\w\-]*+\b{_WORDS}[ \t]++-p)"
+        r"[\"']?(?P<secret>[^\s\"'\-][^\s\"']{0,255})",
+        ("login", "sshpass", "mongo", "redis-cli", "mysql", "mariadb"),
+    ),
 )
 """The built-in secret patterns, in priority order (an earlier rule tags an overlap)."""
 
@@ -330,6 +351,10 @@ DEFAULT_KEY_NAMES: Final[tuple[str, ...]] = (
     "private_key",
     "credential",
     "credentials",
+    # Well-known names with no separator before the sensitive word: libpq's password
+    # variable (PostgreSQL manual, "Environment Variables") and sshpass's (sshpass(1), -e).
+    "pgpassword",
+    "sshpass",
 )
 """Sensitive key names, normalized (see :meth:`RedactionRules.key_is_sensitive`)."""
 

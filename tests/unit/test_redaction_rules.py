@@ -276,6 +276,44 @@ TEXT_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         f"curl -su alice:{ph('cli_password')} x; curl -kSu 'bob:{ph('cli_password')}' y",
         {"cli_password": 2},
     ),
+    (
+        # The password option of the commands whose option it is.
+        "cli password flag",
+        "docker login -u bob -p s3cret1 ghcr.io; az login -u a -p=s3cret2\n"
+        "sshpass -p s3cret3 ssh h; sshpass -ps3cret4 ssh h\n"
+        "mongosh -u app -p 's3cret5' db; redis-cli -h r -p 6379 -a s3cret6 ping\n"
+        "mysql -uroot -ps3cret7 orders; mysqldump -u app -p's3cret8' --all-databases",
+        f"docker login -u bob -p {ph('cli_password_flag')} ghcr.io; "
+        f"az login -u a -p={ph('cli_password_flag')}\n"
+        f"sshpass -p {ph('cli_password_flag')} ssh h; sshpass -p{ph('cli_password_flag')} ssh h\n"
+        f"mongosh -u app -p '{ph('cli_password_flag')}' db; "
+        f"redis-cli -h r -p 6379 -a {ph('cli_password_flag')} ping\n"
+        f"mysql -uroot -p{ph('cli_password_flag')} orders; "
+        f"mysqldump -u app -p'{ph('cli_password_flag')}' --all-databases",
+        {"cli_password_flag": 8},
+    ),
+    (
+        # Elsewhere -p is a port or another option: ssh, psql, docker run, redis-cli's
+        # -p, tar; a separate word after mysql's -p is the database (it prompts), and
+        # a command on an earlier line or before ; & | does not reach the next one.
+        "cli password flag left alone",
+        "ssh -p 2222 h; psql -h db -p 5432 app; docker run -p 8080:80 img; tar -pczf x d\n"
+        "mysql -h db -P 3306 -u root -p orders; mongosh -u app -p --quiet\n"
+        "docker login ghcr.io && docker run -p 80:80 x; mongod --port 27017\n"
+        "redis-cli -p 6379 ping",
+        "ssh -p 2222 h; psql -h db -p 5432 app; docker run -p 8080:80 img; tar -pczf x d\n"
+        "mysql -h db -P 3306 -u root -p orders; mongosh -u app -p --quiet\n"
+        "docker login ghcr.io && docker run -p 80:80 x; mongod --port 27017\n"
+        "redis-cli -p 6379 ping",
+        {},
+    ),
+    (
+        "assignment of a glued well-known name",
+        "PGPASSWORD=s3cret psql -h db; SSHPASS='a b' sshpass -e ssh h; PGPASSFILE=/x/.pgpass",
+        f"PGPASSWORD={ph('assignment')} psql -h db; SSHPASS='{ph('assignment')}' sshpass -e "
+        "ssh h; PGPASSFILE=/x/.pgpass",
+        {"assignment": 2},
+    ),
     # -u / --user take user[:group] (docker, podman, sudo, pgrep) or a time (at, date -u)
     # outside curl: a uid:gid or a group is not a password.
     (
@@ -456,6 +494,9 @@ KEY_CASES: list[tuple[str, str, bool]] = [
     ("suffix token", "github_token", True),
     ("no separators", "ACCESSTOKEN", True),
     ("private key", "private_key", True),
+    ("libpq variable", "PGPASSWORD", True),
+    ("sshpass variable", "SSHPASS", True),
+    ("libpq password file is a path", "PGPASSFILE", False),
     ("pagination", "nextPageToken", False),
     ("token type", "token_type", False),
     ("usage tokens", "gen_ai.usage.input_tokens", False),
@@ -730,6 +771,9 @@ def test_hostile_inputs_terminate_quickly() -> None:
         "eyJ" * 300_000 + ".",
         ("-----BEGIN " + "PRIVATE KEY-----") * 40_000,
         "password=" * 200_000,
+        'password="' * 200_000,
+        "mysql " * 200_000,
+        "docker login " * 100_000 + "-p x",
         "://" * 300_000 + "@",
         "[" * 200_000 + "]" * 200_000,
         '{"a":' * 100_000 + "1" + "}" * 100_000,
@@ -756,7 +800,10 @@ pieces = st.one_of(
     st.text(max_size=30),
     st.sampled_from(SECRETS),
     st.sampled_from(
-        ["password=", "Bearer ", "://u:", "@h", '{"token":', "}", '"', "\\", "[REDACTED:jwt]"]
+        [
+            *("password=", "Bearer ", "://u:", "@h", '{"token":', "}", '"', "\\", "[REDACTED:jwt]"),
+            *("--db.password ", "PGPASSWORD='", "mysql -p", "docker login -p ", " ", "\n", ";"),
+        ]
     ),
 )
 texts = st.lists(pieces, max_size=8).map("".join)
