@@ -25,11 +25,11 @@ set of rule names (:attr:`Redactor.rule_names`), also the ``rule`` label of
 ``loopwatch_redactions_total``: ``canary``; the secret patterns ``private_key``,
 ``anthropic_key``, ``openai_key``, ``github_token``, ``slack_token``, ``google_api_key``,
 ``stripe_key``, ``jwt``, ``aws_access_key``, ``aws_secret_key``, ``bearer``,
-``url_password``, ``cli_password``, ``cli_password_flag``, ``assignment`` (plus any
-custom :class:`SecretRule`); ``sensitive_key`` (a value under a sensitive key);
-``depth`` (a container nested past :attr:`RedactionRules.max_json_depth`, JSON text too
-deep to walk that holds an escape, or text whose redaction did not settle, replaced
-whole: fail closed). JSON with duplicate
+``url_password``, ``cli_password``, ``cli_password_flag``, ``netrc_password``,
+``assignment`` (plus any custom :class:`SecretRule`); ``sensitive_key`` (a value under
+a sensitive key); ``depth`` (a container nested past
+:attr:`RedactionRules.max_json_depth`, JSON text too deep to walk that holds an escape,
+or text whose redaction did not settle, replaced whole: fail closed). JSON with duplicate
 keys is re-serialized as parsed (the last value of each key). When matches overlap, the
 union is replaced once and tagged with the first rule in that order. In HMAC mode the
 placeholder carries the first 8 hex chars of HMAC-SHA256(key, value) so equal secrets
@@ -201,6 +201,31 @@ _QU = r"(?:\\?[\"']|%(?:25)?2[27])?"  # the same, or URL-encoded (once or twice)
 # Up to 16 words of one shell command (none of ; & | or a line break), fewest first.
 _WORDS = r"(?:[ \t]++[^\s;&|]{1,256}+){0,16}?"
 
+# Commands that take a password as the value of an option, and that option with what
+# separates it from the value (rule cli_password_flag), each from the command's manual.
+_PASSWORD_OPTIONS: Final = (
+    # docker login and the registry clients that copy its options: -p, --password.
+    (
+        r"(?:docker|podman|buildah|nerdctl|skopeo|oras|helm[ \t]+registry|az)[ \t]+login",
+        r"-p(?:[ \t]+|=)?",
+    ),
+    (r"sshpass", r"-p[ \t]*"),
+    (r"mongo(?:sh|dump|restore|export|import|files|stat|top)?", r"-p(?:[ \t]+|=)?"),
+    (r"redis-cli", r"-a[ \t]+"),
+    # Glued only: after a separate -p the MySQL client prompts, and the word is the
+    # database. The same for 7-Zip's -p.
+    (r"(?:mysql|mariadb)[\w\-]*+", r"-p"),
+    (r"7z[ar]?", r"-p"),
+    (r"(?:un)?zip", r"-P[ \t]+"),
+    (r"ssh-keygen", r"-[NP][ \t]+"),  # new and old passphrase
+    (r"ldap[a-z]*+", r"-w[ \t]+"),  # OpenLDAP clients' bind password
+    # -k password; -passin / -passout / -pass with the "pass:" source (openssl-passphrase-
+    # options(1)); the env:, file: and fd: sources name where the secret is, not it.
+    (r"openssl", r"-(?:k[ \t]+|pass(?:in|out)?[ \t]+[\"']?pass:)"),
+    (r"(?:keytool|jarsigner)", r"-(?:src|dest|new)?(?:store|key)?pass[ \t]+"),
+    (r"smbclient", r"(?:-U|--user(?:name)?)(?:[ \t]+|=)[\"']?[^\s%\"']{1,256}+%"),
+)
+
 BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
     # PEM / OpenSSH / OpenPGP private key blocks: RFC 7468 section 2 encapsulation
     # boundaries, RFC 4880 section 6.2 armor. A truncated block (no END line) is still
@@ -272,7 +297,7 @@ BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
     # next to their name (aws_secret_access_key=..., "SecretAccessKey": "...").
     SecretRule(
         "aws_secret_key",
-        rf"secret[_\-]?(?:access[_\-]?)?key{_Q}[ \t]{{0,5}}[:=][ \t]{{0,5}}{_Q}"
+        rf"secret[_\-]?(?:access[_\-]?)?key{_Q}(?:[ \t]{{0,5}}[:=][ \t]{{0,5}}|[ \t]+){_Q}"
         r"(?P<secret>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])",
         ("secret",),
         ignore_case=True,
@@ -305,24 +330,35 @@ BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
         ("curl",),
         ignore_case=True,
     ),
-    # A password given as the value of a short option, for the commands whose option it
-    # is (each its manual): -p of docker / podman / buildah / nerdctl / skopeo / oras /
-    # helm registry / az "login", of sshpass, and of the MongoDB shell and tools (-p,
-    # --password); -a of redis-cli; -p glued to its value for the MySQL and MariaDB
-    # clients (-pSECRET; a separate word after -p is the database there). The command
-    # must come first on the same line of a shell command (no ; & | between), so
-    # elsewhere -p stays a port (ssh -p 22, psql -p 5432, docker run -p 8080:80).
+    # A password given as the value of a command's own option (each its manual; see
+    # _PASSWORD_OPTIONS), or echoed into sudo -S. The command must come first on the same
+    # line of a shell command (no ; & | between), so elsewhere -p stays a port (ssh -p 22,
+    # psql -p 5432, docker run -p 8080:80). At most 16 words between the command and the
+    # option, each taken whole (possessive): a match attempt reads at most 16 words, so
+    # the scan stays linear.
     SecretRule(
         "cli_password_flag",
-        # At most 16 words between the command and the option, each taken whole
-        # (possessive): a match attempt reads at most 16 words, so the scan stays linear.
-        r"(?:(?:\b(?:docker|podman|buildah|nerdctl|skopeo|oras|helm[ \t]+registry|az)"
-        r"[ \t]+login|\bsshpass|\bmongo(?:sh|dump|restore|export|import|files|stat|top)?)\b"
-        rf"{_WORDS}[ \t]++-p(?:[ \t]+|=)?"
-        rf"|\bredis-cli\b{_WORDS}[ \t]++-a[ \t]+"
-        rf"|\b(?:mysql|mariadb)[\w\-]*+\b{_WORDS}[ \t]++-p)"
-        r"[\"']?(?P<secret>[^\s\"'\-][^\s\"']{0,255})",
-        ("login", "sshpass", "mongo", "redis-cli", "mysql", "mariadb"),
+        "(?:"
+        + "|".join(
+            rf"\b{command}\b{_WORDS}[ \t]++{option}" for command, option in _PASSWORD_OPTIONS
+        )
+        + r"|\becho[ \t]+(?=[\"']?[^\s\"']{1,256}+[\"']?[ \t]*\|[ \t]*sudo[ \t]+-[A-Za-z]*S))"
+        # Shell metacharacters (; & | < >) end an unquoted word.
+        r"[\"']?(?P<secret>[^\s\"'\-;&|<>][^\s\"';&|<>]{0,255})",
+        (
+            *("login", "sshpass", "mongo", "redis-cli", "mysql", "mariadb", "zip", "7z"),
+            *("ssh-keygen", "ldap", "openssl", "keytool", "jarsigner", "smbclient", "sudo"),
+        ),
+    ),
+    # .netrc entries (curl, ftp, git and Python's netrc module read them): "machine HOST"
+    # or "default", other tokens, then "password PASSWORD" (inetutils ftp(1), "The .netrc
+    # file"); tokens are separated by spaces, tabs or line breaks.
+    SecretRule(
+        "netrc_password",
+        r"(?:\bmachine[ \t\r\n]++[^\s]{1,256}+|\bdefault)"
+        r"(?:[ \t\r\n]++(?:login|account|port)[ \t\r\n]++[^\s]{1,256}+){0,3}"
+        r"[ \t\r\n]++password[ \t\r\n]++(?P<secret>[^\s]{1,256})",
+        ("password",),
     ),
 )
 """The built-in secret patterns, in priority order (an earlier rule tags an overlap)."""

@@ -293,6 +293,51 @@ TEXT_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         {"cli_password_flag": 8},
     ),
     (
+        # Archive, key, directory and TLS tools: the password option of each.
+        "cli password flag of archive, key and directory tools",
+        "zip -P s3cret1 a.zip f; unzip -P s3cret2 a.zip; 7z a -ps3cret3 a.7z f\n"
+        "ssh-keygen -t ed25519 -N s3cret4 -f k; ldapsearch -x -D cn=admin -w s3cret5\n"
+        "openssl pkcs12 -in a.p12 -passin pass:s3cret6 -out a.pem; openssl enc -k s3cret7\n"
+        "keytool -list -keystore k.jks -storepass s3cret8; smbclient //h/s -U bob%s3cret9\n"
+        'echo "s3cret10" | sudo -S apt-get install x',
+        f"zip -P {ph('cli_password_flag')} a.zip f; unzip -P {ph('cli_password_flag')} a.zip; "
+        f"7z a -p{ph('cli_password_flag')} a.7z f\n"
+        f"ssh-keygen -t ed25519 -N {ph('cli_password_flag')} -f k; "
+        f"ldapsearch -x -D cn=admin -w {ph('cli_password_flag')}\n"
+        f"openssl pkcs12 -in a.p12 -passin pass:{ph('cli_password_flag')} -out a.pem; "
+        f"openssl enc -k {ph('cli_password_flag')}\n"
+        f"keytool -list -keystore k.jks -storepass {ph('cli_password_flag')}; "
+        f"smbclient //h/s -U bob%{ph('cli_password_flag')}\n"
+        f'echo "{ph("cli_password_flag")}" | sudo -S apt-get install x',
+        {"cli_password_flag": 10},
+    ),
+    (
+        # Where the secret is, not the secret; a prompt; no password.
+        "cli password flag of archive, key and directory tools left alone",
+        'ssh-keygen -N "" -f k; ldapsearch -x -W; openssl rsa -passin file:pw -passout env:PW\n'
+        "zip -r a.zip d; tar c d | gzip -k; 7z x a.7z -o/tmp; keytool -list -storepass:env PW\n"
+        'smbclient -L h -N; echo "done" | sudo tee /etc/x; unzip -l a.zip',
+        'ssh-keygen -N "" -f k; ldapsearch -x -W; openssl rsa -passin file:pw -passout env:PW\n'
+        "zip -r a.zip d; tar c d | gzip -k; 7z x a.7z -o/tmp; keytool -list -storepass:env PW\n"
+        'smbclient -L h -N; echo "done" | sudo tee /etc/x; unzip -l a.zip',
+        {},
+    ),
+    (
+        "netrc",
+        "machine api.example.com\n  login bob\n  password s3cret1\n"
+        "default login anonymous password s3cret2",
+        f"machine api.example.com\n  login bob\n  password {ph('netrc_password')}\n"
+        f"default login anonymous password {ph('netrc_password')}",
+        {"netrc_password": 2},
+    ),
+    (
+        "aws cli configure",
+        f"aws configure set aws_secret_access_key {AWS_SECRET}; aws configure set region eu",
+        f"aws configure set aws_secret_access_key {ph('aws_secret_key')}; "
+        "aws configure set region eu",
+        {"aws_secret_key": 1},
+    ),
+    (
         # Elsewhere -p is a port or another option: ssh, psql, docker run, redis-cli's
         # -p, tar; a separate word after mysql's -p is the database (it prompts), and
         # a command on an earlier line or before ; & | does not reach the next one.
@@ -771,9 +816,11 @@ def test_hostile_inputs_terminate_quickly() -> None:
         "eyJ" * 300_000 + ".",
         ("-----BEGIN " + "PRIVATE KEY-----") * 40_000,
         "password=" * 200_000,
-        'password="' * 200_000,
-        "mysql " * 200_000,
-        "docker login " * 100_000 + "-p x",
+        'password="' * 100_000,
+        "mysql " * 100_000,
+        "docker login " * 50_000 + "-p x",
+        "machine " * 50_000 + "password x",
+        "echo " * 100_000 + "| sudo -S",
         "://" * 300_000 + "@",
         "[" * 200_000 + "]" * 200_000,
         '{"a":' * 100_000 + "1" + "}" * 100_000,
@@ -803,6 +850,7 @@ pieces = st.one_of(
         [
             *("password=", "Bearer ", "://u:", "@h", '{"token":', "}", '"', "\\", "[REDACTED:jwt]"),
             *("--db.password ", "PGPASSWORD='", "mysql -p", "docker login -p ", " ", "\n", ";"),
+            *("machine h ", "password ", "zip -P ", "| sudo -S", "-passin pass:", "echo "),
         ]
     ),
 )
