@@ -199,13 +199,14 @@ class MetricsSnapshot:
     """Totals restored from the store at start.
 
     Attributes:
-        stops: ``(agent, stop_reason, steps, steps_since_progress) -> count``.
+        stops: ``(agent, stop_reason, steps, steps_since_progress) -> count``
+            (``steps_since_progress`` ``None``: not carried by those stops).
         tool_calls: ``(agent, tool, outcome) -> count``.
         detections: ``(agent, tool, detector) -> count``.
         canaries: ``location -> count``.
     """
 
-    stops: Mapping[tuple[str, str, int, int], int] = field(default_factory=dict)
+    stops: Mapping[tuple[str, str, int, int | None], int] = field(default_factory=dict)
     tool_calls: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     detections: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     canaries: Mapping[str, int] = field(default_factory=dict)
@@ -281,17 +282,30 @@ class LoopwatchMetrics(Collector):
             self._detections[(agent, NO_TOOL, detector)] += 0
 
     def record_stop(
-        self, agent: str, stop_reason: str, *, steps: int, steps_since_progress: int, n: int = 1
+        self,
+        agent: str,
+        stop_reason: str,
+        *,
+        steps: int,
+        steps_since_progress: int | None,
+        n: int = 1,
     ) -> None:
-        """Count a stop and observe its steps and steps since progress."""
+        """Count a stop and observe its steps and steps since progress.
+
+        A stop that does not carry its steps since progress (``None``: a third-party
+        run's, or one sent without ``loopwatch.steps_since_progress``) is counted and
+        its steps observed, but it is left out of the steps-since-progress histogram
+        rather than observed as 0, which would read as progress just made; so that
+        histogram's ``_count`` can be below the stops counter's.
+        """
         reason = stop_reason if stop_reason in STOP_REASONS else "error"
         key = (self.agents(agent), reason)
         with self._lock:
             self._seen_agent(key[0])
             self._stops[key] += n
-            self._ssp.setdefault(key, _Histogram(STEPS_SINCE_PROGRESS_BUCKETS)).observe(
-                max(steps_since_progress, 0), n
-            )
+            ssp = self._ssp.setdefault(key, _Histogram(STEPS_SINCE_PROGRESS_BUCKETS))
+            if steps_since_progress is not None:
+                ssp.observe(max(steps_since_progress, 0), n)
             self._steps.setdefault(key, _Histogram(STEPS_BUCKETS)).observe(max(steps, 0), n)
 
     def record_tool_call(self, agent: str, tool: str, outcome: str, n: int = 1) -> None:

@@ -198,11 +198,12 @@ class StoreUnavailable(CollectorError):
 
 def restore_stop_totals(
     reader: StoreReader,
-) -> tuple[dict[tuple[str, str, int, int], int], dict[tuple[str, str, str], int]]:
+) -> tuple[dict[tuple[str, str, int, int | None], int], dict[tuple[str, str, str], int]]:
     """Stop histograms and loop detections as the live counters count them.
 
     Returns:
-        ``{(agent, reason, step, steps_since_progress): n}`` over the stops counted live
+        ``{(agent, reason, step, steps_since_progress): n}`` (``steps_since_progress``
+        ``None`` for a stop that did not carry it) over the stops counted live
         (:data:`~loopwatch.collector.store.STOP_TOTALS`: each run's first committed
         stop, those pruned by retention included), and ``{(agent, tool, detector): n}``
         (tool from the evidence, detector the loop reason or the observe-mode reason, as
@@ -211,10 +212,11 @@ def restore_stop_totals(
     rows, truncated = reader.restore_stops()
     if truncated:
         _log.warning("restored stop totals are incomplete: more label keys than the cap")
-    histograms: dict[tuple[str, str, int, int], int] = {}
+    histograms: dict[tuple[str, str, int, int | None], int] = {}
     detections: dict[tuple[str, str, str], int] = {}
     for row in rows:
-        key = (row["agent"], row["reason"], int(row["step"]), int(row["steps_since_progress"]))
+        ssp = row["steps_since_progress"]
+        key = (row["agent"], row["reason"], int(row["step"]), None if ssp is None else int(ssp))
         histograms[key] = histograms.get(key, 0) + int(row["n"])
         detector = row["reason"] if row["reason"] in LOOP_DETECTORS else row["observe_reason"]
         if detector in LOOP_DETECTORS:
@@ -479,7 +481,7 @@ class Collector:
                 agent,
                 stop.reason,
                 steps=stop.step or 0,
-                steps_since_progress=stop.steps_since_progress or 0,
+                steps_since_progress=stop.steps_since_progress,
             )
             detector = loop_detector(stop)
             if detector is not None:

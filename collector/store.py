@@ -543,6 +543,12 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "span_end_unix_nano = end_unix_nano",
         ),
     ),
+    Migration(
+        14,
+        "pruned_stops.steps_since_progress nullable: a stop that does not say it is not "
+        "observed as 0 steps since progress",
+        ("ALTER TABLE pruned_stops ALTER COLUMN steps_since_progress DROP NOT NULL",),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
@@ -1087,7 +1093,7 @@ def _counted_stop_totals(where: str = "TRUE") -> str:
     return (
         "SELECT COALESCE(s.agent, r.agent, '') AS agent, s.reason, "
         "COALESCE(s.step, 0) AS step, "
-        "COALESCE(s.steps_since_progress, 0) AS steps_since_progress, s.observe_reason, "
+        "s.steps_since_progress, s.observe_reason, "
         f"s.loop_tool, count(*) AS stops FROM {COUNTED_STOPS} s LEFT JOIN runs r USING (run_key) "
         f"WHERE {where} GROUP BY ALL"
     )

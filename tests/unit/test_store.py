@@ -817,7 +817,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con.execute("INSERT INTO run_tools VALUES (?, 'search', 'ok', 2)", [_run_key("old")])
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 13
+        assert store.schema_version == SCHEMA_VERSION == 14
         # A v1 count row has no agent of its own: it is restored under the run's.
         assert tool_call_totals(store) == {("legacy", "search", "ok"): 2}
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
@@ -1430,6 +1430,9 @@ def test_retention_removes_old_runs_and_keeps_the_restored_totals(
         commit(store, fresh)
         before = _restored(store)
         assert sum(before["stops"].values()) == 6  # "undecided" has no stop
+        # These stops do not carry steps since progress: kept unknown through pruning
+        # (pruned_stops) and restarts, not folded into 0.
+        assert all(key[3] is None for key in before["stops"])
         assert before["detections"][("triage", "none", "repeated_action")] == 1  # garbled
 
         clock.now += day / 2 + 1

@@ -454,6 +454,36 @@ def _lw_evidence(evidence: str) -> list[SpanBatch]:
     return [batch]
 
 
+def _lw_stop_without_progress_count() -> list[SpanBatch]:
+    """A looping loopwatch run whose stop (on the stop span and the run span) does not
+    carry ``loopwatch.steps_since_progress``."""
+    batch = to_batch(record(looping_run("support")))
+    for span in batch.spans:
+        if span.attributes.get("loopwatch.event") == "stop" or span.name.startswith("invoke_agent"):
+            span.attributes = {
+                k: v for k, v in span.attributes.items() if k != "loopwatch.steps_since_progress"
+            }
+    return [batch]
+
+
+def test_a_stop_without_steps_since_progress_is_not_observed_as_zero(
+    collector: Collector,
+) -> None:
+    """Counted as a stop, left out of the steps-since-progress histogram: observing 0
+    would read as progress just made (the run looped: it made none)."""
+    for batch in _lw_stop_without_progress_count():
+        submit(collector, batch)
+    labels = {"agent": "support", "stop_reason": "repeated_action"}
+    assert value(collector, "loopwatch_agent_stops_total", **labels) == 1
+    assert value(collector, "loopwatch_agent_steps_count", **labels) == 1
+    assert value(collector, "loopwatch_agent_steps_since_progress_count", **labels) == 0
+    # The series is still exported (a zero histogram), like the stops counter's.
+    assert any(
+        lbl.get("stop_reason") == "repeated_action"
+        for lbl, _ in samples(collector)["loopwatch_agent_steps_since_progress_count"]
+    )
+
+
 _STOP_ATTRS = ("loopwatch.stop.", "gen_ai.agent.finish_reason")
 
 
@@ -507,6 +537,7 @@ RESTORE_CASES = {
         record(looping_run("support")), "invoke_agent"
     ),
     "loop stop evidence that is not JSON": lambda: _lw_evidence("search_tickets x3 {"),
+    "loopwatch stop without steps since progress": _lw_stop_without_progress_count,
     "loop stop evidence naming a tool that is not a string": lambda: _lw_evidence(
         '{"detector": "repeated_action", "tool": ["search_tickets"]}'
     ),
