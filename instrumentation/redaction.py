@@ -124,6 +124,7 @@ RULE_CANARY: Final = "canary"
 RULE_SENSITIVE_KEY: Final = "sensitive_key"
 RULE_ASSIGNMENT: Final = "assignment"
 RULE_DEPTH: Final = "depth"
+RULE_CLI_PASSWORD_FLAG: Final = "cli_password_flag"
 MIN_CANARY_CHARS: Final = 8
 HMAC_TAG_HEX_CHARS: Final = 8
 
@@ -198,33 +199,105 @@ class SecretRule:
 _TOKEN = r"A-Za-z0-9_\-"
 _Q = r"(?:\\?[\"'])?"  # optional quote, possibly JSON-escaped
 _QU = r"(?:\\?[\"']|%(?:25)?2[27])?"  # the same, or URL-encoded (once or twice)
-# Up to 16 words of one shell command (none of ; & | or a line break), fewest first.
-_WORDS = r"(?:[ \t]++[^\s;&|]{1,256}+){0,16}?"
 
-# Commands that take a password as the value of an option, and that option with what
-# separates it from the value (rule cli_password_flag), each from the command's manual.
-_PASSWORD_OPTIONS: Final = (
-    # docker login and the registry clients that copy its options: -p, --password.
+# Commands that take a password as the value of an option (rule cli_password_flag), each
+# from the command's manual: (command, ((option, separator from its value), ...)). A
+# separator may hold a group ``open``: a quote it opened, which the value then closes.
+_SPACED: Final = r"(?:[ \t]+|=)"
+_GLUED_OR_SPACED: Final = r"(?:[ \t]+|=)?"
+_PASSWORD_OPTIONS: Final[tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = (
+    # docker login and the registry clients that copy its options (global options of
+    # docker, podman and nerdctl may come before "login").
     (
-        r"(?:docker|podman|buildah|nerdctl|skopeo|oras|helm[ \t]+registry|az)[ \t]+login",
-        r"-p(?:[ \t]+|=)?",
+        r"(?:(?:docker|podman|nerdctl)(?:[ \t]++--?[a-z][\w\-]{0,31}+"
+        r"(?:[ \t=]++[^\s;&|\-][^\s;&|]{0,255}+)?){0,3}+|buildah|skopeo|oras"
+        r"|helm[ \t]++registry|az(?:[ \t]++acr)?)[ \t]++login",
+        (("-p", _GLUED_OR_SPACED), ("--password", _SPACED)),
     ),
-    (r"sshpass", r"-p[ \t]*"),
-    (r"mongo(?:sh|dump|restore|export|import|files|stat|top)?", r"-p(?:[ \t]+|=)?"),
-    (r"redis-cli", r"-a[ \t]+"),
+    # sshpass: only its own options, before the command it runs (whose -p is a port).
+    ("sshpass", (("-p", r"[ \t]*"),)),
+    (
+        r"mongo(?:sh|dump|restore|export|import|files|stat|top)?",
+        (("-p", _GLUED_OR_SPACED), ("--password", _SPACED)),
+    ),
+    ("redis-cli", (("-a", r"[ \t]+"), ("--pass", _SPACED))),
     # Glued only: after a separate -p the MySQL client prompts, and the word is the
     # database. The same for 7-Zip's -p.
-    (r"(?:mysql|mariadb)[\w\-]*+", r"-p"),
-    (r"7z[ar]?", r"-p"),
-    (r"(?:un)?zip", r"-P[ \t]+"),
-    (r"ssh-keygen", r"-[NP][ \t]+"),  # new and old passphrase
-    (r"ldap[a-z]*+", r"-w[ \t]+"),  # OpenLDAP clients' bind password
-    # -k password; -passin / -passout / -pass with the "pass:" source (openssl-passphrase-
-    # options(1)); the env:, file: and fd: sources name where the secret is, not it.
-    (r"openssl", r"-(?:k[ \t]+|pass(?:in|out)?[ \t]+[\"']?pass:)"),
-    (r"(?:keytool|jarsigner)", r"-(?:src|dest|new)?(?:store|key)?pass[ \t]+"),
-    (r"smbclient", r"(?:-U|--user(?:name)?)(?:[ \t]+|=)[\"']?[^\s%\"']{1,256}+%"),
+    (r"(?:mysql|mariadb)(?:[\w\-]{0,24}+)", (("-p", ""),)),
+    (r"7z[arz]?", (("-p", ""),)),
+    (r"(?:un)?zip", (("-P", r"[ \t]*"),)),
+    ("ssh-keygen", (("-[NP]", r"[ \t]*"),)),  # new and old passphrase
+    (r"ldap[a-z]{0,12}+", (("-w", r"[ \t]*"),)),  # OpenLDAP clients' bind password
+    # -k password; -passin / -passout / -pass / -password with the "pass:" source
+    # (openssl-passphrase-options(1)); env:, file: and fd: name where the secret is.
+    ("openssl", (("-k", r"[ \t]+"), ("-pass(?:in|out|word)?", r"""[ \t]+(?P<open>["']?)pass:"""))),
+    (r"(?:keytool|jarsigner)", (("-(?:src|dest|new)?(?:store|key)?pass", r"[ \t]+"),)),
+    (
+        "smbclient",
+        (("-(?:U|-user(?:name)?)", r"""(?:[ \t]*|=)(?P<open>["']?)[^\s%"']{1,256}+%"""),),
+    ),
 )
+# The option's value after a command word, one pattern per command of _PASSWORD_OPTIONS:
+# option, then its separator, or (an argument list: ["redis-cli", "-a", "pw"]) the
+# option's closing quote, a comma and the value's opening quote.
+# Every option starts with "-", which leads the pattern so that re searches for it quickly.
+_OPTION_RES: Final = tuple(
+    re.compile(
+        r"-(?<![\w\-]-)(?:"
+        + "|".join(
+            (
+                rf"(?:{name[1:]})(?:[\"'],[ \t]*+(?P<lq{i}>[\"'])|{sep})"
+                if sep
+                else rf"(?:{name[1:]})"
+            )
+            for i, (name, sep) in enumerate(options)
+        )
+        + ")"
+    )
+    for _, options in _PASSWORD_OPTIONS
+)
+assert all(name.startswith("-") for _, options in _PASSWORD_OPTIONS for name, _ in options)
+# sshpass's own options (sshpass(1)) before the command it runs, also as the elements of
+# an argument list (['sshpass', '-p', 'pw', 'ssh', 'h']).
+_SSHPASS_ARG: Final = (
+    r"""(?:["'],[ \t]*+["'][^"'\n]*+|[ \t]*+(?:"[^"\n]*+"|'[^'\n]*+'|[^\s;&|"']++))"""
+)
+_SSHPASS_OPTIONS_RE: Final = re.compile(
+    r"""(?:(?:[ \t]++|["'],[ \t]*+["'])"""
+    rf"""(?:-[fdP]{_SSHPASS_ARG}|-[ehvV](?![\w\-])|-p{_SSHPASS_ARG}))*+"""
+)
+# Where a shell command ends: ; & | or a line break that no backslash continues.
+# (One character class first, then the checks: re scans for a class quickly.)
+_COMMAND_END_RE: Final = re.compile(r"[;&|\n](?<!\\\n)(?<!\\\r\n)")
+_COMMAND_START_CHARS: Final = frozenset(";&|(\n")
+_UNQUOTED_VALUE_RE: Final = re.compile(r"[^\s\"'\-;&|<>\\][^\s\"';&|<>\\]*+")
+_QUOTE_RE: Final = re.compile(r"\\?[\"']")
+# A command word right after one of these is not the command run: a container or host
+# name (docker run --name mongo -p 27017:27017, ssh mongo -p 2222, find -name mysql -prune).
+_NOT_A_COMMAND_AFTER: Final = frozenset(
+    {"--name", "-name", "-iname", "--hostname", "--host", "-h", "--link", "--network", "-z"}
+    | {"ssh", "scp", "sftp", "mosh", "nc", "ncat", "netcat", "telnet", "ping", "dig", "host"}
+    | {"nslookup", "traceroute", "curl", "wget"}
+)
+# The command words of _PASSWORD_OPTIONS (group c<i>), and echo / printf (group sudo).
+_CLI_PASSWORD_PATTERN: Final = (
+    # Word starts with a command's first letter only: the alternation is tried there alone.
+    r"\b(?=[abdehjklmnoprsuz7])(?<![\w\-.=:@])(?:"
+    + "|".join(rf"(?P<c{i}>{command})\b" for i, (command, _) in enumerate(_PASSWORD_OPTIONS))
+    + r"|(?P<sudo>\b(?:echo|printf)\b))"
+)
+_SSHPASS: Final = next(i for i, (c, _) in enumerate(_PASSWORD_OPTIONS) if c == "sshpass")
+# echo or printf into sudo -S (sudo(8), -S, --stdin: the password is read from stdin).
+_SUDO_STDIN_RE: Final = re.compile(
+    r"""\b(?:echo(?:[ \t]++-[neE]{1,3}+)?|printf[ \t]++["']?%s(?:\\n)?["']?)[ \t]++"""
+    r"""(?P<value>\\"[^"\n\\]{1,256}+\\"|"[^"\n]{1,256}+"|'[^'\n]{1,256}+'"""
+    r"""|[^\s"'|;&\\]{1,256}+)"""
+    r"""[ \t]*+\|[ \t]*+sudo\b[^\n;&|]{0,128}?[ \t](?:-[A-Za-z]*S|--stdin)(?![\w\-])"""
+)
+
+# Between .netrc tokens: white space, or its escapes in a printf or echo -e argument.
+_NETRC_SEP: Final = r"(?:[ \t\r\n]|\\[nrt])++"
+_NETRC_TOKEN: Final = r"(?:(?!\\[nrt])[^\s]){1,256}+"
 
 BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
     # PEM / OpenSSH / OpenPGP private key blocks: RFC 7468 section 2 encapsulation
@@ -331,20 +404,14 @@ BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
         ignore_case=True,
     ),
     # A password given as the value of a command's own option (each its manual; see
-    # _PASSWORD_OPTIONS), or echoed into sudo -S. The command must come first on the same
-    # line of a shell command (no ; & | between), so elsewhere -p stays a port (ssh -p 22,
-    # psql -p 5432, docker run -p 8080:80). At most 16 words between the command and the
-    # option, each taken whole (possessive): a match attempt reads at most 16 words, so
-    # the scan stays linear.
+    # _PASSWORD_OPTIONS), or echoed into sudo -S. The pattern finds the command words;
+    # Redactor._cli_password_spans then reads the rest of that shell command (up to ; & |
+    # or a line break) for the command's password options, every one of them, with
+    # values quoted or not, so that elsewhere -p stays a port (ssh -p 22, psql -p 5432,
+    # docker run -p 8080:80).
     SecretRule(
-        "cli_password_flag",
-        "(?:"
-        + "|".join(
-            rf"\b{command}\b{_WORDS}[ \t]++{option}" for command, option in _PASSWORD_OPTIONS
-        )
-        + r"|\becho[ \t]+(?=[\"']?[^\s\"']{1,256}+[\"']?[ \t]*\|[ \t]*sudo[ \t]+-[A-Za-z]*S))"
-        # Shell metacharacters (; & | < >) end an unquoted word.
-        r"[\"']?(?P<secret>[^\s\"'\-;&|<>][^\s\"';&|<>]{0,255})",
+        RULE_CLI_PASSWORD_FLAG,
+        _CLI_PASSWORD_PATTERN,
         (
             *("login", "sshpass", "mongo", "redis-cli", "mysql", "mariadb", "zip", "7z"),
             *("ssh-keygen", "ldap", "openssl", "keytool", "jarsigner", "smbclient", "sudo"),
@@ -352,12 +419,17 @@ BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
     ),
     # .netrc entries (curl, ftp, git and Python's netrc module read them): "machine HOST"
     # or "default", other tokens, then "password PASSWORD" (inetutils ftp(1), "The .netrc
-    # file"); tokens are separated by spaces, tabs or line breaks.
+    # file"); tokens are separated by spaces, tabs or line breaks (also written as \n, as
+    # in printf 'machine h\nlogin u\npassword p' >> ~/.netrc); a token may be quoted
+    # (Python's netrc module reads "a b" as one).
     SecretRule(
         "netrc_password",
-        r"(?:\bmachine[ \t\r\n]++[^\s]{1,256}+|\bdefault)"
-        r"(?:[ \t\r\n]++(?:login|account|port)[ \t\r\n]++[^\s]{1,256}+){0,3}"
-        r"[ \t\r\n]++password[ \t\r\n]++(?P<secret>[^\s]{1,256})",
+        rf"(?:\bmachine{_NETRC_SEP}{_NETRC_TOKEN}"
+        rf"(?:{_NETRC_SEP}(?:login|account|port){_NETRC_SEP}{_NETRC_TOKEN}){{0,3}}+"
+        # "default" alone before "password" is prose ("change the default password").
+        rf"|\bdefault(?:{_NETRC_SEP}(?:login|account|port){_NETRC_SEP}{_NETRC_TOKEN}){{1,3}}+)"
+        rf"{_NETRC_SEP}password{_NETRC_SEP}"
+        r"""(?P<secret>"[^"\n]{1,256}+"|(?:(?!\\[nrt])[^\s]){1,256})""",
         ("password",),
     ),
 )
@@ -447,6 +519,8 @@ class _CompiledRule:
     regex: re.Pattern[str]
     secret_group: int
     is_assignment: bool
+    # The built-in cli_password_flag: its pattern finds commands, code finds the values.
+    is_cli_options: bool = False
 
 
 @dataclass(frozen=True)
@@ -572,7 +646,10 @@ class RedactionRules:
         # Over-redaction is the safe side: a URL-encoded value runs on to the next raw
         # separator. A value in quotes (raw or JSON-escaped) runs on to its closing quote,
         # spaces included (``DB_PASSWORD="correct horse battery"``, ``--password 'a b'``),
-        # or to the end of the line when the quote is never closed.
+        # or to the end of the line when the quote is never closed; a quote followed by a
+        # space or by , ; ) + ] } closes a string instead (``print("password:", pw)``,
+        # ``"Invalid password: " + name``). A value is taken whole, however long: a bound
+        # left the rest for the next pass, which redacted it again, and so on.
         names = sorted(self.key_names, key=len, reverse=True)
         alternation = "|".join(re.escape(n).replace("_", "[_-]?") for n in names)
         return SecretRule(
@@ -582,8 +659,8 @@ class RedactionRules:
             rf"|(?<![\w\-])--(?:[a-z0-9]+[_.-]){{0,3}}(?:{alternation})[ \t]+(?!-))"
             r"(?P<quote>\\?[\"'])?"
             r"(?:(?:bearer|basic|token|digest)[ \t]+)?"
-            r"(?P<secret>(?(quote)(?:(?!(?P=quote))[^\r\n\\]){1,512}+"
-            r"|[^\s\"'&,;<>\\]{1,512}))",
+            r"(?P<secret>(?(quote)(?![\s,;)+\]}])(?:(?!(?P=quote))[^\r\n\\])++"
+            r"|[^\s\"'&,;<>\\]++))",
             _key_triggers(self.key_names),
             ignore_case=True,
         )
@@ -602,7 +679,13 @@ class RedactionRules:
         if regex.fullmatch(""):
             raise ValueError(f"rule {rule.name!r}: pattern matches the empty string")
         group = regex.groupindex.get("secret", 0)
-        return _CompiledRule(rule.name, regex, group, rule.name == RULE_ASSIGNMENT)
+        return _CompiledRule(
+            rule.name,
+            regex,
+            group,
+            rule.name == RULE_ASSIGNMENT,
+            rule.name == RULE_CLI_PASSWORD_FLAG and rule.pattern == _CLI_PASSWORD_PATTERN,
+        )
 
     def key_is_sensitive(self, key: str) -> bool:
         """Return whether a value under ``key`` is replaced whole (key-name rule)."""
@@ -642,6 +725,101 @@ def _key_triggers(names: Iterable[str]) -> tuple[str, ...]:
             continue
         chosen.append(max(parts, key=len))
     return tuple(t for t in chosen if not any(o != t and o in t for o in chosen))
+
+
+def _cli_password_spans(text: str, commands: re.Pattern[str]) -> list[tuple[int, int]]:
+    """Spans of the passwords given to the commands of :data:`_PASSWORD_OPTIONS` in
+    ``text`` (rule ``cli_password_flag``), and of values echoed into ``sudo -S``.
+
+    For each command word found by ``commands`` in command position (see
+    :func:`_in_command_position`), the rest of its shell command (to ``;``, ``&``,
+    ``|`` or a line break no backslash continues; 4,096 characters at most) is read for
+    every one of the command's password options; a value in quotes (raw or
+    JSON-escaped) runs to the same quote on its line, spaces included. A command's
+    region is read once however many of its command words it holds, so the whole scan
+    is linear in ``len(text)`` (for each of the dozen commands at most).
+    """
+    spans: list[tuple[int, int]] = []
+    scanned: dict[str, int] = {}
+    for match in commands.finditer(text):
+        family = match.lastgroup
+        if family is None:
+            continue
+        if family == "sudo":
+            echoed = _SUDO_STDIN_RE.match(text, match.start())
+            if echoed is not None:
+                start, end = echoed.span("value")
+                if text[start] == "\\":
+                    start, end = start + 2, end - 2
+                elif text[start] in "\"'":
+                    start, end = start + 1, end - 1
+                spans.append((start, end))
+            continue
+        if match.start() < scanned.get(family, 0):
+            continue
+        if not _in_command_position(text, match.start()):
+            continue
+        index = int(family[1:])
+        stop = _command_end(text, match.end())
+        if index == _SSHPASS:
+            own = _SSHPASS_OPTIONS_RE.match(text, match.end())
+            stop = min(stop, own.end() if own is not None else match.end())
+        options = _OPTION_RES[index]
+        position = match.end()
+        while position < stop:
+            option = options.search(text, position, stop)
+            if option is None:
+                break
+            value = _option_value(text, option, stop)
+            if value is None:
+                position = option.end()
+                continue
+            spans.append(value)
+            position = value[1]
+            if position > stop and index != _SSHPASS:
+                stop = _command_end(text, position)
+        scanned[family] = max(stop, match.end())
+    return spans
+
+
+def _command_end(text: str, position: int) -> int:
+    found = _COMMAND_END_RE.search(text, position, position + 4096)
+    return found.start() if found is not None else min(len(text), position + 4096)
+
+
+def _in_command_position(text: str, start: int) -> bool:
+    """Whether the command word at ``start`` is the command run, not an argument of
+    another: not right after an option naming a container or host, nor after a command
+    whose next word is a host (``_NOT_A_COMMAND_AFTER``)."""
+    floor = max(0, start - 256)
+    begin = max(text.rfind(c, floor, start) for c in _COMMAND_START_CHARS) + 1
+    before = text[max(begin, floor) : start].split()
+    if not before:
+        return True
+    return before[-1].strip("\"'`([{,").lower() not in _NOT_A_COMMAND_AFTER
+
+
+def _option_value(text: str, option: re.Match[str], stop: int) -> tuple[int, int] | None:
+    """The span of the value after ``option`` (a match of an :data:`_OPTION_RES`
+    pattern), or ``None`` when there is none (the next option, the end of the command).
+    """
+    position = option.end()
+    quote = option.groupdict().get("open") or next(
+        (v for k, v in option.groupdict().items() if k.startswith("lq") and v), None
+    )
+    if not quote:
+        opened = _QUOTE_RE.match(text, position)
+        if opened is not None:
+            quote, position = opened.group(), opened.end()
+    if quote:
+        line_end = text.find("\n", position)
+        if line_end < 0:
+            line_end = len(text)
+        close = text.find(quote, position, line_end)
+        end = close if close >= 0 else line_end - (text[line_end - 1 : line_end] == "\r")
+        return (position, end) if end > position else None
+    value = _UNQUOTED_VALUE_RE.match(text, position, stop)
+    return value.span() if value is not None else None
 
 
 class CanaryMatcher(Protocol):
@@ -1136,15 +1314,22 @@ class Redactor:
                 if index == rules._key_index:
                     continue
                 crule = rules._compiled[index]
-                group = crule.secret_group
-                for match in crule.regex.finditer(text):
-                    start, end = match.span(group)
+                if crule.is_cli_options:
+                    found: Iterable[tuple[int, int]] = _cli_password_spans(text, crule.regex)
+                elif crule.is_assignment:
+                    found = [
+                        match.span(crule.secret_group)
+                        for match in crule.regex.finditer(text)
+                        if self._assignment_key_sensitive(text, match)
+                    ]
+                else:
+                    group = crule.secret_group
+                    found = [match.span(group) for match in crule.regex.finditer(text)]
+                for start, end in found:
                     if start < 0 or end <= start:
                         continue
                     secret = text[start:end]
                     if secret.startswith(PLACEHOLDER_PREFIX) and self._own_placeholder(secret):
-                        continue
-                    if crule.is_assignment and not self._assignment_key_sensitive(text, match):
                         continue
                     if rules._allowed and any(p.fullmatch(secret) for p in rules._allowed):
                         continue
