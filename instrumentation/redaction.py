@@ -64,7 +64,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Final, Protocol
@@ -204,14 +204,16 @@ _QU = r"(?:\\?[\"']|%(?:25)?2[27])?"  # the same, or URL-encoded (once or twice)
 # from the command's manual: (command, ((option, separator from its value), ...)). A
 # separator may hold a group ``open``: a quote it opened, which the value then closes.
 _SPACED: Final = r"(?:[ \t]+|=)"
+# Between the elements of an argument list written as text: ["redis-cli", "-a", "pw"].
+_LIST_SEP: Final = r"""["'][ \t]*+,[ \t]*+["']"""
 _GLUED_OR_SPACED: Final = r"(?:[ \t]+|=)?"
 _PASSWORD_OPTIONS: Final[tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = (
     # docker login and the registry clients that copy its options (global options of
     # docker, podman and nerdctl may come before "login").
     (
-        r"(?:(?:docker|podman|nerdctl)(?:[ \t]++--?[a-z][\w\-]{0,31}+"
-        r"(?:[ \t=]++[^\s;&|\-][^\s;&|]{0,255}+)?){0,3}+|buildah|skopeo|oras"
-        r"|helm[ \t]++registry|az(?:[ \t]++acr)?)[ \t]++login",
+        r"(?:(?:docker|podman|nerdctl)(?:[ \t]++--?[a-zA-Z][\w\-]{0,31}+"
+        r"(?:[ \t=]++[^\s;&|\-][^\s;&|]{0,255}+)?){0,6}+|buildah|skopeo|oras"
+        rf"|helm[ \t]++registry|az(?:[ \t]++acr)?)(?:[ \t]++|{_LIST_SEP})login",
         (("-p", _GLUED_OR_SPACED), ("--password", _SPACED)),
     ),
     # sshpass: only its own options, before the command it runs (whose -p is a port).
@@ -221,17 +223,30 @@ _PASSWORD_OPTIONS: Final[tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = 
         (("-p", _GLUED_OR_SPACED), ("--password", _SPACED)),
     ),
     ("redis-cli", (("-a", r"[ \t]+"), ("--pass", _SPACED))),
+    ("redis-server", (("--requirepass", _SPACED), ("--masterauth", _SPACED))),
+    # Registry credentials user:password (skopeo(1) --src-creds / --dest-creds, podman
+    # and buildah --creds): the password after the colon.
+    (
+        r"(?:skopeo|podman|buildah)",
+        (("--(?:src-|dest-)?creds", r"""(?:[ \t]+|=)(?P<open>["']?)[^\s:"']{1,256}+:"""),),
+    ),
     # Glued only: after a separate -p the MySQL client prompts, and the word is the
     # database. The same for 7-Zip's -p.
     (r"(?:mysql|mariadb)(?:[\w\-]{0,24}+)", (("-p", ""),)),
     (r"7z[arz]?", (("-p", ""),)),
     (r"(?:un)?zip", (("-P", r"[ \t]*"),)),
     ("ssh-keygen", (("-[NP]", r"[ \t]*"),)),  # new and old passphrase
-    (r"ldap[a-z]{0,12}+", (("-w", r"[ \t]*"),)),  # OpenLDAP clients' bind password
+    # OpenLDAP clients' bind password; ldappasswd's -s is the new password (elsewhere -s
+    # is the search scope).
+    ("ldappasswd", (("-w", r"[ \t]*"), ("-s", r"[ \t]*"))),
+    (r"ldap[a-z]{0,12}+", (("-w", r"[ \t]*"),)),
     # -k password; -passin / -passout / -pass / -password with the "pass:" source
     # (openssl-passphrase-options(1)); env:, file: and fd: name where the secret is.
     ("openssl", (("-k", r"[ \t]+"), ("-pass(?:in|out|word)?", r"""[ \t]+(?P<open>["']?)pass:"""))),
-    (r"(?:keytool|jarsigner)", (("-(?:src|dest|new)?(?:store|key)?pass", r"[ \t]+"),)),
+    (
+        r"(?:keytool|jarsigner)",
+        (("-(?:src|dest|new)?(?:store|key)?pass", r"[ \t]+"), ("-new", r"[ \t]+")),
+    ),
     (
         "smbclient",
         (("-(?:U|-user(?:name)?)", r"""(?:[ \t]*|=)(?P<open>["']?)[^\s%"']{1,256}+%"""),),
@@ -246,7 +261,7 @@ _OPTION_RES: Final = tuple(
         r"-(?<![\w\-]-)(?:"
         + "|".join(
             (
-                rf"(?:{name[1:]})(?:[\"'],[ \t]*+(?P<lq{i}>[\"'])|{sep})"
+                rf"(?:{name[1:]})(?:[\"'][ \t]*+,[ \t]*+(?P<lq{i}>[\"'])|{sep})"
                 if sep
                 else rf"(?:{name[1:]})"
             )
@@ -266,11 +281,18 @@ _SSHPASS_OPTIONS_RE: Final = re.compile(
     r"""(?:(?:[ \t]++|["'],[ \t]*+["'])"""
     rf"""(?:-[fdP]{_SSHPASS_ARG}|-[ehvV](?![\w\-])|-p{_SSHPASS_ARG}))*+"""
 )
-# Where a shell command ends: ; & | or a line break that no backslash continues.
-# (One character class first, then the checks: re scans for a class quickly.)
-_COMMAND_END_RE: Final = re.compile(r"[;&|\n](?<!\\\n)(?<!\\\r\n)")
-_COMMAND_START_CHARS: Final = frozenset(";&|(\n")
-_UNQUOTED_VALUE_RE: Final = re.compile(r"[^\s\"'\-;&|<>\\][^\s\"';&|<>\\]*+")
+# The rest of a shell command: quoted strings whole (a ; & | in quotes is part of the
+# command), backslash escapes (a continued line), and not ; & | a line break or a written
+# \n or \r (text holding an escaped script: "cd /app\nmysql -pX").
+_COMMAND_REST_RE: Final = re.compile(
+    r"""(?:[^"'\\;&|\n]++|"(?:[^"\\\n]|\\(?![nr])[^\n])*+"|'[^'\n]*+'|\\(?![nr])(?:\r\n|[^\r]|\r)|["'])*+"""
+)
+_COMMAND_START_CHARS: Final = (";", "&", "|", "(", "\n")
+# A word: shell escapes (\$) are part of it; a backslash before a quote ends it (\" closes
+# a JSON string around the command).
+_UNQUOTED_VALUE_RE: Final = re.compile(
+    r"(?:\\[^\s\"']|[^\s\"'\-;&|<>\\])(?:\\[^\s\"']|[^\s\"';&|<>\\])*+"
+)
 _QUOTE_RE: Final = re.compile(r"\\?[\"']")
 # A command word right after one of these is not the command run: a container or host
 # name (docker run --name mongo -p 27017:27017, ssh mongo -p 2222, find -name mysql -prune).
@@ -278,20 +300,33 @@ _NOT_A_COMMAND_AFTER: Final = frozenset(
     {"--name", "-name", "-iname", "--hostname", "--host", "-h", "--link", "--network", "-z"}
     | {"ssh", "scp", "sftp", "mosh", "nc", "ncat", "netcat", "telnet", "ping", "dig", "host"}
     | {"nslookup", "traceroute", "curl", "wget"}
+    # docker and kubectl take a container, pod or resource name there.
+    | {"exec", "logs", "rm", "stop", "start", "restart", "kill", "inspect", "attach", "cp"}
+    | {"pod", "pods", "sts", "statefulset", "deploy", "deployment", "svc", "service"}
 )
 # The command words of _PASSWORD_OPTIONS (group c<i>), and echo / printf (group sudo).
 _CLI_PASSWORD_PATTERN: Final = (
     # Word starts with a command's first letter only: the alternation is tried there alone.
-    r"\b(?=[abdehjklmnoprsuz7])(?<![\w\-.=:@])(?:"
-    + "|".join(rf"(?P<c{i}>{command})\b" for i, (command, _) in enumerate(_PASSWORD_OPTIONS))
-    + r"|(?P<sudo>\b(?:echo|printf)\b))"
+    r"(?:\b|(?<=\\[nt]))(?=[abdehjklmnoprsuz7])"
+    r"(?:(?<![\w\-.=:@])|(?<=\\[nt])|(?<=[ \t]@))(?:"
+    + "|".join(
+        rf"(?P<c{i}>{command})(?=[\s\"'`;&|)]|\\[nt]|$)"
+        for i, (command, _) in enumerate(_PASSWORD_OPTIONS)
+    )
+    + r"|(?P<sudo>(?:echo|printf)\b))"
 )
 _SSHPASS: Final = next(i for i, (c, _) in enumerate(_PASSWORD_OPTIONS) if c == "sshpass")
+_CLI_PASSWORD_RE: Final = re.compile(_CLI_PASSWORD_PATTERN)
+# An argument vector worth reading as a command line: one element names a command.
+_ARGV_HINT_RE: Final = re.compile(
+    r"(?:login|sshpass|mongo|redis|mysql|mariadb|7z|zip|ssh-keygen|ldap|openssl|keytool"
+    r"|jarsigner|smbclient|skopeo|podman|buildah)"
+)
 # echo or printf into sudo -S (sudo(8), -S, --stdin: the password is read from stdin).
 _SUDO_STDIN_RE: Final = re.compile(
-    r"""\b(?:echo(?:[ \t]++-[neE]{1,3}+)?|printf[ \t]++["']?%s(?:\\n)?["']?)[ \t]++"""
-    r"""(?P<value>\\"[^"\n\\]{1,256}+\\"|"[^"\n]{1,256}+"|'[^'\n]{1,256}+'"""
-    r"""|[^\s"'|;&\\]{1,256}+)"""
+    r"""(?:echo(?:[ \t]++-[neE]{1,3}+)?|printf(?:[ \t]++["']?%s(?:\\n)?["']?)?)[ \t]++"""
+    r"""(?P<value>\\"[^"\n\\]{1,256}+\\"|"[^"\n\\]{1,256}+(?:\\n)?"|'[^'\n\\]{1,256}+(?:\\n)?'"""
+    r"""|"[^"\n]{1,256}+"|'[^'\n]{1,256}+'|[^\s"'|;&\\]{1,256}+)"""
     r"""[ \t]*+\|[ \t]*+sudo\b[^\n;&|]{0,128}?[ \t](?:-[A-Za-z]*S|--stdin)(?![\w\-])"""
 )
 
@@ -415,6 +450,7 @@ BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
         (
             *("login", "sshpass", "mongo", "redis-cli", "mysql", "mariadb", "zip", "7z"),
             *("ssh-keygen", "ldap", "openssl", "keytool", "jarsigner", "smbclient", "sudo"),
+            *("creds", "redis-server"),
         ),
     ),
     # .netrc entries (curl, ftp, git and Python's netrc module read them): "machine HOST"
@@ -647,9 +683,10 @@ class RedactionRules:
         # separator. A value in quotes (raw or JSON-escaped) runs on to its closing quote,
         # spaces included (``DB_PASSWORD="correct horse battery"``, ``--password 'a b'``),
         # or to the end of the line when the quote is never closed; a quote followed by a
-        # space or by , ; ) + ] } closes a string instead (``print("password:", pw)``,
-        # ``"Invalid password: " + name``). A value is taken whole, however long: a bound
-        # left the rest for the next pass, which redacted it again, and so on.
+        # space, by ", " "; " "+ " or by a closing bracket closes a string instead
+        # (``print("password:", pw)``, ``"Invalid password: " + name``). A value is taken
+        # whole, however long: a bound left the rest for the next pass, which redacted it
+        # again, and so on.
         names = sorted(self.key_names, key=len, reverse=True)
         alternation = "|".join(re.escape(n).replace("_", "[_-]?") for n in names)
         return SecretRule(
@@ -659,7 +696,8 @@ class RedactionRules:
             rf"|(?<![\w\-])--(?:[a-z0-9]+[_.-]){{0,3}}(?:{alternation})[ \t]+(?!-))"
             r"(?P<quote>\\?[\"'])?"
             r"(?:(?:bearer|basic|token|digest)[ \t]+)?"
-            r"(?P<secret>(?(quote)(?![\s,;)+\]}])(?:(?!(?P=quote))[^\r\n\\])++"
+            r"(?P<secret>(?(quote)(?!\s|[,;+]\s|[)\]}](?:[\s,;.)\]}]|$))"
+            r"(?:(?!(?P=quote))(?:\\[^\"'\r\n]|[^\r\n\\]))++"
             r"|[^\s\"'&,;<>\\]++))",
             _key_triggers(self.key_names),
             ignore_case=True,
@@ -732,15 +770,16 @@ def _cli_password_spans(text: str, commands: re.Pattern[str]) -> list[tuple[int,
     ``text`` (rule ``cli_password_flag``), and of values echoed into ``sudo -S``.
 
     For each command word found by ``commands`` in command position (see
-    :func:`_in_command_position`), the rest of its shell command (to ``;``, ``&``,
-    ``|`` or a line break no backslash continues; 4,096 characters at most) is read for
+    :func:`_in_command_position`), the rest of its shell command (:func:`_command_end`;
+    4,096 characters at most, and on from there if the command goes on) is read for
     every one of the command's password options; a value in quotes (raw or
     JSON-escaped) runs to the same quote on its line, spaces included. A command's
     region is read once however many of its command words it holds, so the whole scan
-    is linear in ``len(text)`` (for each of the dozen commands at most).
+    is linear in ``len(text)`` (for each of the commands at most).
     """
     spans: list[tuple[int, int]] = []
-    scanned: dict[str, int] = {}
+    # Per command: where its last region ended, and whether only the 4,096 bound ended it.
+    scanned: dict[str, tuple[int, bool]] = {}
     for match in commands.finditer(text):
         family = match.lastgroup
         if family is None:
@@ -755,71 +794,130 @@ def _cli_password_spans(text: str, commands: re.Pattern[str]) -> list[tuple[int,
                     start, end = start + 1, end - 1
                 spans.append((start, end))
             continue
-        if match.start() < scanned.get(family, 0):
-            continue
-        if not _in_command_position(text, match.start()):
-            continue
+        region_end, bounded = scanned.get(family, (0, False))
+        if match.start() < region_end:
+            if not bounded:
+                continue
+            position = region_end  # the same command, past the bound: read on
+        else:
+            if not _in_command_position(text, match.start()):
+                continue
+            position = match.end()
         index = int(family[1:])
-        stop = _command_end(text, match.end())
-        if index == _SSHPASS:
-            own = _SSHPASS_OPTIONS_RE.match(text, match.end())
-            stop = min(stop, own.end() if own is not None else match.end())
+        stop, bounded = _command_end(text, position)
+        limit = stop
+        if index == _SSHPASS and position == match.end():
+            # Only sshpass's own options: the command it runs comes next (its -p is a port).
+            own = _SSHPASS_OPTIONS_RE.match(text, position, stop)
+            limit = own.end() if own is not None else position
         options = _OPTION_RES[index]
-        position = match.end()
-        while position < stop:
-            option = options.search(text, position, stop)
+        while position < limit:
+            option = options.search(text, position, limit)
             if option is None:
                 break
-            value = _option_value(text, option, stop)
+            value = _option_value(text, option, limit)
             if value is None:
                 position = option.end()
                 continue
             spans.append(value)
             position = value[1]
-            if position > stop and index != _SSHPASS:
-                stop = _command_end(text, position)
-        scanned[family] = max(stop, match.end())
+            if position > stop:
+                stop, bounded = _command_end(text, position)
+                limit = max(limit, min(stop, position)) if index == _SSHPASS else stop
+        scanned[family] = (max(stop, match.end()), bounded)
     return spans
 
 
-def _command_end(text: str, position: int) -> int:
-    found = _COMMAND_END_RE.search(text, position, position + 4096)
-    return found.start() if found is not None else min(len(text), position + 4096)
+def _command_end(text: str, position: int) -> tuple[int, bool]:
+    """Where the shell command going on at ``position`` ends (``;``, ``&``, ``|``, a line
+    break no backslash continues, or a written ``\n``; quoted strings are read whole),
+    within 4,096 characters; and whether only that bound ended it."""
+    bound = min(len(text), position + 4096)
+    end = _COMMAND_REST_RE.match(text, position, bound)
+    found = end.end() if end is not None else position
+    return found, found >= bound and bound < len(text)
 
 
 def _in_command_position(text: str, start: int) -> bool:
     """Whether the command word at ``start`` is the command run, not an argument of
-    another: not right after an option naming a container or host, nor after a command
-    whose next word is a host (``_NOT_A_COMMAND_AFTER``)."""
-    floor = max(0, start - 256)
-    begin = max(text.rfind(c, floor, start) for c in _COMMAND_START_CHARS) + 1
-    before = text[max(begin, floor) : start].split()
-    if not before:
+    another: not inside a volume, URL or option value (``mysql-data:/var/lib/mysql``,
+    ``--name=mongo``), not right after an option naming a container or host, nor after a
+    command whose next word is a host or a container (``_NOT_A_COMMAND_AFTER``)."""
+    chunk = text[max(0, start - 256) : start]
+    cut = max(chunk.rfind(c) for c in _COMMAND_START_CHARS)
+    escaped = chunk.rfind("\\n")
+    if escaped >= 0 and escaped + 1 > cut:
+        cut = escaped + 1
+    words = chunk[cut + 1 :].split()
+    if not words:
         return True
-    return before[-1].strip("\"'`([{,").lower() not in _NOT_A_COMMAND_AFTER
+    if not chunk[-1].isspace():  # the last word is the start of the command word's own
+        own = words[-1]
+        own = own[max(own.rfind(c) for c in "\"'`([{,") + 1 :]  # {"cmd":"docker login
+        if ":" in own or "=" in own:
+            return False
+        words.pop()
+        if not words:
+            return True
+    return words[-1].strip("\"'`([{,").lower() not in _NOT_A_COMMAND_AFTER
 
 
 def _option_value(text: str, option: re.Match[str], stop: int) -> tuple[int, int] | None:
     """The span of the value after ``option`` (a match of an :data:`_OPTION_RES`
     pattern), or ``None`` when there is none (the next option, the end of the command).
+    A quoted value runs to the same quote, or to the end of its line when it never
+    closes.
     """
     position = option.end()
-    quote = option.groupdict().get("open") or next(
-        (v for k, v in option.groupdict().items() if k.startswith("lq") and v), None
+    groups = option.groupdict()
+    quote = groups.get("open") or next(
+        (v for k, v in groups.items() if k.startswith("lq") and v), None
     )
     if not quote:
         opened = _QUOTE_RE.match(text, position)
         if opened is not None:
             quote, position = opened.group(), opened.end()
     if quote:
-        line_end = text.find("\n", position)
-        if line_end < 0:
-            line_end = len(text)
-        close = text.find(quote, position, line_end)
-        end = close if close >= 0 else line_end - (text[line_end - 1 : line_end] == "\r")
+        close = text.find(quote, position, position + 4096)
+        if close < 0:  # rare: then a search to the end, and the value goes as far
+            close = text.find(quote, position)
+        line_end = text.find("\n", position, close if close >= 0 else len(text))
+        if line_end >= 0:
+            end = line_end - (text[line_end - 1 : line_end] == "\r")
+        else:
+            end = close if close >= 0 else len(text)
         return (position, end) if end > position else None
     value = _UNQUOTED_VALUE_RE.match(text, position, stop)
     return value.span() if value is not None else None
+
+
+def _argument_list_spans(items: Sequence[str]) -> dict[int, list[tuple[int, int]]]:
+    """Password spans in an argument vector (``["redis-cli", "-a", "pw"]``, OTel's
+    ``process.command_args``), by element: the elements are read as one command line.
+    """
+    if len(items) < 2 or not any(_ARGV_HINT_RE.search(item) for item in items):
+        return {}
+    offsets: list[int] = []
+    parts: list[str] = []
+    position = 0
+    for item in items:
+        quoted = json.dumps(item)
+        offsets.append(position + 1)
+        parts.append(quoted)
+        position += len(quoted) + 2
+    line = ", ".join(parts)
+    found: dict[int, list[tuple[int, int]]] = {}
+    for start, end in _cli_password_spans(line, _CLI_PASSWORD_RE):
+        for index, offset in enumerate(offsets):
+            item_end = offset + len(parts[index]) - 2
+            if offset <= start < item_end and end <= item_end:
+                raw = parts[index][1:-1]
+                if raw == items[index]:  # no JSON escapes: offsets are the element's
+                    found.setdefault(index, []).append((start - offset, end - offset))
+                else:
+                    found.setdefault(index, []).append((0, len(items[index])))
+                break
+    return found
 
 
 class CanaryMatcher(Protocol):
@@ -1030,6 +1128,7 @@ class Redactor:
     """
 
     __slots__ = (
+        "_argv",
         "_clean",
         "_clean_json",
         "_hmac_key",
@@ -1064,6 +1163,7 @@ class Redactor:
         self._matcher = canary_matcher
         self._trigger_matcher = trigger_matcher
         self._placeholders = {name: placeholder(name) for name in self.rules.rule_names}
+        self._argv = any(c.is_cli_options for c in self.rules._compiled)
         self._clean: set[str] = set()
         self._clean_json: dict[str, int] = {}
         self._key_cache: dict[str, bool] = {}
@@ -1377,6 +1477,8 @@ class Redactor:
             ):
                 break
             start -= 1
+        if start >= 1 and text[start - 1] == "\\" and text[start] in "nrt":
+            start += 1  # "DEBUG=1\npassword=x" written with escapes: the key is "password"
         end = match.start()
         while end < len(text) and text[end] in _KEY_CHARS:
             end += 1
@@ -1418,9 +1520,40 @@ class Redactor:
                 new = list(value[:index])
             if new is not None:
                 new.append(scrubbed)
+        if self._argv and len(value) >= 2 and all(type(item) is str for item in value):
+            argv = self._scrub_argv(new if new is not None else value, hits)
+            if argv is not None:
+                new = argv
         if new is None:
             return value
         return new if type(value) is list else tuple(new)
+
+    def _scrub_argv(self, items: Sequence[str], hits: Hits) -> list[str] | None:
+        """``items`` with the passwords of an argument vector replaced (rule
+        ``cli_password_flag``: ``["redis-cli", "-a", "pw"]``), or ``None`` if none."""
+        found = _argument_list_spans(items)
+        if not found:
+            return None
+        out = list(items)
+        changed = False
+        for index, spans in found.items():
+            item = out[index]
+            pieces: list[str] = []
+            position = 0
+            for start, end in sorted(spans):
+                secret = item[start:end]
+                if start < position or (
+                    secret.startswith(PLACEHOLDER_PREFIX) and self._own_placeholder(secret)
+                ):
+                    continue
+                pieces += (item[position:start], self._placeholder(RULE_CLI_PASSWORD_FLAG, secret))
+                position = end
+                hits[RULE_CLI_PASSWORD_FLAG] = hits.get(RULE_CLI_PASSWORD_FLAG, 0) + 1
+            if pieces:
+                pieces.append(item[position:])
+                out[index] = "".join(pieces)
+                changed = True
+        return out if changed else None
 
     def _walk_dict(self, value: dict[Any, Any], hits: Hits, depth: int) -> Any:
         # Hot path of the collector: one cache lookup per key and per string value.

@@ -1254,6 +1254,50 @@ REVIEW_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         "Change the default password immediately after install.\nBy default password authentication is disabled in sshd_config",
         {},
     ),
+    (
+        "second review: quoted values starting with punctuation",
+        "DB_PASSWORD=\"+aB3$xY9\"\npassword: ';bZUAV>/~b1I'\n--password ']L^-rN^bLi'",
+        "DB_PASSWORD=\"[REDACTED:assignment]\"\npassword: '[REDACTED:assignment]'\n--password '[REDACTED:assignment]'",
+        {"assignment": 3},
+    ),
+    (
+        "second review: ; & | inside quotes",
+        'mongosh "mongodb://db:27017/app?authSource=admin&tls=true" -u root -p S3cretPw\nmysql -h db -e "DROP DATABASE x; CREATE DATABASE x" -uroot -pS3cretPw',
+        'mongosh "mongodb://db:27017/app?authSource=admin&tls=true" -u root -p [REDACTED:cli_password_flag]\nmysql -h db -e "DROP DATABASE x; CREATE DATABASE x" -uroot -p[REDACTED:cli_password_flag]',
+        {"cli_password_flag": 2},
+    ),
+    (
+        "second review: written \\n escapes",
+        "{'command': 'cd /app\\nmysql -uroot -phunter2 db'}\ncmd: \"cd /app\\nredis-cli -a hunter2 ping\"\ntool args: {\"cmd\":\"set -e\\necho hunter2 | sudo -S ls\"} done\n{'env': 'DEBUG=1\\npassword=hunter2\\nport=5432'}",
+        "{'command': 'cd /app\\nmysql -uroot -p[REDACTED:cli_password_flag] db'}\ncmd: \"cd /app\\nredis-cli -a [REDACTED:cli_password_flag] ping\"\ntool args: {\"cmd\":\"set -e\\necho [REDACTED:cli_password_flag] | sudo -S ls\"} done\n{'env': 'DEBUG=1\\npassword=[REDACTED:assignment]\\nport=5432'}",
+        {"cli_password_flag": 3, "assignment": 1},
+    ),
+    (
+        "second review: backslashes, Makefile recipes, lists",
+        'docker login -u me -p Pa\\$\\$w0rd reg\ndocker login -u me -p \\!Passw0rd ghcr.io\nPASSWORD="abc\\def ghi"\n\t@mysql -uroot -phunter2 -e "CREATE DATABASE app"\n\t@docker login -u me -p hunter2 ghcr.io\nsubprocess.run(["docker", "login", "-u", "me", "-p", "hunter2", "ghcr.io"])\nx = [ "redis-cli" , "-a" , "hunter2" ]',
+        'docker login -u me -p [REDACTED:cli_password_flag] reg\ndocker login -u me -p [REDACTED:cli_password_flag] ghcr.io\nPASSWORD="[REDACTED:assignment]"\n\t@mysql -uroot -p[REDACTED:cli_password_flag] -e "CREATE DATABASE app"\n\t@docker login -u me -p [REDACTED:cli_password_flag] ghcr.io\nsubprocess.run(["docker", "login", "-u", "me", "-p", "[REDACTED:cli_password_flag]", "ghcr.io"])\nx = [ "redis-cli" , "-a" , "[REDACTED:cli_password_flag]" ]',
+        {"cli_password_flag": 6, "assignment": 1},
+    ),
+    (
+        "second review: more options",
+        "docker -H tcp://10.0.0.5:2376 login -u me -p hunter2\ndocker --tlsverify --tlscacert ca.pem --tlscert c.pem --tlskey k.pem login -u me -p hunter2\nkeytool -storepasswd -new NEWSECRET -storepass oldpw -keystore k.jks\nldappasswd -x -D cn=admin,dc=ex,dc=com -w adminpw -s NEWPW uid=bob,dc=ex,dc=com\nprintf 'hunter2\\n' | sudo -S apt update\nskopeo copy --src-creds me:hunter2 docker://a docker://b\nredis-server --requirepass hunter2 --masterauth s2",
+        "docker -H tcp://10.0.0.5:2376 login -u me -p [REDACTED:cli_password_flag]\ndocker --tlsverify --tlscacert ca.pem --tlscert c.pem --tlskey k.pem login -u me -p [REDACTED:cli_password_flag]\nkeytool -storepasswd -new [REDACTED:cli_password_flag] -storepass [REDACTED:cli_password_flag] -keystore k.jks\nldappasswd -x -D cn=admin,dc=ex,dc=com -w [REDACTED:cli_password_flag] -s [REDACTED:cli_password_flag] uid=bob,dc=ex,dc=com\nprintf '[REDACTED:cli_password_flag]' | sudo -S apt update\nskopeo copy --src-creds me:[REDACTED:cli_password_flag] docker://a docker://b\nredis-server --requirepass [REDACTED:cli_password_flag] --masterauth [REDACTED:cli_password_flag]",
+        {"cli_password_flag": 10},
+    ),
+    (
+        "second review: past a mention's 4,096 characters",
+        "INFO checking mysql connectivity " + "x" * 4073 + " mysql -uroot -pS3cretPw db",
+        "INFO checking mysql connectivity "
+        + "x" * 4073
+        + " mysql -uroot -p[REDACTED:cli_password_flag] db",
+        {"cli_password_flag": 1},
+    ),
+    (
+        "second review: a command word inside a name or path",
+        'docker run -d --name mongodb -v mongo-data:/data/db -p 27017:27017 mongo:7\nkubectl exec -it mongo-0 -- mkdir -p /backup\ndocker compose -f mongo/docker-compose.yml -p stack up -d\ndocker compose -f mongo.yml -p stack up -d\ndocker run -d --name mongo-express --net mongo-net -p 8081:8081 mongo-express\ndocker run -v mysql-data:/var/lib/mysql -p3306:3306 mysql:8\nkubectl patch sts mongo -p \'{"spec":{"replicas":3}}\'\ndocker exec mongo mkdir -p /data/backup\nldapsearch -x -s sub -b dc=x',
+        'docker run -d --name mongodb -v mongo-data:/data/db -p 27017:27017 mongo:7\nkubectl exec -it mongo-0 -- mkdir -p /backup\ndocker compose -f mongo/docker-compose.yml -p stack up -d\ndocker compose -f mongo.yml -p stack up -d\ndocker run -d --name mongo-express --net mongo-net -p 8081:8081 mongo-express\ndocker run -v mysql-data:/var/lib/mysql -p3306:3306 mysql:8\nkubectl patch sts mongo -p \'{"spec":{"replicas":3}}\'\ndocker exec mongo mkdir -p /data/backup\nldapsearch -x -s sub -b dc=x',
+        {},
+    ),
 ]
 
 
@@ -1266,3 +1310,33 @@ def test_review_cases(text: str, expected: str, hits: dict[str, int]) -> None:
         if redactor is REDACTOR:
             assert (out, got) == (expected, hits)
         assert redactor.redact_text(out) == (out, {})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected", "hits"),
+    [
+        (
+            {"argv": ["redis-cli", "-a", "hunter2", "ping"]},
+            {"argv": ["redis-cli", "-a", ph("cli_password_flag"), "ping"]},
+            1,
+        ),
+        (["mysql", "-uroot", "-phunter2"], ["mysql", "-uroot", f"-p{ph('cli_password_flag')}"], 1),
+        (
+            ("sshpass", "-p", "pw", "ssh", "-p", "22", "h"),
+            ("sshpass", "-p", ph("cli_password_flag"), "ssh", "-p", "22", "h"),
+            1,
+        ),
+        (["ls", "-p", "x"], ["ls", "-p", "x"], 0),
+        (["docker", "run", "-p", "80:80", "nginx"], ["docker", "run", "-p", "80:80", "nginx"], 0),
+    ],
+)
+def test_argument_vectors_are_read_as_one_command_line(
+    value: object, expected: object, hits: int
+) -> None:
+    """An argv (OTel's process.command_args, a tool's JSON command list) is walked element
+    by element; its password options are found across elements (second review)."""
+    out, got = REDACTOR.redact_value(value), {}
+    assert out == expected
+    _, got = REDACTOR.redact_text(json.dumps(value))
+    assert got.get("cli_password_flag", 0) == hits
+    assert REDACTOR.redact_value(out) == out
