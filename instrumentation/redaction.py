@@ -682,9 +682,9 @@ class RedactionRules:
         # Over-redaction is the safe side: a URL-encoded value runs on to the next raw
         # separator. A value in quotes (raw or JSON-escaped) runs on to its closing quote,
         # spaces included (``DB_PASSWORD="correct horse battery"``, ``--password 'a b'``),
-        # or to the end of the line when the quote is never closed; a quote followed by a
-        # space, by ", " "; " "+ " or by a closing bracket closes a string instead
-        # (``print("password:", pw)``, ``"Invalid password: " + name``). A value is taken
+        # or to the end of the line when the quote is never closed; a quote that closes a
+        # string is not a value's (``print("password:", pw)``, ``"Invalid password: " +
+        # name``: see _closes_a_string). A value is taken
         # whole, however long: a bound left the rest for the next pass, which redacted it
         # again, and so on.
         names = sorted(self.key_names, key=len, reverse=True)
@@ -696,8 +696,7 @@ class RedactionRules:
             rf"|(?<![\w\-])--(?:[a-z0-9]+[_.-]){{0,3}}(?:{alternation})[ \t]+(?!-))"
             r"(?P<quote>\\?[\"'])?"
             r"(?:(?:bearer|basic|token|digest)[ \t]+)?"
-            r"(?P<secret>(?(quote)(?!\s|[,;+]\s|[)\]}](?:[\s,;.)\]}]|$))"
-            r"(?:(?!(?P=quote))(?:\\[^\"'\r\n]|[^\r\n\\]))++"
+            r"(?P<secret>(?(quote)(?:(?!(?P=quote))(?:\\[^\"'\r\n]|[^\r\n\\]))++"
             r"|[^\s\"'&,;<>\\]++))",
             _key_triggers(self.key_names),
             ignore_case=True,
@@ -918,6 +917,32 @@ def _argument_list_spans(items: Sequence[str]) -> dict[int, list[tuple[int, int]
                     found.setdefault(index, []).append((0, len(items[index])))
                 break
     return found
+
+
+# After a quote that closes a string: a space, ", " "; " "+ ", or a closing bracket.
+_AFTER_CLOSING_QUOTE_RE: Final = re.compile(r"\s|[,;+]\s|[)\]}](?:[\s,;.)\]}]|$)")
+
+
+def _closes_a_string(text: str, match: re.Match[str]) -> bool:
+    """Whether an assignment match's quote closes a string rather than opening a value:
+    ``print("password:", pw)``, ``"Invalid password: " + name``.
+
+    Both must hold: an odd number of the same quote before it on its line (the string it
+    closes opened there; ``DB_PASSWORD=" x"`` has none, ``"password": " x"`` two), and
+    what follows is what follows a closing quote in code (a space, ``, ``, ``; ``,
+    ``+ ``, or a closing bracket before a separator).
+    """
+    quote = match.group("quote")
+    if not quote:
+        return False
+    at = match.start("quote")
+    if _AFTER_CLOSING_QUOTE_RE.match(text, match.start("secret")) is None:
+        return False
+    begin = max(text.rfind("\n", max(0, at - 1024), at) + 1, at - 1024, 0)
+    count = text.count(quote, begin, at)
+    if not quote.startswith("\\"):
+        count -= text.count("\\" + quote, begin, at)
+    return count % 2 == 1
 
 
 class CanaryMatcher(Protocol):
@@ -1421,6 +1446,7 @@ class Redactor:
                         match.span(crule.secret_group)
                         for match in crule.regex.finditer(text)
                         if self._assignment_key_sensitive(text, match)
+                        and not _closes_a_string(text, match)
                     ]
                 else:
                     group = crule.secret_group

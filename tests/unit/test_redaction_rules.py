@@ -1298,6 +1298,12 @@ REVIEW_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         'docker run -d --name mongodb -v mongo-data:/data/db -p 27017:27017 mongo:7\nkubectl exec -it mongo-0 -- mkdir -p /backup\ndocker compose -f mongo/docker-compose.yml -p stack up -d\ndocker compose -f mongo.yml -p stack up -d\ndocker run -d --name mongo-express --net mongo-net -p 8081:8081 mongo-express\ndocker run -v mysql-data:/var/lib/mysql -p3306:3306 mysql:8\nkubectl patch sts mongo -p \'{"spec":{"replicas":3}}\'\ndocker exec mongo mkdir -p /data/backup\nldapsearch -x -s sub -b dc=x',
         {},
     ),
+    (
+        "quoted values starting with a space or a bracket",
+        'SSHPASS=" Jhq`Pk" sshpass -e ssh h\nDB_PASSWORD=" lead space"\n"password": " x y"\nx = {"token": ")abc"}',
+        'SSHPASS="[REDACTED:assignment]" sshpass -e ssh h\nDB_PASSWORD="[REDACTED:assignment]"\n"password": "[REDACTED:assignment]"\nx = {"token": "[REDACTED:assignment]"}',
+        {"assignment": 4},
+    ),
 ]
 
 
