@@ -214,7 +214,11 @@ _PASSWORD_OPTIONS: Final[tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = 
         r"(?:(?:docker|podman|nerdctl)(?:[ \t]++--?[a-zA-Z][\w\-]{0,31}+"
         r"(?:[ \t=]++[^\s;&|\-][^\s;&|]{0,255}+)?){0,6}+|buildah|skopeo|oras"
         rf"|helm[ \t]++registry|az(?:[ \t]++acr)?)(?:[ \t]++|{_LIST_SEP})login",
-        (("-p", _GLUED_OR_SPACED), ("--password", _SPACED)),
+        (
+            ("-p", _GLUED_OR_SPACED),
+            ("--password", _SPACED),
+            ("--creds", r"""(?:[ \t]+|=)(?P<open>["']?)[^\s:"']{1,256}+:"""),
+        ),
     ),
     # sshpass: only its own options, before the command it runs (whose -p is a port).
     ("sshpass", (("-p", r"[ \t]*"),)),
@@ -282,16 +286,18 @@ _SSHPASS_OPTIONS_RE: Final = re.compile(
     rf"""(?:-[fdP]{_SSHPASS_ARG}|-[ehvV](?![\w\-])|-p{_SSHPASS_ARG}))*+"""
 )
 # The rest of a shell command: quoted strings whole (a ; & | in quotes is part of the
-# command), backslash escapes (a continued line), and not ; & | a line break or a written
-# \n or \r (text holding an escaped script: "cd /app\nmysql -pX").
+# command), backslash escapes (a continued line), and not ; & | a line break, a comment
+# (# after a space) or a written \n or \r (text holding an escaped script:
+# "cd /app\nmysql -pX").
 _COMMAND_REST_RE: Final = re.compile(
-    r"""(?:[^"'\\;&|\n]++|"(?:[^"\\\n]|\\(?![nr])[^\n])*+"|'[^'\n]*+'|\\(?![nr])(?:\r\n|[^\r]|\r)|["'])*+"""
+    r"""(?:[^"'\\;&|\n \t]++|[ \t]++(?!#)|"(?:[^"\\\n]|\\(?![nr])[^\n])*+"|'[^'\n]*+'"""
+    r"""|\\(?![nr])(?:\r\n|[^\r]|\r)|["'])*+"""
 )
 _COMMAND_START_CHARS: Final = (";", "&", "|", "(", "\n")
 # A word: shell escapes (\$) are part of it; a backslash before a quote ends it (\" closes
-# a JSON string around the command).
+# a JSON string around the command), as do a backtick and ")" (`cmd -p x`, $(cmd -p x)).
 _UNQUOTED_VALUE_RE: Final = re.compile(
-    r"(?:\\[^\s\"']|[^\s\"'\-;&|<>\\])(?:\\[^\s\"']|[^\s\"';&|<>\\])*+"
+    r"(?:\\[^\s\"']|[^\s\"'`)\-;&|<>\\])(?:\\[^\s\"']|[^\s\"'`);&|<>\\])*+"
 )
 _QUOTE_RE: Final = re.compile(r"\\?[\"']")
 # A command word right after one of these is not the command run: a container or host
@@ -823,7 +829,9 @@ def _cli_password_spans(text: str, commands: re.Pattern[str]) -> list[tuple[int,
             if position > stop:
                 stop, bounded = _command_end(text, position)
                 limit = max(limit, min(stop, position)) if index == _SSHPASS else stop
-        scanned[family] = (max(stop, match.end()), bounded)
+        # A bounded region is read on from a little before its end: an option cut by the
+        # bound is read whole next time.
+        scanned[family] = (max(stop - 256 if bounded else stop, match.end()), bounded)
     return spans
 
 
@@ -875,6 +883,8 @@ def _option_value(text: str, option: re.Match[str], stop: int) -> tuple[int, int
     if not quote:
         opened = _QUOTE_RE.match(text, position)
         if opened is not None:
+            if _quote_closes(text, position, opened.group(), opened.end()):
+                return None  # os.system("mysql -uroot -p" + pw): the string ends there
             quote, position = opened.group(), opened.end()
     if quote:
         close = text.find(quote, position, position + 4096)
@@ -907,20 +917,22 @@ def _argument_list_spans(items: Sequence[str]) -> dict[int, list[tuple[int, int]
     line = ", ".join(parts)
     found: dict[int, list[tuple[int, int]]] = {}
     for start, end in _cli_password_spans(line, _CLI_PASSWORD_RE):
-        for index, offset in enumerate(offsets):
-            item_end = offset + len(parts[index]) - 2
-            if offset <= start < item_end and end <= item_end:
-                raw = parts[index][1:-1]
-                if raw == items[index]:  # no JSON escapes: offsets are the element's
-                    found.setdefault(index, []).append((start - offset, end - offset))
-                else:
-                    found.setdefault(index, []).append((0, len(items[index])))
-                break
+        index = bisect.bisect_right(offsets, start) - 1
+        if index < 0:
+            continue
+        offset = offsets[index]
+        item_end = offset + len(parts[index]) - 2
+        if start < item_end and end <= item_end:
+            raw = parts[index][1:-1]
+            if raw == items[index]:  # no JSON escapes: offsets are the element's
+                found.setdefault(index, []).append((start - offset, end - offset))
+            else:
+                found.setdefault(index, []).append((0, len(items[index])))
     return found
 
 
 # After a quote that closes a string: a space, ", " "; " "+ ", or a closing bracket.
-_AFTER_CLOSING_QUOTE_RE: Final = re.compile(r"\s|[,;+]\s|[)\]}](?:[\s,;.)\]}]|$)")
+_AFTER_CLOSING_QUOTE_RE: Final = re.compile(r"\s|[,;+]|[)\]}](?:[\s,;.)\]}]|$)")
 
 
 def _closes_a_string(text: str, match: re.Match[str]) -> bool:
@@ -929,14 +941,19 @@ def _closes_a_string(text: str, match: re.Match[str]) -> bool:
 
     Both must hold: an odd number of the same quote before it on its line (the string it
     closes opened there; ``DB_PASSWORD=" x"`` has none, ``"password": " x"`` two), and
-    what follows is what follows a closing quote in code (a space, ``, ``, ``; ``,
-    ``+ ``, or a closing bracket before a separator).
+    what follows is what follows a closing quote in code (a space, ``,``, ``;``, ``+``,
+    or a closing bracket before a separator).
     """
     quote = match.group("quote")
     if not quote:
         return False
-    at = match.start("quote")
-    if _AFTER_CLOSING_QUOTE_RE.match(text, match.start("secret")) is None:
+    return _quote_closes(text, match.start("quote"), quote, match.start("secret"))
+
+
+def _quote_closes(text: str, at: int, quote: str, after: int) -> bool:
+    """Whether ``quote`` at ``at`` closes a string (see :func:`_closes_a_string`);
+    ``after`` is where the text after it starts."""
+    if _AFTER_CLOSING_QUOTE_RE.match(text, after) is None:
         return False
     begin = max(text.rfind("\n", max(0, at - 1024), at) + 1, at - 1024, 0)
     count = text.count(quote, begin, at)

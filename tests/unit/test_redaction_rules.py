@@ -1304,6 +1304,18 @@ REVIEW_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         'SSHPASS="[REDACTED:assignment]" sshpass -e ssh h\nDB_PASSWORD="[REDACTED:assignment]"\n"password": "[REDACTED:assignment]"\nx = {"token": "[REDACTED:assignment]"}',
         {"assignment": 4},
     ),
+    (
+        "third review: podman and buildah login --creds, comments, backticks",
+        "podman login --creds u:s3cr3t\npodman login --creds=u:s3cr3t quay.io\nbuildah login --creds u:s3cr3t\ndocker login -u me -p s3cr3t reg # then ssh -p 22\nredis-cli -a s3cr3t`\nx=$(redis-cli -a s3cr3t)",
+        "podman login --creds u:[REDACTED:cli_password_flag]\npodman login --creds=u:[REDACTED:cli_password_flag] quay.io\nbuildah login --creds u:[REDACTED:cli_password_flag]\ndocker login -u me -p [REDACTED:cli_password_flag] reg # then ssh -p 22\nredis-cli -a [REDACTED:cli_password_flag]`\nx=$(redis-cli -a [REDACTED:cli_password_flag])",
+        {"cli_password_flag": 6},
+    ),
+    (
+        "third review: code building a command or a message",
+        'print("password:",pw)\nprint(\'password:\',pw)\nlog("password:",pw, "x")\nos.system("mysql -uroot -p" + pw)',
+        'print("password:",pw)\nprint(\'password:\',pw)\nlog("password:",pw, "x")\nos.system("mysql -uroot -p" + pw)',
+        {},
+    ),
 ]
 
 
@@ -1334,6 +1346,12 @@ def test_review_cases(text: str, expected: str, hits: dict[str, int]) -> None:
         ),
         (["ls", "-p", "x"], ["ls", "-p", "x"], 0),
         (["docker", "run", "-p", "80:80", "nginx"], ["docker", "run", "-p", "80:80", "nginx"], 0),
+        # Linear in the list's length (a span once looked up every element: quadratic).
+        (
+            ["redis-cli", "-a", "pw"] * 20_000,
+            ["redis-cli", "-a", "[REDACTED:cli_password_flag]"] * 20_000,
+            20_000,
+        ),
     ],
 )
 def test_argument_vectors_are_read_as_one_command_line(
