@@ -64,7 +64,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Final, Protocol
@@ -188,12 +188,17 @@ class SecretRule:
             trigger set that misses some matches makes the rule miss them too.
         ignore_case: compile with ``re.IGNORECASE | re.ASCII`` and look for the triggers
             (which must then be lowercase) in the lowercased text.
+        spans: for a rule whose secrets one pattern cannot delimit: called with the text
+            and the compiled ``pattern``, returns the ``(start, end)`` of each secret
+            (the built-in ``cli_password_flag``: the pattern finds commands, this reads
+            their options). ``None``: the pattern's matches are the secrets.
     """
 
     name: str
     pattern: str
     triggers: tuple[str, ...]
     ignore_case: bool = False
+    spans: Callable[[str, re.Pattern[str]], list[tuple[int, int]]] | None = None
 
 
 _TOKEN = r"A-Za-z0-9_\-"
@@ -265,7 +270,7 @@ _OPTION_RES: Final = tuple(
         r"-(?<![\w\-]-)(?:"
         + "|".join(
             (
-                rf"(?:{name[1:]})(?:[\"'][ \t]*+,[ \t]*+(?P<lq{i}>[\"'])|{sep})"
+                rf"(?:{name[1:]})(?:[\"'][ \t]*+,[ \t]*+(?P<lq{i}>[\"'])|{sep})"  # _LIST_SEP
                 if sep
                 else rf"(?:{name[1:]})"
             )
@@ -278,12 +283,9 @@ _OPTION_RES: Final = tuple(
 assert all(name.startswith("-") for _, options in _PASSWORD_OPTIONS for name, _ in options)
 # sshpass's own options (sshpass(1)) before the command it runs, also as the elements of
 # an argument list (['sshpass', '-p', 'pw', 'ssh', 'h']).
-_SSHPASS_ARG: Final = (
-    r"""(?:["'],[ \t]*+["'][^"'\n]*+|[ \t]*+(?:"[^"\n]*+"|'[^'\n]*+'|[^\s;&|"']++))"""
-)
+_SSHPASS_ARG: Final = rf"""(?:{_LIST_SEP}[^"'\n]*+|[ \t]*+(?:"[^"\n]*+"|'[^'\n]*+'|[^\s;&|"']++))"""
 _SSHPASS_OPTIONS_RE: Final = re.compile(
-    r"""(?:(?:[ \t]++|["'],[ \t]*+["'])"""
-    rf"""(?:-[fdP]{_SSHPASS_ARG}|-[ehvV](?![\w\-])|-p{_SSHPASS_ARG}))*+"""
+    rf"""(?:(?:[ \t]++|{_LIST_SEP})(?:-[fdP]{_SSHPASS_ARG}|-[ehvV](?![\w\-])|-p{_SSHPASS_ARG}))*+"""
 )
 # The rest of a shell command: quoted strings whole (a ; & | in quotes is part of the
 # command), backslash escapes (a continued line), and not ; & | a line break, a comment
@@ -323,11 +325,13 @@ _CLI_PASSWORD_PATTERN: Final = (
 )
 _SSHPASS: Final = next(i for i, (c, _) in enumerate(_PASSWORD_OPTIONS) if c == "sshpass")
 _CLI_PASSWORD_RE: Final = re.compile(_CLI_PASSWORD_PATTERN)
-# An argument vector worth reading as a command line: one element names a command.
-_ARGV_HINT_RE: Final = re.compile(
-    r"(?:login|sshpass|mongo|redis|mysql|mariadb|7z|zip|ssh-keygen|ldap|openssl|keytool"
-    r"|jarsigner|smbclient|skopeo|podman|buildah)"
+_CLI_PASSWORD_TRIGGERS: Final = (
+    *("login", "sshpass", "mongo", "redis-cli", "mysql", "mariadb", "zip", "7z"),
+    *("ssh-keygen", "ldap", "openssl", "keytool", "jarsigner", "smbclient", "sudo"),
+    *("creds", "redis-server"),
 )
+# An argument vector worth reading as a command line: an element holds a trigger.
+_ARGV_HINT_RE: Final = re.compile("|".join(map(re.escape, _CLI_PASSWORD_TRIGGERS)))
 # echo or printf into sudo -S (sudo(8), -S, --stdin: the password is read from stdin).
 _SUDO_STDIN_RE: Final = re.compile(
     r"""(?:echo(?:[ \t]++-[neE]{1,3}+)?|printf(?:[ \t]++["']?%s(?:\\n)?["']?)?)[ \t]++"""
@@ -335,6 +339,137 @@ _SUDO_STDIN_RE: Final = re.compile(
     r"""|"[^"\n]{1,256}+"|'[^'\n]{1,256}+'|[^\s"'|;&\\]{1,256}+)"""
     r"""[ \t]*+\|[ \t]*+sudo\b[^\n;&|]{0,128}?[ \t](?:-[A-Za-z]*S|--stdin)(?![\w\-])"""
 )
+
+
+def _cli_password_spans(text: str, commands: re.Pattern[str]) -> list[tuple[int, int]]:
+    """Spans of the passwords given to the commands of :data:`_PASSWORD_OPTIONS` in
+    ``text`` (rule ``cli_password_flag``), and of values echoed into ``sudo -S``.
+
+    For each command word found by ``commands`` in command position (see
+    :func:`_in_command_position`), the rest of its shell command (:func:`_command_end`;
+    4,096 characters at most, and on from there if the command goes on) is read for
+    every one of the command's password options; a value in quotes (raw or
+    JSON-escaped) runs to the same quote on its line, spaces included. A command's
+    region is read once however many of its command words it holds, so the whole scan
+    is linear in ``len(text)`` (for each of the commands at most).
+    """
+    spans: list[tuple[int, int]] = []
+    # Per command: where its last region ended, and whether only the 4,096 bound ended it.
+    scanned: dict[str, tuple[int, bool]] = {}
+    for match in commands.finditer(text):
+        family = match.lastgroup
+        if family is None:
+            continue
+        if family == "sudo":
+            echoed = _SUDO_STDIN_RE.match(text, match.start())
+            if echoed is not None:
+                start, end = echoed.span("value")
+                if text[start] == "\\":
+                    start, end = start + 2, end - 2
+                elif text[start] in "\"'":
+                    start, end = start + 1, end - 1
+                spans.append((start, end))
+            continue
+        region_end, bounded = scanned.get(family, (0, False))
+        if match.start() < region_end:
+            if not bounded:
+                continue
+            position = region_end  # the same command, past the bound: read on
+        else:
+            if not _in_command_position(text, match.start()):
+                continue
+            position = match.end()
+        index = int(family[1:])
+        stop, bounded = _command_end(text, position)
+        limit = stop
+        if index == _SSHPASS and position == match.end():
+            # Only sshpass's own options: the command it runs comes next (its -p is a port).
+            own = _SSHPASS_OPTIONS_RE.match(text, position, stop)
+            limit = own.end() if own is not None else position
+        options = _OPTION_RES[index]
+        while position < limit:
+            option = options.search(text, position, limit)
+            if option is None:
+                break
+            value = _option_value(text, option, limit)
+            if value is None:
+                position = option.end()
+                continue
+            spans.append(value)
+            position = value[1]
+            if position > stop:  # a quoted value ran past the command's end
+                stop, bounded = _command_end(text, position)
+                limit = position if index == _SSHPASS else stop
+        # A bounded region is read on from a little before its end: an option cut by the
+        # bound is read whole next time.
+        scanned[family] = (max(stop - 256 if bounded else stop, match.end()), bounded)
+    return spans
+
+
+def _command_end(text: str, position: int) -> tuple[int, bool]:
+    """Where the shell command going on at ``position`` ends (``;``, ``&``, ``|``, a line
+    break no backslash continues, or a written ``\n``; quoted strings are read whole),
+    within 4,096 characters; and whether only that bound ended it."""
+    bound = min(len(text), position + 4096)
+    end = _COMMAND_REST_RE.match(text, position, bound)
+    found = end.end() if end is not None else position
+    return found, found >= bound and bound < len(text)
+
+
+def _in_command_position(text: str, start: int) -> bool:
+    """Whether the command word at ``start`` is the command run, not an argument of
+    another: not inside a volume, URL or option value (``mysql-data:/var/lib/mysql``,
+    ``--name=mongo``), not right after an option naming a container or host, nor after a
+    command whose next word is a host or a container (``_NOT_A_COMMAND_AFTER``)."""
+    chunk = text[max(0, start - 256) : start]
+    cut = max(chunk.rfind(c) for c in _COMMAND_START_CHARS)
+    escaped = chunk.rfind("\\n")
+    if escaped >= 0 and escaped + 1 > cut:
+        cut = escaped + 1
+    words = chunk[cut + 1 :].split()
+    if not words:
+        return True
+    if not chunk[-1].isspace():  # the last word is the start of the command word's own
+        own = words[-1]
+        own = own[max(own.rfind(c) for c in "\"'`([{,") + 1 :]  # {"cmd":"docker login
+        if ":" in own or "=" in own:
+            return False
+        words.pop()
+        if not words:
+            return True
+    return words[-1].strip("\"'`([{,").lower() not in _NOT_A_COMMAND_AFTER
+
+
+def _option_value(text: str, option: re.Match[str], stop: int) -> tuple[int, int] | None:
+    """The span of the value after ``option`` (a match of an :data:`_OPTION_RES`
+    pattern), or ``None`` when there is none (the next option, the end of the command).
+    A quoted value runs to the same quote, or to the end of its line when it never
+    closes.
+    """
+    position = option.end()
+    groups = option.groupdict()
+    quote = groups.get("open") or next(
+        (v for k, v in groups.items() if k.startswith("lq") and v), None
+    )
+    if not quote:
+        opened = _QUOTE_RE.match(text, position)
+        if opened is not None:
+            if _quote_closes(text, position, opened.group(), opened.end()):
+                return None  # os.system("mysql -uroot -p" + pw): the string ends there
+            quote, position = opened.group(), opened.end()
+    if quote:
+        close = text.find(quote, position, position + 4096)
+        if close < 0:  # rare: then a search to the end, and the value goes as far
+            close = text.find(quote, position)
+        line_end = text.find("\n", position, close if close >= 0 else len(text))
+        if line_end >= 0:
+            end = line_end - (text[line_end - 1 : line_end] == "\r")
+        else:
+            end = close if close >= 0 else len(text)
+        return (position, end) if end > position else None
+    value = _UNQUOTED_VALUE_RE.match(text, position, stop)
+    return value.span() if value is not None else None
+
 
 # Between .netrc tokens: white space, or its escapes in a printf or echo -e argument.
 _NETRC_SEP: Final = r"(?:[ \t\r\n]|\\[nrt])++"
@@ -446,18 +581,14 @@ BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
     ),
     # A password given as the value of a command's own option (each its manual; see
     # _PASSWORD_OPTIONS), or echoed into sudo -S. The pattern finds the command words;
-    # Redactor._cli_password_spans then reads the rest of that shell command (up to ; & |
-    # or a line break) for the command's password options, every one of them, with
-    # values quoted or not, so that elsewhere -p stays a port (ssh -p 22, psql -p 5432,
-    # docker run -p 8080:80).
+    # _cli_password_spans (its ``spans``) then reads the rest of each shell command for
+    # the command's password options, every one of them, with values quoted or not, so
+    # that elsewhere -p stays a port (ssh -p 22, psql -p 5432, docker run -p 8080:80).
     SecretRule(
         RULE_CLI_PASSWORD_FLAG,
         _CLI_PASSWORD_PATTERN,
-        (
-            *("login", "sshpass", "mongo", "redis-cli", "mysql", "mariadb", "zip", "7z"),
-            *("ssh-keygen", "ldap", "openssl", "keytool", "jarsigner", "smbclient", "sudo"),
-            *("creds", "redis-server"),
-        ),
+        _CLI_PASSWORD_TRIGGERS,
+        spans=_cli_password_spans,
     ),
     # .netrc entries (curl, ftp, git and Python's netrc module read them): "machine HOST"
     # or "default", other tokens, then "password PASSWORD" (inetutils ftp(1), "The .netrc
@@ -561,8 +692,7 @@ class _CompiledRule:
     regex: re.Pattern[str]
     secret_group: int
     is_assignment: bool
-    # The built-in cli_password_flag: its pattern finds commands, code finds the values.
-    is_cli_options: bool = False
+    spans: Callable[[str, re.Pattern[str]], list[tuple[int, int]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -727,7 +857,7 @@ class RedactionRules:
             regex,
             group,
             rule.name == RULE_ASSIGNMENT,
-            rule.name == RULE_CLI_PASSWORD_FLAG and rule.pattern == _CLI_PASSWORD_PATTERN,
+            rule.spans,
         )
 
     def key_is_sensitive(self, key: str) -> bool:
@@ -768,136 +898,6 @@ def _key_triggers(names: Iterable[str]) -> tuple[str, ...]:
             continue
         chosen.append(max(parts, key=len))
     return tuple(t for t in chosen if not any(o != t and o in t for o in chosen))
-
-
-def _cli_password_spans(text: str, commands: re.Pattern[str]) -> list[tuple[int, int]]:
-    """Spans of the passwords given to the commands of :data:`_PASSWORD_OPTIONS` in
-    ``text`` (rule ``cli_password_flag``), and of values echoed into ``sudo -S``.
-
-    For each command word found by ``commands`` in command position (see
-    :func:`_in_command_position`), the rest of its shell command (:func:`_command_end`;
-    4,096 characters at most, and on from there if the command goes on) is read for
-    every one of the command's password options; a value in quotes (raw or
-    JSON-escaped) runs to the same quote on its line, spaces included. A command's
-    region is read once however many of its command words it holds, so the whole scan
-    is linear in ``len(text)`` (for each of the commands at most).
-    """
-    spans: list[tuple[int, int]] = []
-    # Per command: where its last region ended, and whether only the 4,096 bound ended it.
-    scanned: dict[str, tuple[int, bool]] = {}
-    for match in commands.finditer(text):
-        family = match.lastgroup
-        if family is None:
-            continue
-        if family == "sudo":
-            echoed = _SUDO_STDIN_RE.match(text, match.start())
-            if echoed is not None:
-                start, end = echoed.span("value")
-                if text[start] == "\\":
-                    start, end = start + 2, end - 2
-                elif text[start] in "\"'":
-                    start, end = start + 1, end - 1
-                spans.append((start, end))
-            continue
-        region_end, bounded = scanned.get(family, (0, False))
-        if match.start() < region_end:
-            if not bounded:
-                continue
-            position = region_end  # the same command, past the bound: read on
-        else:
-            if not _in_command_position(text, match.start()):
-                continue
-            position = match.end()
-        index = int(family[1:])
-        stop, bounded = _command_end(text, position)
-        limit = stop
-        if index == _SSHPASS and position == match.end():
-            # Only sshpass's own options: the command it runs comes next (its -p is a port).
-            own = _SSHPASS_OPTIONS_RE.match(text, position, stop)
-            limit = own.end() if own is not None else position
-        options = _OPTION_RES[index]
-        while position < limit:
-            option = options.search(text, position, limit)
-            if option is None:
-                break
-            value = _option_value(text, option, limit)
-            if value is None:
-                position = option.end()
-                continue
-            spans.append(value)
-            position = value[1]
-            if position > stop:
-                stop, bounded = _command_end(text, position)
-                limit = max(limit, min(stop, position)) if index == _SSHPASS else stop
-        # A bounded region is read on from a little before its end: an option cut by the
-        # bound is read whole next time.
-        scanned[family] = (max(stop - 256 if bounded else stop, match.end()), bounded)
-    return spans
-
-
-def _command_end(text: str, position: int) -> tuple[int, bool]:
-    """Where the shell command going on at ``position`` ends (``;``, ``&``, ``|``, a line
-    break no backslash continues, or a written ``\n``; quoted strings are read whole),
-    within 4,096 characters; and whether only that bound ended it."""
-    bound = min(len(text), position + 4096)
-    end = _COMMAND_REST_RE.match(text, position, bound)
-    found = end.end() if end is not None else position
-    return found, found >= bound and bound < len(text)
-
-
-def _in_command_position(text: str, start: int) -> bool:
-    """Whether the command word at ``start`` is the command run, not an argument of
-    another: not inside a volume, URL or option value (``mysql-data:/var/lib/mysql``,
-    ``--name=mongo``), not right after an option naming a container or host, nor after a
-    command whose next word is a host or a container (``_NOT_A_COMMAND_AFTER``)."""
-    chunk = text[max(0, start - 256) : start]
-    cut = max(chunk.rfind(c) for c in _COMMAND_START_CHARS)
-    escaped = chunk.rfind("\\n")
-    if escaped >= 0 and escaped + 1 > cut:
-        cut = escaped + 1
-    words = chunk[cut + 1 :].split()
-    if not words:
-        return True
-    if not chunk[-1].isspace():  # the last word is the start of the command word's own
-        own = words[-1]
-        own = own[max(own.rfind(c) for c in "\"'`([{,") + 1 :]  # {"cmd":"docker login
-        if ":" in own or "=" in own:
-            return False
-        words.pop()
-        if not words:
-            return True
-    return words[-1].strip("\"'`([{,").lower() not in _NOT_A_COMMAND_AFTER
-
-
-def _option_value(text: str, option: re.Match[str], stop: int) -> tuple[int, int] | None:
-    """The span of the value after ``option`` (a match of an :data:`_OPTION_RES`
-    pattern), or ``None`` when there is none (the next option, the end of the command).
-    A quoted value runs to the same quote, or to the end of its line when it never
-    closes.
-    """
-    position = option.end()
-    groups = option.groupdict()
-    quote = groups.get("open") or next(
-        (v for k, v in groups.items() if k.startswith("lq") and v), None
-    )
-    if not quote:
-        opened = _QUOTE_RE.match(text, position)
-        if opened is not None:
-            if _quote_closes(text, position, opened.group(), opened.end()):
-                return None  # os.system("mysql -uroot -p" + pw): the string ends there
-            quote, position = opened.group(), opened.end()
-    if quote:
-        close = text.find(quote, position, position + 4096)
-        if close < 0:  # rare: then a search to the end, and the value goes as far
-            close = text.find(quote, position)
-        line_end = text.find("\n", position, close if close >= 0 else len(text))
-        if line_end >= 0:
-            end = line_end - (text[line_end - 1 : line_end] == "\r")
-        else:
-            end = close if close >= 0 else len(text)
-        return (position, end) if end > position else None
-    value = _UNQUOTED_VALUE_RE.match(text, position, stop)
-    return value.span() if value is not None else None
 
 
 def _argument_list_spans(items: Sequence[str]) -> dict[int, list[tuple[int, int]]]:
@@ -1205,7 +1205,8 @@ class Redactor:
         self._matcher = canary_matcher
         self._trigger_matcher = trigger_matcher
         self._placeholders = {name: placeholder(name) for name in self.rules.rule_names}
-        self._argv = any(c.is_cli_options for c in self.rules._compiled)
+        # Argument vectors are read as command lines when the rule that reads those is on.
+        self._argv = any(c.spans is _cli_password_spans for c in self.rules._compiled)
         self._clean: set[str] = set()
         self._clean_json: dict[str, int] = {}
         self._key_cache: dict[str, bool] = {}
@@ -1456,8 +1457,8 @@ class Redactor:
                 if index == rules._key_index:
                     continue
                 crule = rules._compiled[index]
-                if crule.is_cli_options:
-                    found: Iterable[tuple[int, int]] = _cli_password_spans(text, crule.regex)
+                if crule.spans is not None:
+                    found: Iterable[tuple[int, int]] = crule.spans(text, crule.regex)
                 elif crule.is_assignment:
                     found = [
                         match.span(crule.secret_group)
@@ -1469,12 +1470,7 @@ class Redactor:
                     group = crule.secret_group
                     found = [match.span(group) for match in crule.regex.finditer(text)]
                 for start, end in found:
-                    if start < 0 or end <= start:
-                        continue
-                    secret = text[start:end]
-                    if secret.startswith(PLACEHOLDER_PREFIX) and self._own_placeholder(secret):
-                        continue
-                    if rules._allowed and any(p.fullmatch(secret) for p in rules._allowed):
+                    if start < 0 or end <= start or not self._redactable(text[start:end]):
                         continue
                     spans.append((start, end, index))
         if spans and PLACEHOLDER_PREFIX in text:
@@ -1495,6 +1491,14 @@ class Redactor:
         position = self._emit(text, pieces, position, (cur_start, cur_end, cur_rule), hits)
         pieces.append(text[position:])
         return "".join(pieces)
+
+    def _redactable(self, secret: str) -> bool:
+        """Whether a rule's match is replaced: not a placeholder of ours (redacting twice
+        equals once), nor an allowed value."""
+        if secret.startswith(PLACEHOLDER_PREFIX) and self._own_placeholder(secret):
+            return False
+        allowed = self.rules._allowed
+        return not (allowed and any(p.fullmatch(secret) for p in allowed))
 
     def _emit(
         self, text: str, pieces: list[str], position: int, span: tuple[int, int, int], hits: Hits
@@ -1585,9 +1589,7 @@ class Redactor:
             position = 0
             for start, end in sorted(spans):
                 secret = item[start:end]
-                if start < position or (
-                    secret.startswith(PLACEHOLDER_PREFIX) and self._own_placeholder(secret)
-                ):
+                if start < position or not self._redactable(secret):
                     continue
                 pieces += (item[position:start], self._placeholder(RULE_CLI_PASSWORD_FLAG, secret))
                 position = end

@@ -1359,7 +1359,7 @@ def test_argument_vectors_are_read_as_one_command_line(
 ) -> None:
     """An argv (OTel's process.command_args, a tool's JSON command list) is walked element
     by element; its password options are found across elements (second review)."""
-    out, got = REDACTOR.redact_value(value), {}
+    out = REDACTOR.redact_value(value)
     assert out == expected
     _, got = REDACTOR.redact_text(json.dumps(value))
     assert got.get("cli_password_flag", 0) == hits
