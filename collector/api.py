@@ -54,6 +54,7 @@ from starlette.routing import Route
 
 from . import queries
 from .detect import LOOP_DETECTORS
+from .events import MAX_RUN_ID_CHARS
 from .http import token_matches
 from .store import RUN_ORDERS, ReadTimeout, RunDetail, RunsPage, StoreReader
 
@@ -282,7 +283,7 @@ def create_api_app(
 
     async def run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        if len(run_id) > _MAX_FILTER_CHARS:
+        if len(run_id) > MAX_RUN_ID_CHARS:  # the collector refuses longer ones at ingest
             raise ApiError(400, "bad_parameter", "run id too long")
         detail = await run_in_threadpool(_get_run, reader, run_id)
         if detail is None:

@@ -37,6 +37,10 @@ What is refused, and how:
   the wrong type. An all-zero parent span id means "no parent", as in the OpenTelemetry
   Collector's ``pdata``.
   Malformed resource or scope attributes reject every span under them.
+  :func:`decode_body` then refuses the loopwatch spans no row could be made of
+  (:func:`~loopwatch.collector.events.refuse_unmappable`: no or an over-long
+  ``loopwatch.run.id``, an unknown ``loopwatch.event``), which would otherwise be
+  acknowledged and never stored.
 
 Rejection messages are fixed strings: they never echo span content.
 
@@ -61,6 +65,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from .errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
+from .events import refuse_unmappable
 from .records import (
     Attributes,
     AttrValue,
@@ -221,7 +226,9 @@ def decode_body(
             body over it is refused too), in bytes.
 
     Returns:
-        The decoded batch (see :func:`decode_protobuf` and :func:`decode_json`).
+        The decoded batch (see :func:`decode_protobuf` and :func:`decode_json`), the
+        loopwatch spans no row could be made of refused on it
+        (:func:`~loopwatch.collector.events.refuse_unmappable`).
 
     Raises:
         DecodeError: the body is not valid OTLP in that encoding.
@@ -234,7 +241,9 @@ def decode_body(
         raise PayloadTooLarge(
             limit_bytes=max_decompressed_bytes, stage="decompressed", observed_bytes=len(body)
         )
-    return decode_json(body) if as_json else decode_protobuf(body)
+    batch = decode_json(body) if as_json else decode_protobuf(body)
+    refuse_unmappable(batch)
+    return batch
 
 
 class _Rejected(Exception):

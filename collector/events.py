@@ -23,7 +23,11 @@ one builds a new row with :func:`dataclasses.replace` and swaps it in
 loopwatch spans (DESIGN section 4) are recognised by ``loopwatch.event`` (decision,
 tool_result, stop) and, for the run span, ``gen_ai.operation.name=invoke_agent`` with
 ``loopwatch.run.id``. Other spans in a trace that holds loopwatch spans (model-call spans
-of other instrumentations nest inside decisions) are not mapped again.
+of other instrumentations nest inside decisions) are not mapped again. A span that
+carries ``loopwatch.event`` or ``loopwatch.run.id`` but is none of those (no run id, a
+run id over :data:`MAX_RUN_ID_CHARS` characters, an unknown ``loopwatch.event``) is
+refused at decode by :func:`refuse_unmappable`, so the client learns of it in
+``partial_success`` instead of an acknowledgement for a span never stored.
 
 Third-party runs (``source`` ``genai`` or ``openinference``):
 
@@ -75,6 +79,10 @@ from .records import STATUS_ERROR, Attributes, AttrValue, SpanBatch, SpanRecord,
 __all__ = [
     "KIND_DECISION",
     "KIND_TOOL_RESULT",
+    "MAX_RUN_ID_CHARS",
+    "MSG_LONG_RUN_ID",
+    "MSG_NO_RUN_ID",
+    "MSG_UNKNOWN_EVENT",
     "SOURCES",
     "SOURCE_GENAI",
     "SOURCE_LOOPWATCH",
@@ -93,12 +101,24 @@ __all__ = [
     "StepRow",
     "StopRow",
     "premap",
+    "refuse_unmappable",
 ]
 
 SOURCE_LOOPWATCH: Final = "loopwatch"
 SOURCE_GENAI: Final = "genai"
 SOURCE_OPENINFERENCE: Final = "openinference"
 SOURCES: Final = (SOURCE_LOOPWATCH, SOURCE_GENAI, SOURCE_OPENINFERENCE)
+
+MAX_RUN_ID_CHARS: Final = 4096
+"""Longest ``loopwatch.run.id`` accepted, in characters: the longest run id the API's run
+view takes (``GET /api/v1/runs/{run_id}``, bound by the HTTP request line)."""
+MSG_NO_RUN_ID: Final = "loopwatch span without a loopwatch.run.id (need a non-empty value)"
+MSG_LONG_RUN_ID: Final = f"loopwatch.run.id longer than {MAX_RUN_ID_CHARS} characters"
+MSG_UNKNOWN_EVENT: Final = (
+    "loopwatch span of no known kind (loopwatch.event decision, tool_result or stop, "
+    "or a run span with gen_ai.operation.name invoke_agent)"
+)
+_LW_EVENTS: Final = frozenset({sc.EVENT_DECISION, sc.EVENT_TOOL_RESULT, sc.EVENT_STOP})
 
 KIND_DECISION: Final = sc.EVENT_DECISION
 KIND_TOOL_RESULT: Final = sc.EVENT_TOOL_RESULT
@@ -732,6 +752,53 @@ def _third_party_tool(span: SpanRecord, run_id: str, source: str, step: int) -> 
         arguments=arguments,
         result=result,
     )
+
+
+def _loopwatch_problem(attrs: Attributes) -> str | None:
+    """Why a loopwatch span (it carries ``loopwatch.event`` or ``loopwatch.run.id``) can
+    not become a row, or ``None``; what :func:`_map_loopwatch` would drop."""
+    run_id = _str(attrs, sc.LW_RUN_ID)
+    if not run_id:
+        return MSG_NO_RUN_ID
+    if len(run_id) > MAX_RUN_ID_CHARS:
+        return MSG_LONG_RUN_ID
+    event = attrs.get(sc.LW_EVENT)
+    if event in _LW_EVENTS:
+        return None
+    if event is None and attrs.get(sc.GEN_AI_OPERATION_NAME) == sc.OP_INVOKE_AGENT:
+        return None
+    return MSG_UNKNOWN_EVENT
+
+
+def refuse_unmappable(batch: SpanBatch) -> None:
+    """Refuse, on ``batch``, the loopwatch spans that no row could be made of.
+
+    A span that carries ``loopwatch.event`` or ``loopwatch.run.id`` is a loopwatch span
+    (DESIGN section 4); one with an empty or missing run id, a run id over
+    :data:`MAX_RUN_ID_CHARS` characters, or an event that is not ``decision``,
+    ``tool_result`` or ``stop`` (nor a run span: ``invoke_agent``) would be acknowledged
+    and never stored. Each is removed from ``batch.spans`` and counted with
+    ``batch.reject(1, message)`` (messages :data:`MSG_NO_RUN_ID`,
+    :data:`MSG_LONG_RUN_ID`, :data:`MSG_UNKNOWN_EVENT`: fixed, content-free), so it is
+    reported in ``partial_success`` and as ``invalid_span`` on
+    ``loopwatch_collector_spans_rejected_total``. Third-party spans are left alone.
+
+    Called by :func:`~loopwatch.collector.decode.decode_body` on every request, in
+    process and in decode workers. Constant work per span; no allocation unless a span
+    is refused.
+    """
+    spans = batch.spans
+    refused: list[int] = []
+    for index, span in enumerate(spans):
+        attrs = span.attributes
+        if sc.LW_EVENT in attrs or sc.LW_RUN_ID in attrs:
+            problem = _loopwatch_problem(attrs)
+            if problem is not None:
+                refused.append(index)
+                batch.reject(1, problem)
+    if refused:
+        drop = set(refused)
+        batch.spans = [span for index, span in enumerate(spans) if index not in drop]
 
 
 def _map_loopwatch(span: SpanRecord, out: MappedBatch) -> bool:

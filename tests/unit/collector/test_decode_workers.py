@@ -336,6 +336,65 @@ def test_bad_input_gets_the_same_answer(pair: tuple[Collector, Collector]) -> No
     assert pooled == inproc
 
 
+def _set_attribute(span: Any, key: str, **value: Any) -> None:
+    for attr in span.attributes:
+        if attr.key == key:
+            attr.value.Clear()
+            break
+    else:
+        attr = span.attributes.add()
+        attr.key = key
+    for field_name, v in value.items():
+        setattr(attr.value, field_name, v)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"loopwatch.run.id": {"string_value": ""}}, "without a loopwatch.run.id"),
+        ({"loopwatch.run.id": {"string_value": "r" * 4097}}, "longer than 4096 characters"),
+        ({"loopwatch.event": {"string_value": "Tool_Result"}}, "of no known kind"),
+    ],
+)
+def test_loopwatch_spans_no_row_is_made_of_are_refused_not_acknowledged(
+    pair: tuple[Collector, Collector], change: dict[str, dict[str, Any]], message: str
+) -> None:
+    """A loopwatch span with an empty or over-long run id, or an unknown
+    ``loopwatch.event``, was answered 200 with no partial success and then dropped by
+    the map stage (never stored, never counted as rejected: received != stored +
+    rejected). Found by an adversarial review, 2026-12-02. It is refused at decode,
+    in process and in a worker alike; the rest of the request is stored."""
+    request = encode_spans(record(looping_run()))
+    spans = request.resource_spans[0].scope_spans[0].spans
+    tools = [s for s in spans if s.name.startswith("execute_tool")]
+    for key, value in change.items():
+        _set_attribute(tools[0], key, **value)
+    body = request.SerializeToString()
+    answers, counts = [], []
+    for c in pair:
+        with TestClient(c.otlp_app()) as client:
+            response = client.post("/v1/traces", content=body, headers=PROTOBUF)
+        answers.append((response.status_code, response.content))
+        metrics = {
+            (s.name, s.labels.get("reason")): s.value
+            for family in text_string_to_metric_families(c.exposition().decode())
+            for s in family.samples
+            if s.name.startswith("loopwatch_collector_spans_")
+        }
+        stored = _stored(c, "SELECT count(*) FROM spans_seen")[0][0]
+        counts.append((metrics, stored))
+    assert answers[0] == answers[1]
+    status, content = answers[1]
+    partial = ExportTraceServiceResponse.FromString(content).partial_success
+    assert status == 200
+    assert partial.rejected_spans == 1
+    assert message in partial.error_message
+    for metrics, stored in counts:
+        received = metrics["loopwatch_collector_spans_received_total", None]
+        assert metrics["loopwatch_collector_spans_rejected_total", "invalid_span"] == 1
+        assert received == len(spans) == stored + 1
+
+
 def test_a_worker_killed_while_idle_costs_no_request(tmp_path: Path) -> None:
     """The next request goes to a replacement worker: nothing of it had reached the dead
     one. (Kills of a worker that holds a request: ``test_decode_pool.py``.)"""
