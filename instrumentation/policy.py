@@ -132,6 +132,18 @@ class ToolPolicy:
             replay (stable completion), not a new side effect.
         timeout_seconds: per-call timeout; ``None`` uses the profile's
             ``tool_timeout_seconds``. The run's remaining wall clock always bounds it.
+
+    Validated as a policy file's tool table is (DESIGN section 3: a policy is validated
+    at load), so a tool built in code cannot hold what a file could not: ``volatile`` and
+    ``progress`` are taken as any collection of non-empty strings (a bare string is
+    refused, not split into letters), a whole-number float ``repeat_limit`` becomes an
+    ``int`` and ``timeout_seconds`` a ``float``.
+
+    Raises:
+        PolicyError: every invalid field, with its path ``tools.<name>.<field>``: an empty
+            name, ``risk`` other than ``"read"``/``"write"``, ``repeat_limit`` not a whole
+            number >= 1, ``timeout_seconds`` not a finite number > 0, an empty
+            ``idempotency_key`` or one on a read tool.
     """
 
     name: str
@@ -141,6 +153,42 @@ class ToolPolicy:
     repeat_limit: int | None = None
     idempotency_key: str | None = None
     timeout_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        path = f"tools.{self.name}"
+        problems = _tool_problems(
+            path,
+            "<code>",
+            name=self.name,
+            risk=self.risk,
+            repeat_limit=self.repeat_limit,
+            key=self.idempotency_key,
+            timeout=self.timeout_seconds,
+        )
+        for attr in ("volatile", "progress"):
+            value = getattr(self, attr)
+            if isinstance(value, str | bytes) or not isinstance(
+                value, set | frozenset | list | tuple
+            ):
+                problems.append(
+                    PolicyProblem(
+                        f"{path}.{attr}",
+                        f"must be a set of non-empty strings, got {type(value).__name__}",
+                        "<code>",
+                    )
+                )
+            elif not all(isinstance(v, str) and v for v in value):
+                problems.append(
+                    PolicyProblem(f"{path}.{attr}", "must be a set of non-empty strings", "<code>")
+                )
+            else:
+                object.__setattr__(self, attr, frozenset(value))
+        if problems:
+            raise PolicyError(problems)
+        if self.repeat_limit is not None:
+            object.__setattr__(self, "repeat_limit", int(self.repeat_limit))
+        if self.timeout_seconds is not None:
+            object.__setattr__(self, "timeout_seconds", float(self.timeout_seconds))
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +253,12 @@ class Policy:
             problems.append(PolicyProblem(f"profiles.{self.name}", "name is empty", self.origin))
         if problems:
             raise PolicyError(problems)
+        # A whole-number float for a count (16.0) passed validation; the guard needs an int
+        # (a deque's maxlen, range()), as the file loader already converts.
+        for f in LIMIT_FIELDS:
+            value = getattr(self, f)
+            if _LIMIT_SPEC[f][0] == _INT and isinstance(value, float):
+                object.__setattr__(self, f, int(value))
         # A limit given to the constructor without a source was set in code.
         sources = {
             f: self.sources.get(f, "default" if getattr(self, f) == _LIMIT_SPEC[f][1] else "call")
@@ -398,42 +452,71 @@ def _parse_tool(
     if not isinstance(raw, dict):
         problems.append(PolicyProblem(path, "must be a table", source))
         return None
+    before = len(problems)
     for key in sorted(set(raw) - _TOOL_KEYS):
         problems.append(PolicyProblem(f"{path}.{key}", "unknown key", source))
+    volatile = _string_list(raw.get("volatile", []), f"{path}.volatile", source, problems)
+    progress = _string_list(raw.get("progress", []), f"{path}.progress", source, problems)
     risk = raw.get("risk", "read")
+    repeat_limit = raw.get("repeat_limit")
+    key = raw.get("idempotency_key")
+    timeout = raw.get("timeout_seconds")
+    problems.extend(
+        _tool_problems(
+            path, source, name=name, risk=risk, repeat_limit=repeat_limit, key=key, timeout=timeout
+        )
+    )
+    if len(problems) > before:
+        return None
+    return ToolPolicy(
+        name=name,
+        risk=risk,
+        volatile=volatile,
+        progress=progress,
+        repeat_limit=repeat_limit,
+        idempotency_key=key,
+        timeout_seconds=timeout,
+    )
+
+
+def _tool_problems(
+    path: str, source: str, *, name: Any, risk: Any, repeat_limit: Any, key: Any, timeout: Any
+) -> list[PolicyProblem]:
+    """The problems of one tool's settings, for a file's tool table and a
+    :class:`ToolPolicy` built in code alike (``path``: the tool's path)."""
+    problems: list[PolicyProblem] = []
+    if not isinstance(name, str) or not name:
+        problems.append(PolicyProblem(path, "the tool name must be a non-empty string", source))
     if risk not in ("read", "write"):
         problems.append(
             PolicyProblem(f"{path}.risk", f"must be 'read' or 'write', got {risk!r}", source)
         )
-        risk = "read"
-    volatile = _string_list(raw.get("volatile", []), f"{path}.volatile", source, problems)
-    progress = _string_list(raw.get("progress", []), f"{path}.progress", source, problems)
-    repeat_limit = raw.get("repeat_limit")
-    if repeat_limit is not None and (
-        isinstance(repeat_limit, bool) or not isinstance(repeat_limit, int) or repeat_limit < 1
-    ):
-        problems.append(
-            PolicyProblem(
-                f"{path}.repeat_limit", f"must be a whole number >= 1, got {repeat_limit!r}", source
-            )
+    if repeat_limit is not None:
+        whole = (
+            not isinstance(repeat_limit, bool)
+            and isinstance(repeat_limit, int | float)
+            and (isinstance(repeat_limit, int) or repeat_limit.is_integer())
         )
-        repeat_limit = None
-    elif repeat_limit is not None and (too_large := _out_of_range(repeat_limit, _INT, ">= 1")):
-        problems.append(PolicyProblem(f"{path}.repeat_limit", too_large, source))
-        repeat_limit = None
-    key = raw.get("idempotency_key")
+        if not whole or repeat_limit < 1:
+            problems.append(
+                PolicyProblem(
+                    f"{path}.repeat_limit",
+                    f"must be a whole number >= 1, got {repeat_limit!r}",
+                    source,
+                )
+            )
+        elif too_large := _out_of_range(int(repeat_limit), _INT, ">= 1"):
+            problems.append(PolicyProblem(f"{path}.repeat_limit", too_large, source))
     if key is not None and (not isinstance(key, str) or not key):
         problems.append(
             PolicyProblem(f"{path}.idempotency_key", "must be a non-empty string", source)
         )
-        key = None
-    if key is not None and risk != "write":
+    elif key is not None and risk != "write":
         problems.append(
             PolicyProblem(
                 f"{path}.idempotency_key", "only write tools take an idempotency key", source
             )
         )
-    timeout = raw.get("timeout_seconds")
     too_large = (
         _out_of_range(timeout, _FLOAT, "> 0")
         if isinstance(timeout, int) and not isinstance(timeout, bool)
@@ -441,7 +524,6 @@ def _parse_tool(
     )
     if too_large is not None:
         problems.append(PolicyProblem(f"{path}.timeout_seconds", too_large, source))
-        timeout = None
     elif timeout is not None and (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)
@@ -453,16 +535,7 @@ def _parse_tool(
                 f"{path}.timeout_seconds", f"must be a finite number > 0, got {timeout!r}", source
             )
         )
-        timeout = None
-    return ToolPolicy(
-        name=name,
-        risk=risk,
-        volatile=volatile,
-        progress=progress,
-        repeat_limit=repeat_limit,
-        idempotency_key=key,
-        timeout_seconds=None if timeout is None else float(timeout),
-    )
+    return problems
 
 
 def _parse_profile(

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from loopwatch.instrumentation import (
+    Decision,
     Policy,
     PolicyError,
+    Run,
+    ToolCall,
     ToolPolicy,
     builtin_profiles,
     load_policies,
@@ -158,6 +162,64 @@ def test_profile_selection(tmp_path: Path) -> None:
 def test_policies_built_in_code_are_validated(kwargs: dict[str, object], fragment: str) -> None:
     with pytest.raises(PolicyError, match=fragment):
         Policy.build(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"risk": "WRITE"}, "tools.t.risk: must be 'read' or 'write', got 'WRITE'"),
+        ({"timeout_seconds": float("nan")}, "timeout_seconds: must be a finite number > 0"),
+        ({"timeout_seconds": -1}, "timeout_seconds: must be a finite number > 0"),
+        ({"timeout_seconds": 0}, "timeout_seconds: must be a finite number > 0"),
+        ({"volatile": "ts"}, "volatile: must be a set of non-empty strings, got str"),
+        ({"progress": frozenset({""})}, "progress: must be a set of non-empty strings"),
+        ({"repeat_limit": 0}, "repeat_limit: must be a whole number >= 1"),
+        ({"repeat_limit": 2.5}, "repeat_limit: must be a whole number >= 1"),
+        ({"idempotency_key": "k"}, "only write tools take an idempotency key"),
+        ({"risk": "write", "idempotency_key": ""}, "idempotency_key: must be a non-empty"),
+    ],
+)
+def test_tool_policies_built_in_code_are_validated_as_files_are(
+    kwargs: dict[str, object], fragment: str
+) -> None:
+    """A ``ToolPolicy`` built in code was never checked (an adversarial review,
+    2026-12-02): ``risk="WRITE"`` made a write tool a read, so a repeated e-mail send was
+    allowed; a NaN timeout timed every call out at once; ``volatile="ts"`` became the
+    fields ``t`` and ``s``. The same values in a policy file were refused."""
+    with pytest.raises(PolicyError, match=re.escape(fragment)):
+        ToolPolicy("t", **kwargs)  # type: ignore[arg-type]
+
+
+def test_tool_policy_values_are_normalised() -> None:
+    tool = ToolPolicy("t", volatile=["a", "b"], progress=("cursor",), repeat_limit=3.0)  # type: ignore[arg-type]
+    assert tool.volatile == frozenset({"a", "b"}) and tool.progress == frozenset({"cursor"})
+    assert tool.repeat_limit == 3 and isinstance(tool.repeat_limit, int)
+    assert ToolPolicy("t", timeout_seconds=2).timeout_seconds == 2.0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"detector_window": 16.0}, {"cycle_max_period": 3.0}, {"repeat_limit": 4.0}],
+)
+def test_whole_number_floats_for_counts_become_ints(kwargs: dict[str, float]) -> None:
+    """``Policy.build(detector_window=16.0)`` passed validation ("a whole number"), then
+    ``Guard`` raised an untyped ``TypeError`` (an adversarial review, 2026-12-02). The
+    file loader converted such values; a policy built in code, directly or through
+    ``with_overrides``, now does too, and a guard runs on it."""
+    ((key, value),) = kwargs.items()
+    for policy in (
+        Policy.build(**kwargs),
+        Policy(**kwargs),  # type: ignore[arg-type]
+        Policy().with_overrides(**kwargs),
+    ):
+        assert getattr(policy, key) == int(value)
+        assert isinstance(getattr(policy, key), int)
+        with Run("a", policy, tools={"poll": lambda: "pending"}) as run:
+            while not run.stopped:
+                run.decide(lambda: Decision.tool(ToolCall("poll")))
+                if not run.stopped:
+                    run.call_tool("poll", {})
+        assert run.outcome.stop.reason.value == "repeated_action"
 
 
 def test_policy_is_immutable() -> None:
