@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,7 @@ from .errors import PolicyError, PolicyProblem
 __all__ = [
     "DEFAULT_VOLATILE_FIELDS",
     "LIMIT_FIELDS",
+    "MAX_POLICY_FILE_BYTES",
     "Policy",
     "ToolPolicy",
     "builtin_profiles",
@@ -101,6 +103,8 @@ _LIMIT_SPEC: Final[dict[str, tuple[str, float, float, bool]]] = {
 }
 LIMIT_FIELDS: Final[tuple[str, ...]] = tuple(_LIMIT_SPEC)
 _MAX_DETECTOR_WINDOW: Final = 4096
+MAX_POLICY_FILE_BYTES: Final = 1 << 20
+"""Largest policy file read, in bytes (1 MiB; the shipped seed file is under 2 KiB)."""
 _MAX_INT: Final = 2**63 - 1
 _PROFILE_KEYS: Final = frozenset({*_LIMIT_SPEC, "version", "description", "strict_tools", "tools"})
 _TOOL_KEYS: Final = frozenset(
@@ -632,12 +636,24 @@ def load_policies(path: str | os.PathLike[str]) -> dict[str, Policy]:
         ``{profile name: Policy}`` in file order.
 
     Raises:
-        PolicyError: the file is unreadable or any profile is invalid (every problem).
+        PolicyError: the file is unreadable, not a regular file (a FIFO, ``/dev/zero``),
+            larger than :data:`MAX_POLICY_FILE_BYTES`, or any profile is invalid (every
+            problem).
     """
     source = str(path)
     try:
+        # Checked before opening: opening a FIFO blocks until a writer comes, and a
+        # device such as /dev/zero is read without end.
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise PolicyError([PolicyProblem("<file>", "not a regular file", source)])
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_POLICY_FILE_BYTES + 1)
+        if len(data) > MAX_POLICY_FILE_BYTES:
+            raise PolicyError(
+                [PolicyProblem("<file>", f"larger than {MAX_POLICY_FILE_BYTES} bytes", source)]
+            )
         # utf-8-sig: a byte-order mark (Windows editors write one) is not TOML syntax.
-        text = Path(path).read_text(encoding="utf-8-sig")
+        text = data.decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         # strerror ("No such file or directory") says what to fix; never the content.
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from loopwatch.instrumentation import (
     load_policies,
     load_policy,
 )
-from loopwatch.instrumentation.policy import LIMIT_FIELDS, check_policy_file
+from loopwatch.instrumentation.policy import LIMIT_FIELDS, MAX_POLICY_FILE_BYTES, check_policy_file
 
 from ...conftest import TESTDATA
 
@@ -86,6 +87,36 @@ def test_zero_tool_attempts_is_legal() -> None:
 def test_missing_file_is_a_policy_error() -> None:
     with pytest.raises(PolicyError, match="cannot read: No such file or directory"):
         load_policies(POLICIES / "does-not-exist.toml")
+
+
+def test_a_policy_path_that_is_not_a_small_regular_file_is_refused(tmp_path: Path) -> None:
+    """``check-policy /dev/zero`` grew to 3.4 GB in 4 s and a FIFO with no writer hung it
+    (an adversarial review, 2026-12-02): the loader read any path whole. A FIFO is now
+    refused before it is opened, and a file is read up to its cap."""
+    fifo = tmp_path / "policy.fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"# padding\n" * (MAX_POLICY_FILE_BYTES // 10 + 1))
+    cases = [
+        ("/dev/zero", "not a regular file"),
+        (fifo, "not a regular file"),
+        (tmp_path, "not a regular file"),
+        (big, f"larger than {MAX_POLICY_FILE_BYTES} bytes"),
+    ]
+    for path, fragment in cases:
+        with pytest.raises(PolicyError, match=re.escape(fragment)) as caught:
+            load_policies(path)
+        assert str(path) in str(caught.value)
+        assert [str(p) for p in check_policy_file(path)] == [str(caught.value)]
+    done = subprocess.run(
+        [sys.executable, "-m", "loopwatch.cli", "check-policy", "/dev/zero"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0 and "not a regular file" in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_seed_profiles() -> None:
