@@ -212,9 +212,12 @@ def _worker_main(
     """A worker's life: answer bodies from ``sock`` until the serving process closes its
     end or dies (end of file, or a broken pipe on the answer)."""
     global _WORKER_REDACT, _WORKER_MAX_DECOMPRESSED_BYTES
-    # Ctrl-C reaches the whole process group: the serving process drains and stops the
-    # workers itself, so they must not die mid-batch with a traceback of their own.
+    # Ctrl-C, and the SIGTERM of systemd's default stop or of `timeout`, reach the whole
+    # process group: the serving process drains and stops the workers itself (they exit
+    # on the end of file of their socket), so they must not die mid-batch, with a
+    # traceback of their own or as a lost worker the pool starts again.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _WORKER_REDACT = RedactStage(canaries=canaries, hmac_key=hmac_key)
     _WORKER_MAX_DECOMPRESSED_BYTES = max_bytes
     tune_gc()

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import httpx
 import pytest
 from loopwatch.collector import workers
@@ -449,6 +450,31 @@ def test_workers_exit_when_the_collector_is_sigkilled(tmp_path: Path) -> None:
         time.sleep(0.1)
     alive = [p for p in children if Path(f"/proc/{p}").exists()]
     assert not alive, "decode worker processes outlived a SIGKILLed collector"
+
+
+def test_sigterm_to_the_process_group_shuts_down_cleanly(tmp_path: Path) -> None:
+    """systemd's default stop and ``timeout`` send SIGTERM to the whole process group:
+    the worker died of it before the serving process closed it, which logged ``ERROR
+    decode worker 0 lost (end of file); starting it again`` on every such shutdown (an
+    adversarial review, 2026-12-02). Workers now leave SIGTERM to the serving process,
+    as they did SIGINT; the acknowledged run is stored."""
+    config = tmp_path / "collector.toml"
+    config.write_text("[pipeline]\ndecode_workers = 1\n")
+    collector = start_collector(tmp_path, "--config", str(config), db_path=tmp_path / "g.duckdb")
+    body = encode_spans(record(looping_run())).SerializeToString()
+    response = httpx.post(collector.otlp_url, content=body, headers=PROTOBUF, timeout=30)
+    assert response.status_code == 200, response.text
+    children = _descendants(collector.proc.pid)
+    os.killpg(collector.proc.pid, signal.SIGTERM)  # start_collector: its own session
+    assert collector.proc.wait(30) == 0
+    log = collector.stderr_text()
+    assert "lost" not in log and "ERROR" not in log, log
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in children):
+        time.sleep(0.1)
+    assert not [p for p in children if Path(f"/proc/{p}").exists()]
+    with duckdb.connect(str(tmp_path / "g.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (1,)
 
 
 def _decode_worker_pids(collector_pid: int, min_age_s: float = 0.0) -> list[int]:
