@@ -602,6 +602,12 @@ def _server(app: Any) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
+def _bound_address(sock: socket.socket) -> str:
+    """``host:port`` a listening socket is bound to (``[host]:port`` for IPv6)."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 async def _serve(
     collector: Collector,
     sockets: list[socket.socket],
@@ -631,7 +637,8 @@ async def _serve(
             raise OSError("a listener failed to start")
         await asyncio.sleep(0.02)
     if announce:
-        otlp, http = collector.config.server.otlp_http, collector.config.server.http
+        # The bound addresses, not the configured ones: with port 0 the kernel chose.
+        otlp, http = (_bound_address(sock) for sock in sockets)
         grpc_text = ""
         if grpc_server is not None:
             host, _ = parse_hostport(grpc_server.address, what="server.otlp_grpc")

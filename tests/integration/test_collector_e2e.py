@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,9 @@ from .services import (
     STOP_SCENARIOS,
     CollectorProcess,
     MetricSamples,
+    _child_env,
     emit_loopwatch_runs,
+    loopwatch_command,
     poll_until,
     run_collector_cli,
     start_collector,
@@ -316,3 +320,48 @@ def test_bad_config_exits_2_with_one_line(
     assert len(lines) == 1, (case, done.stderr[-2000:])
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "never.duckdb").exists(), "a bad config must not create the db"
+
+
+def test_the_banner_names_the_ports_bound_when_port_0_is_asked(tmp_path: Path) -> None:
+    """With ``--otlp-http 127.0.0.1:0 --http 127.0.0.1:0`` the banner printed ``:0``, so a
+    caller could not tell where the collector listened (an adversarial review,
+    2026-12-02). It prints the ports the kernel chose, and both answer there."""
+    proc = subprocess.Popen(
+        [
+            *loopwatch_command(),
+            "collector",
+            "--db",
+            str(tmp_path / "c.duckdb"),
+            "--otlp-http",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=_child_env(),
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        banner = proc.stdout.readline().decode()
+        found = re.search(
+            r"OTLP/HTTP http://127\.0\.0\.1:(\d+)/v1/traces, metrics http://127\.0\.0\.1:(\d+)/",
+            banner,
+        )
+        assert found is not None, banner
+        otlp, api = (int(port) for port in found.groups())
+        assert 0 not in (otlp, api) and otlp != api
+        assert httpx.get(f"http://127.0.0.1:{api}/healthz", timeout=10).status_code == 200
+        answer = httpx.post(
+            f"http://127.0.0.1:{otlp}/v1/traces",
+            content=b"",
+            headers={"content-type": "application/x-protobuf"},
+            timeout=10,
+        )
+        assert answer.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
