@@ -93,6 +93,7 @@ __all__ = [
     "STOP_ORIGIN_INFERRED",
     "STOP_ORIGIN_RUN_SPAN",
     "STOP_ORIGIN_STOP_SPAN",
+    "UNKNOWN_AGENT",
     "MapStage",
     "MappedBatch",
     "PartialMap",
@@ -109,6 +110,9 @@ SOURCE_GENAI: Final = "genai"
 SOURCE_OPENINFERENCE: Final = "openinference"
 SOURCES: Final = (SOURCE_LOOPWATCH, SOURCE_GENAI, SOURCE_OPENINFERENCE)
 
+UNKNOWN_AGENT: Final = "unknown"
+"""The agent label of a tool call or stop whose span, and its run, named no agent (set by
+the collector before storing; a metric label and ``stops.agent``)."""
 MAX_RUN_ID_CHARS: Final = 4096
 """Longest ``loopwatch.run.id`` accepted, in characters: the longest run id the API's run
 view takes (``GET /api/v1/runs/{run_id}``, bound by the HTTP request line)."""

@@ -51,6 +51,7 @@ from .detect import LOOP_DETECTORS, DetectStage, loop_detector, loop_tool
 from .errors import CollectorError, ConfigError, QueueFull
 from .events import (
     KIND_TOOL_RESULT,
+    UNKNOWN_AGENT,
     MappedBatch,
     MapStage,
     RunReassignment,
@@ -82,7 +83,6 @@ if TYPE_CHECKING:  # grpcio is imported only when server.otlp_grpc is set
 
 _log = logging.getLogger("loopwatch.collector")
 _AGENT_CACHE: Final = 100_000
-_UNKNOWN_AGENT: Final = "unknown"
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,7 @@ def _unknown_agent_merged(totals: dict[_K, int]) -> dict[_K, int]:
     ``unknown``, as the live counter labels it; keys that meet are summed."""
     out: dict[Any, int] = {}
     for key, n in totals.items():
-        label = (key[0] or _UNKNOWN_AGENT, *key[1:])
+        label = (key[0] or UNKNOWN_AGENT, *key[1:])
         out[label] = out.get(label, 0) + n
     return out
 
@@ -329,7 +329,7 @@ class Collector:
         for (agent, *_), n in histograms.items():
             agent_stops[agent] = agent_stops.get(agent, 0) + n
         ranked_agents = sorted(agent_stops, key=lambda a: -agent_stops[a])
-        self.metrics.agents.seed(a or _UNKNOWN_AGENT for a in ranked_agents)
+        self.metrics.agents.seed(a or UNKNOWN_AGENT for a in ranked_agents)
         tool_calls: dict[str, int] = {}
         for (_agent, tool, _outcome), n in tool_call_totals.items():
             tool_calls[tool] = tool_calls.get(tool, 0) + n
@@ -368,19 +368,19 @@ class Collector:
             agents = self._agents
             for step in mapped.steps:
                 if step.kind == KIND_TOOL_RESULT and not step.agent:
-                    step.agent = agents.get(step.run_id, _UNKNOWN_AGENT)
+                    step.agent = agents.get(step.run_id, UNKNOWN_AGENT)
             for stop in mapped.stops:
                 if not stop.agent:
-                    stop.agent = agents.get(stop.run_id, _UNKNOWN_AGENT)
+                    stop.agent = agents.get(stop.run_id, UNKNOWN_AGENT)
         # Admit the label values _count will use now, so that each admission is stored
         # with the rows of its request (metric_labels) and a restart admits the same.
         bound_agents, bound_tools = self.metrics.agents, self.metrics.tools
         for step in mapped.steps:
             if step.kind == KIND_TOOL_RESULT:
-                bound_agents(step.agent or _UNKNOWN_AGENT)
+                bound_agents(step.agent or UNKNOWN_AGENT)
                 bound_tools(step.tool or "unknown")
         for stop in mapped.stops:
-            bound_agents(stop.agent or _UNKNOWN_AGENT)
+            bound_agents(stop.agent or UNKNOWN_AGENT)
             tool = loop_tool(stop)
             if tool and tool != NO_TOOL and loop_detector(stop) is not None:
                 bound_tools(tool)  # "none" is a fixed label, outside the top-N
@@ -468,7 +468,7 @@ class Collector:
                 continue  # a retry's span, or one sent twice in this request: stored once
             counted.add(key)
             labels = (
-                step.agent or _UNKNOWN_AGENT,
+                step.agent or UNKNOWN_AGENT,
                 step.tool or "unknown",
                 step.outcome or "error",
             )
@@ -476,7 +476,7 @@ class Collector:
         for (agent, tool, outcome), n in by_labels.items():
             self.metrics.record_tool_call(agent, tool, outcome, n)
         for stop in result.counted_stops:  # the store's choice: one per run, at most
-            agent = stop.agent or _UNKNOWN_AGENT
+            agent = stop.agent or UNKNOWN_AGENT
             self.metrics.record_stop(
                 agent,
                 stop.reason,

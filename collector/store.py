@@ -144,6 +144,7 @@ from .events import (
     KIND_DECISION,
     KIND_TOOL_RESULT,
     STOP_ORIGINS,
+    UNKNOWN_AGENT,
     MappedBatch,
     RunReassignment,
     RunRow,
@@ -1855,6 +1856,11 @@ class Store:
                     row["tool_blocked"] += n
         for stop_row in group.stops:
             row = group.run(stop_row.run_id, stop_row.trace_id, stop_row.source)
+            # A run known only by its stop (its run span came later or never) is filed
+            # under the agent its stop is counted under, so the API's agent filter and
+            # stats agree with loopwatch_agent_stops_total; a run span's agent wins.
+            if row["agent"] is None and stop_row.agent and stop_row.agent != UNKNOWN_AGENT:
+                row["agent"] = stop_row.agent
             if stop_row.step is not None and stop_row.step > row["steps"]:
                 row["steps"] = stop_row.step
             if row["end_unix_nano"] is None or stop_row.time_unix_nano > row["end_unix_nano"]:

@@ -127,6 +127,32 @@ def test_stop_span_arriving_before_the_run_span(collector: Collector) -> None:
     assert client.get("/api/v1/runs").json()["items"][0]["policy_name"] == "default"
 
 
+def test_a_run_known_only_by_its_stop_is_filed_under_the_stops_agent(
+    collector: Collector,
+) -> None:
+    """A stop span whose run span had not come (or never comes) was counted under its
+    agent on ``loopwatch_agent_stops_total`` but stored with ``agent`` null, so
+    ``/api/v1/runs?agent=`` missed it and ``/api/v1/stats`` filed it under ``""`` (an
+    adversarial review, 2026-12-02). The run now takes its stop's agent until its run
+    span says otherwise."""
+    spans = record(looping_run())
+    stop_only = [s for s in spans if s.name.startswith("stop")]
+    assert stop_only
+    submit(collector, to_batch(stop_only))
+    client = TestClient(collector.api_app())
+    assert value(collector, "loopwatch_agent_stops_total", agent="support") == 1
+    listed = client.get("/api/v1/runs", params={"agent": "support"}).json()["items"]
+    assert [r["agent"] for r in listed] == ["support"]
+    stats = client.get("/api/v1/stats", params={"since": 0}).json()
+    assert [(r["agent"], r["runs"]) for r in stats["runs_by_agent"]] == [("support", 1)]
+    run_span = [s for s in spans if s.name.startswith("invoke_agent")]
+    renamed = copy.deepcopy(run_span[0])
+    renamed._attributes = {**renamed.attributes, "gen_ai.agent.name": "support-v2"}
+    submit(collector, to_batch([renamed]))
+    listed = client.get("/api/v1/runs").json()["items"]
+    assert [r["agent"] for r in listed] == ["support-v2"]  # the run span's agent wins
+
+
 def test_restart_restores_totals(tmp_path: Path) -> None:
     cfg = load_config(environ={}, overrides={"store": {"db": str(tmp_path / "lw.duckdb")}})
     first = Collector(cfg)
