@@ -170,7 +170,8 @@ def render_table(results: Sequence[Any], summaries: Sequence[Any]) -> str:
                 reason = r.stop_reason
                 if r.stop_dimension is not None:
                     reason = f"{reason}({r.stop_dimension})"
-                cells.append(f"{reason}@{r.stop_step}" + (" FALSE" if r.false_stop else ""))
+                onset = "" if r.loop_onset_step is None else f" onset {r.loop_onset_step}"
+                cells.append(f"{reason}@{r.stop_step}{onset}" + (" FALSE" if r.false_stop else ""))
         stopped_rows.append(
             [
                 _short(source.replace("\\", "/").rsplit("/", 1)[-1], 32),
@@ -185,10 +186,11 @@ def render_table(results: Sequence[Any], summaries: Sequence[Any]) -> str:
         out.append("")
         shown = stopped_rows[:_MAX_TABLE_RUNS]
         out.append(
-            f"Runs stopped by a policy ({len(stopped_rows)}; reason@step, "
-            "FALSE = false stop on a successful run):"
+            f"Runs stopped by a policy ({len(stopped_rows)}; reason@step, onset = that "
+            "policy's loop_onset_step, FALSE = false stop on a successful run; recorded "
+            "loop = first step of the loop in the recording, whatever the policy):"
         )
-        out.append(_table(shown, ["file", "run", "recorded", "steps", "loop onset", *labels]))
+        out.append(_table(shown, ["file", "run", "recorded", "steps", "recorded loop", *labels]))
         if len(stopped_rows) > len(shown):
             out.append(
                 f"... {len(stopped_rows) - len(shown)} more: use --format json or csv "

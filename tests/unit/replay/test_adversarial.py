@@ -264,6 +264,27 @@ def test_duplicate_run_ids_in_one_file_stay_separate_runs(tmp_path: Path) -> Non
     assert "Runs stopped by a policy (1;" in table
 
 
+def test_the_table_shows_each_policys_loop_onset_as_the_json_does() -> None:
+    """The table's "loop onset" column was the recorded loop's onset (the same for every
+    policy, blank where the recording has none) while JSON's ``loop_onset_step`` is the
+    policy's: example-06 read 1 against 3, example-02 blank against 1 (a new user's
+    trial, 2026-12-02). Each policy's cell now carries its own onset, and the shared
+    column is named for what it is."""
+    loaded = load_paths([demo.EXAMPLES_DIR])
+    results = replay(loaded.trajectories, [default_policy()])
+    table = render_table(results, summarize(results))
+    header = next(line for line in table.splitlines() if line.startswith("file "))
+    assert "recorded loop" in header and "loop onset" not in header
+    rows = {line.split()[1]: line for line in table.splitlines() if " example-" in line}
+    by_run = {r.run_id: r for r in results if r.stopped}
+    assert by_run, "the shipped examples stop under the default policy"
+    for run_id, result in by_run.items():
+        cell = f"{result.stop_reason}"
+        assert cell in rows[run_id]
+        assert f"@{result.stop_step} onset {result.loop_onset_step}" in rows[run_id], rows[run_id]
+    assert by_run["example-06"].loop_onset_step == 3
+
+
 def test_many_duplicate_run_ids_stay_linear(tmp_path: Path) -> None:
     path = tmp_path / "dup.json"
     runs = [{"run_id": "same", "steps": []} for _ in range(20_000)]
