@@ -9,7 +9,8 @@ Read endpoints (JSON; times in nanoseconds since the Unix epoch):
 - ``GET /api/v1/runs``: filters ``stop_reason``, ``agent``, ``tool``, ``since``, ``until``
   (ns; no default window: all runs), ``canary`` and ``sampled`` (``true``/``false``),
   ``detector`` (a loop detector that stopped the run or that observe mode recorded on
-  it); paging ``limit`` (1..max rows) and ``offset``, newest first by ``order``:
+  it), ``loop_tool`` (the tool that detection named); paging ``limit`` (1..max rows)
+  and ``offset``, newest first by ``order``:
   ``time`` (default; the run's time moves when its stop arrives, so pages read while
   data arrives can skip or repeat a run) or ``first_seen`` (never moves; the answer
   carries ``next_cursor``, to pass back as ``cursor`` for the next page: each run that
@@ -267,6 +268,7 @@ def create_api_app(
             canary=_bool_param(request, "canary"),
             sampled=_bool_param(request, "sampled"),
             detector=detector,
+            loop_tool=_str_param(request, "loop_tool"),
             limit=min(_int_param(request, "limit", 50, minimum=1) or 50, max_rows),
             offset=offset,
             order=order,

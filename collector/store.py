@@ -2481,6 +2481,7 @@ class StoreReader:
         canary: bool | None = None,
         sampled: bool | None = None,
         detector: str | None = None,
+        loop_tool: str | None = None,
         limit: int = 50,
         offset: int = 0,
         order: str = "time",
@@ -2507,6 +2508,10 @@ class StoreReader:
             detector: the run was stopped by this loop detector, or observe mode
                 detected it (a third-party run's stop stays ``completed``; see
                 :func:`~loopwatch.collector.detect.loop_detector`).
+            loop_tool: the run's loop detection (its stop's, else observe mode's) named
+                this tool (``stops.loop_tool``: what ``loopwatch_loop_detections_total``
+                counts it under); detections that name no tool (``no_progress``) match
+                no tool.
             since_unix_nano / until_unix_nano: half-open time range ``[since, until)``.
             canary: only flagged (``True``) or unflagged (``False``) runs.
             sampled: ``True``/``False`` for decided runs; undecided runs match neither.
@@ -2536,6 +2541,7 @@ class StoreReader:
                 "GROUP BY run_key HAVING sum(calls) > 0)",
                 tool,
             ),
+            ("run_key IN (SELECT run_key FROM stops WHERE loop_tool = ?)", loop_tool),
             ("time_unix_nano >= ?", since_unix_nano),
             ("time_unix_nano < ?", until_unix_nano),
             ("canary_detected = ?", canary),

@@ -179,6 +179,8 @@ class RunFilter:
         sampled: only runs whose steps were kept (``True``) or dropped (``False``).
         detector: a loop detector (:data:`LOOP_DETECTORS`) that stopped the run, or that
             observe mode recorded on it (a third-party run's stop stays ``completed``).
+        loop_tool: the tool that run's loop detection named (the tool its detection is
+            counted under on ``loopwatch_loop_detections_total``).
     """
 
     stop_reason: str | None = None
@@ -189,6 +191,7 @@ class RunFilter:
     canary: bool | None = None
     sampled: bool | None = None
     detector: str | None = None
+    loop_tool: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,6 +512,7 @@ def _filter_params(filters: RunFilter) -> dict[str, Any]:
         "canary": None if filters.canary is None else str(filters.canary).lower(),
         "sampled": None if filters.sampled is None else str(filters.sampled).lower(),
         "detector": filters.detector,
+        "loop_tool": filters.loop_tool,
     }
     return {k: v for k, v in params.items() if v is not None and v != ""}
 
@@ -819,6 +823,7 @@ class DuckDBSource:
             canary=filters.canary,
             sampled=filters.sampled,
             detector=filters.detector or None,
+            loop_tool=filters.loop_tool or None,
             limit=limit,
             offset=offset,
         )
@@ -924,30 +929,17 @@ def looped_runs(
     until_unix_nano: int,
     limit: int = LOOPED_RUNS_LIMIT,
 ) -> pd.DataFrame:
-    """Runs that called ``tool`` and that a loop detector stopped, or that observe mode
-    flagged (a third-party run is judged in observe mode: its stop stays ``completed``),
-    newest first.
-
-    One runs query per detector (:data:`LOOP_DETECTORS`, the runs list's ``detector``
-    filter), ``limit`` rows each, merged; a run two detectors matched is listed once.
+    """Runs whose loop detection named ``tool``, newest first: a loop detector stopped
+    them, or observe mode flagged them (a third-party run is judged in observe mode: its
+    stop stays ``completed``), and the detection's evidence names this tool, as
+    ``loopwatch_loop_detections_total`` counts it (the runs list's ``loop_tool``
+    filter). A run that called ``tool`` but looped on another is not listed.
     """
-    frames = []
-    for detector in LOOP_DETECTORS:
-        page = source.runs(
-            RunFilter(
-                detector=detector,
-                tool=tool,
-                since_unix_nano=since_unix_nano,
-                until_unix_nano=until_unix_nano,
-            ),
-            limit=limit,
-        )
-        if not page.runs.empty:
-            frames.append(page.runs)
-    if not frames:
-        return _runs_frame([])
-    merged = pd.concat(frames, ignore_index=True).drop_duplicates("run_id")
-    return merged.sort_values("time", ascending=False).head(limit).reset_index(drop=True)
+    page = source.runs(
+        RunFilter(loop_tool=tool, since_unix_nano=since_unix_nano, until_unix_nano=until_unix_nano),
+        limit=limit,
+    )
+    return page.runs
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,16 +97,17 @@ else:
     )
     if runs.empty:
         st.caption(
-            f"No run that called {ui.escape_md(tool)} was stopped by a loop detector, or "
-            "flagged by one in observe mode, in this range."
+            f"No loop detection named {ui.escape_md(tool)} in this range (a run stopped "
+            "by a loop detector, or flagged by one in observe mode)."
         )
     else:
         capped = len(runs) >= source_data.LOOPED_RUNS_LIMIT
         st.caption(
             (f"The {len(runs)} newest runs" if capped else f"{len(runs)} run(s)")
-            + f" that called {ui.escape_md(tool)} and were stopped by a loop detector, or "
-            "flagged by one in observe mode (their stop reason stays completed), newest "
-            "first" + ("; the Stopped runs page lists them all." if capped else ".")
+            + f" whose loop detection named {ui.escape_md(tool)}: stopped by a loop "
+            "detector, or flagged by one in observe mode (their stop reason stays "
+            "completed), newest first"
+            + ("; the Stopped runs page lists them all." if capped else ".")
         )
         ui.runs_table(runs, key="looped")
 

@@ -153,6 +153,55 @@ def test_a_run_known_only_by_its_stop_is_filed_under_the_stops_agent(
     assert [r["agent"] for r in listed] == ["support-v2"]  # the run span's agent wins
 
 
+def _loops_on(agent: str, first: str, looped: str) -> Any:
+    """A run that calls ``first`` once, then ``looped`` with the same arguments until the
+    guard stops it (``repeated_action`` naming ``looped``)."""
+
+    def go(provider: Any) -> Any:
+        model = ScriptedModel(
+            [Decision.tool(ToolCall(first, {"q": 0}))]
+            + [Decision.tool(ToolCall(looped, {"id": 7}))] * 6
+            + [Decision.final("ok")]
+        )
+        tools = {first: ConstantTool(), looped: ConstantTool()}
+        with Run(
+            agent,
+            Policy.build(repeat_limit=3),
+            tracer_provider=provider,
+            clock=FakeClock(),
+            tools=tools,
+        ) as run:
+            while not run.stopped:
+                d = run.decide(model)
+                if d.type == "final":
+                    break
+                for c in d.tool_calls:
+                    run.call_tool(c.name, c.arguments)
+        return run.outcome
+
+    return go
+
+
+def test_runs_filter_by_the_tool_their_loop_detection_named(collector: Collector) -> None:
+    """The Tools page listed, under "Runs that looped on a tool", a run that called the
+    tool but looped on another (a new user's trial, 2026-12-02): the list used the
+    ``tool`` (called it) and ``detector`` filters. ``loop_tool`` filters by the tool the
+    detection named, as ``loopwatch_loop_detections_total`` counts it."""
+    submit(collector, to_batch(record(_loops_on("a-then-b", "search", "fetch"))))
+    submit(collector, to_batch(record(_loops_on("b-then-a", "fetch", "search"))))
+    client = TestClient(collector.api_app())
+
+    def agents(**params: str) -> list[str]:
+        items = client.get("/api/v1/runs", params=params).json()["items"]
+        return sorted(r["agent"] for r in items)
+
+    assert agents(tool="search", detector="repeated_action") == ["a-then-b", "b-then-a"]
+    assert agents(loop_tool="search") == ["b-then-a"]
+    assert agents(loop_tool="fetch") == ["a-then-b"]
+    assert agents(loop_tool="nothing") == []
+    assert value(collector, "loopwatch_loop_detections_total", tool="search") == 1
+
+
 def test_restart_restores_totals(tmp_path: Path) -> None:
     cfg = load_config(environ={}, overrides={"store": {"db": str(tmp_path / "lw.duckdb")}})
     first = Collector(cfg)

@@ -113,8 +113,8 @@ def test_tools_lists_the_runs_observe_mode_flagged(source: str) -> None:
     no_failure(at)
     assert list(frame(at, -1)["run_id"]) == [OBSERVE_RUN_ID]
     assert (
-        f"1 run(s) that called {OBSERVED_TOOL} and were stopped by a loop detector, or "
-        "flagged by one in observe mode" in texts(at)
+        f"1 run(s) whose loop detection named {OBSERVED_TOOL}: stopped by a loop "
+        "detector, or flagged by one in observe mode" in texts(at)
     )
 
 
