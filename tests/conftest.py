@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,21 @@ def corpus_dir() -> Path:
 def slow_enabled() -> bool:
     """Slow soak and long benchmark runs run only with LOOPWATCH_SLOW=1."""
     return os.environ.get("LOOPWATCH_SLOW") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _main_module_kept() -> Iterator[None]:
+    """Put back ``sys.modules["__main__"]`` after each test.
+
+    Streamlit's ``AppTest`` runs a page as ``__main__`` and leaves it there; a decode
+    worker started later in the same test process (multiprocessing's forkserver runs the
+    parent's ``__main__`` file again in the child) then ran a dashboard page and died,
+    so a collector test after a dashboard test failed with "decode worker lost".
+    """
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None:
+        sys.modules["__main__"] = main
 
 
 @pytest.fixture(autouse=True)

@@ -338,7 +338,7 @@ def test_the_observe_mode_example_in_the_docs_is_detected(collector: Collector) 
     sent = otlp.post(
         "/v1/traces", content=json.dumps(body), headers={"content-type": "application/json"}
     )
-    assert sent.status_code == 200
+    assert sent.status_code == 200, sent.content
     client = api(collector)
     run = client.get(f"/api/v1/runs/{OBSERVE_RUN_ID}").json()
     assert (run["stop"]["reason"], run["stop"]["observe_reason"]) == (
