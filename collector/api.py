@@ -254,6 +254,10 @@ def create_api_app(
         if after is not None and order != "first_seen":
             raise ApiError(400, "bad_parameter", "cursor pages order=first_seen only")
         offset = _int_param(request, "offset", 0, minimum=0) or 0
+        since, until = _int_param(request, "since"), _int_param(request, "until")
+        if since is not None and until is not None and until <= since:
+            # As /stats and /tools answer an empty or inverted window.
+            raise ApiError(400, "bad_parameter", "since must be before until")
         if after is not None and offset:
             # Both would apply, and the rows the offset passes over would be skipped.
             raise ApiError(400, "bad_parameter", "give cursor or offset, not both")
@@ -263,8 +267,8 @@ def create_api_app(
             stop_reason=stop_reason,
             agent=_str_param(request, "agent"),
             tool=_str_param(request, "tool"),
-            since_unix_nano=_int_param(request, "since"),
-            until_unix_nano=_int_param(request, "until"),
+            since_unix_nano=since,
+            until_unix_nano=until,
             canary=_bool_param(request, "canary"),
             sampled=_bool_param(request, "sampled"),
             detector=detector,

@@ -205,6 +205,8 @@ def test_stats_without_agent_matches_the_store_reader(
         ("/api/v1/tools", {"since": "soon"}, 400),
         ("/api/v1/stats", {"agent": "a" * 4097}, 400),
         ("/api/v1/stats", {"since": "10", "until": "5"}, 400),
+        # Was 200 with no runs while /stats and /tools refused it (a review, 2026-12-02).
+        ("/api/v1/runs", {"since": "10", "until": "5"}, 400),
         ("/api/v1/runs/" + "r" * 4100, {}, 400),
         ("/api/v1/runs", {"offset": str(10**20)}, 400),
         ("/api/v1/runs", {"since": str(-(2**63) - 1)}, 400),
