@@ -93,14 +93,20 @@ def loop_detector(stop: StopRow) -> str | None:
 
 def loop_tool(stop: StopRow) -> str | None:
     """The tool named by the evidence of the stop's loop detection (see
-    :func:`loop_detector`): the stop's own evidence, else observe mode's.
+    :func:`loop_detector`): the stop's own evidence, else observe mode's; ``None`` for a
+    stop with no loop detection (a retry budget's evidence names a tool as well).
 
     Evidence is client text: anything but a JSON object with a string ``tool`` gives
     ``None`` (never an error). The store keeps this value with the stop
     (``stops.loop_tool``), so counts restored at start use the label counted live
     rather than parsing the evidence again in SQL.
     """
-    evidence = stop.evidence if stop.reason in LOOP_DETECTORS else stop.observe_evidence
+    if stop.reason in LOOP_DETECTORS:
+        evidence = stop.evidence
+    elif stop.observe_reason in LOOP_DETECTORS:
+        evidence = stop.observe_evidence
+    else:  # no loop detection (a retry budget's evidence names a tool too)
+        return None
     if not evidence:
         return None
     try:

@@ -767,7 +767,7 @@ def _loopwatch_problem(attrs: Attributes) -> str | None:
     if len(run_id) > MAX_RUN_ID_CHARS:
         return MSG_LONG_RUN_ID
     event = attrs.get(sc.LW_EVENT)
-    if event in _LW_EVENTS:
+    if isinstance(event, str) and event in _LW_EVENTS:  # a list or a map is no event
         return None
     if event is None and attrs.get(sc.GEN_AI_OPERATION_NAME) == sc.OP_INVOKE_AGENT:
         return None

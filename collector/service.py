@@ -642,6 +642,7 @@ async def _serve(
         grpc_text = ""
         if grpc_server is not None:
             host, _ = parse_hostport(grpc_server.address, what="server.otlp_grpc")
+            host = f"[{host}]" if ":" in host else host
             grpc_text = f"OTLP/gRPC {host}:{grpc_server.port}, "
         print(
             f"loopwatch collector: OTLP/HTTP http://{otlp}/v1/traces, {grpc_text}"

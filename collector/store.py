@@ -1857,9 +1857,16 @@ class Store:
         for stop_row in group.stops:
             row = group.run(stop_row.run_id, stop_row.trace_id, stop_row.source)
             # A run known only by its stop (its run span came later or never) is filed
-            # under the agent its stop is counted under, so the API's agent filter and
-            # stats agree with loopwatch_agent_stops_total; a run span's agent wins.
-            if row["agent"] is None and stop_row.agent and stop_row.agent != UNKNOWN_AGENT:
+            # under the agent its counted stop is counted under, so the API's agent
+            # filter and stats agree with loopwatch_agent_stops_total; a duplicate stop
+            # names none, and a run span's agent wins.
+            counted = group.counted.get(stop_row.run_id)
+            if (
+                row["agent"] is None
+                and counted is stop_row
+                and stop_row.agent
+                and stop_row.agent != UNKNOWN_AGENT
+            ):
                 row["agent"] = stop_row.agent
             if stop_row.step is not None and stop_row.step > row["steps"]:
                 row["steps"] = stop_row.step
@@ -2541,7 +2548,13 @@ class StoreReader:
                 "GROUP BY run_key HAVING sum(calls) > 0)",
                 tool,
             ),
-            ("run_key IN (SELECT run_key FROM stops WHERE loop_tool = ?)", loop_tool),
+            (
+                # A loop detection only (SQL_LOOPS_BY_TOOL's rule): rows stored before
+                # loop_tool kept to loop detections hold a retry budget's tool too.
+                "run_key IN (SELECT run_key FROM stops WHERE loop_tool = ? AND "
+                f"(reason IN ({_SQL_DETECTORS}) OR observe_reason IN ({_SQL_DETECTORS})))",
+                loop_tool,
+            ),
             ("time_unix_nano >= ?", since_unix_nano),
             ("time_unix_nano < ?", until_unix_nano),
             ("canary_detected = ?", canary),

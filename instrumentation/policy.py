@@ -33,7 +33,7 @@ import math
 import os
 import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -139,13 +139,13 @@ class ToolPolicy:
 
     Validated as a policy file's tool table is (DESIGN section 3: a policy is validated
     at load), so a tool built in code cannot hold what a file could not: ``volatile`` and
-    ``progress`` are taken as any collection of non-empty strings (a bare string is
+    ``progress`` are taken as any iterable of non-empty strings (a bare string is
     refused, not split into letters), a whole-number float ``repeat_limit`` becomes an
     ``int`` and ``timeout_seconds`` a ``float``.
 
     Raises:
-        PolicyError: every invalid field, with its path ``tools.<name>.<field>``: an empty
-            name, ``risk`` other than ``"read"``/``"write"``, ``repeat_limit`` not a whole
+        PolicyError: every invalid field, with its path ``tools.<name>.<field>``:
+            ``risk`` other than ``"read"``/``"write"``, ``repeat_limit`` not a whole
             number >= 1, ``timeout_seconds`` not a finite number > 0, an empty
             ``idempotency_key`` or one on a read tool.
     """
@@ -159,11 +159,21 @@ class ToolPolicy:
     timeout_seconds: float | None = None
 
     def __post_init__(self) -> None:
+        if (
+            self.risk == "read"
+            and self.repeat_limit is None
+            and self.idempotency_key is None
+            and self.timeout_seconds is None
+            and self.volatile == frozenset()
+            and self.progress == frozenset()
+            and type(self.volatile) is frozenset
+            and type(self.progress) is frozenset
+        ):
+            return  # the defaults (Policy.tool's undeclared tool, on every call): valid
         path = f"tools.{self.name}"
         problems = _tool_problems(
             path,
             "<code>",
-            name=self.name,
             risk=self.risk,
             repeat_limit=self.repeat_limit,
             key=self.idempotency_key,
@@ -171,22 +181,24 @@ class ToolPolicy:
         )
         for attr in ("volatile", "progress"):
             value = getattr(self, attr)
-            if isinstance(value, str | bytes) or not isinstance(
-                value, set | frozenset | list | tuple
-            ):
+            if isinstance(value, str | bytes) or not isinstance(value, Iterable):
                 problems.append(
                     PolicyProblem(
                         f"{path}.{attr}",
-                        f"must be a set of non-empty strings, got {type(value).__name__}",
+                        f"must be a collection of non-empty strings, got {type(value).__name__}",
                         "<code>",
                     )
                 )
-            elif not all(isinstance(v, str) and v for v in value):
+                continue
+            items = tuple(value)  # a generator is read once
+            if not all(isinstance(v, str) and v for v in items):
                 problems.append(
-                    PolicyProblem(f"{path}.{attr}", "must be a set of non-empty strings", "<code>")
+                    PolicyProblem(
+                        f"{path}.{attr}", "must be a collection of non-empty strings", "<code>"
+                    )
                 )
             else:
-                object.__setattr__(self, attr, frozenset(value))
+                object.__setattr__(self, attr, frozenset(items))
         if problems:
             raise PolicyError(problems)
         if self.repeat_limit is not None:
@@ -393,6 +405,11 @@ def _validate_values(values: Mapping[str, Any], prefix: str, source: str) -> lis
         if kind == _INT and not isinstance(value, int) and not value.is_integer():
             problems.append(PolicyProblem(path, f"must be a whole number, got {value!r}", source))
             continue
+        if kind == _INT and isinstance(value, float) and not -_MAX_INT <= value <= _MAX_INT:
+            # A whole float becomes an int (Policy.__post_init__): bound it as an int is.
+            bound = f"must be {floor}" if value < 0 else f"must be <= {_MAX_INT}"
+            problems.append(PolicyProblem(path, f"{bound}, got {value!r}", source))
+            continue
         if strict and value <= minimum:
             problems.append(PolicyProblem(path, f"must be > {minimum:g}, got {value!r}", source))
         elif value < minimum:
@@ -466,9 +483,7 @@ def _parse_tool(
     key = raw.get("idempotency_key")
     timeout = raw.get("timeout_seconds")
     problems.extend(
-        _tool_problems(
-            path, source, name=name, risk=risk, repeat_limit=repeat_limit, key=key, timeout=timeout
-        )
+        _tool_problems(path, source, risk=risk, repeat_limit=repeat_limit, key=key, timeout=timeout)
     )
     if len(problems) > before:
         return None
@@ -484,13 +499,11 @@ def _parse_tool(
 
 
 def _tool_problems(
-    path: str, source: str, *, name: Any, risk: Any, repeat_limit: Any, key: Any, timeout: Any
+    path: str, source: str, *, risk: Any, repeat_limit: Any, key: Any, timeout: Any
 ) -> list[PolicyProblem]:
     """The problems of one tool's settings, for a file's tool table and a
     :class:`ToolPolicy` built in code alike (``path``: the tool's path)."""
     problems: list[PolicyProblem] = []
-    if not isinstance(name, str) or not name:
-        problems.append(PolicyProblem(path, "the tool name must be a non-empty string", source))
     if risk not in ("read", "write"):
         problems.append(
             PolicyProblem(f"{path}.risk", f"must be 'read' or 'write', got {risk!r}", source)

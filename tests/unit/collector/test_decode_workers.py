@@ -31,6 +31,7 @@ from loopwatch.collector.service import Collector
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
@@ -337,6 +338,14 @@ def test_bad_input_gets_the_same_answer(pair: tuple[Collector, Collector]) -> No
     assert pooled == inproc
 
 
+def _strings(*values: str) -> ArrayValue:
+    return ArrayValue(values=[AnyValue(string_value=v) for v in values])
+
+
+def _kvlist(key: str, value: str) -> KeyValueList:
+    return KeyValueList(values=[KeyValue(key=key, value=AnyValue(string_value=value))])
+
+
 def _set_attribute(span: Any, key: str, **value: Any) -> None:
     for attr in span.attributes:
         if attr.key == key:
@@ -346,7 +355,10 @@ def _set_attribute(span: Any, key: str, **value: Any) -> None:
         attr = span.attributes.add()
         attr.key = key
     for field_name, v in value.items():
-        setattr(attr.value, field_name, v)
+        if isinstance(v, str):
+            setattr(attr.value, field_name, v)
+        else:  # a message (array_value, kvlist_value)
+            getattr(attr.value, field_name).CopyFrom(v)
 
 
 @pytest.mark.parametrize(
@@ -355,6 +367,10 @@ def _set_attribute(span: Any, key: str, **value: Any) -> None:
         ({"loopwatch.run.id": {"string_value": ""}}, "without a loopwatch.run.id"),
         ({"loopwatch.run.id": {"string_value": "r" * 4097}}, "longer than 4096 characters"),
         ({"loopwatch.event": {"string_value": "Tool_Result"}}, "of no known kind"),
+        # A list or map was checked with `in` on a frozenset: TypeError, and the whole
+        # request answered 500 or 503 (a review of the fix, 2026-12-02).
+        ({"loopwatch.event": {"array_value": _strings("tool_result")}}, "of no known kind"),
+        ({"loopwatch.event": {"kvlist_value": _kvlist("e", "stop")}}, "of no known kind"),
     ],
 )
 def test_loopwatch_spans_no_row_is_made_of_are_refused_not_acknowledged(

@@ -202,6 +202,51 @@ def test_runs_filter_by_the_tool_their_loop_detection_named(collector: Collector
     assert value(collector, "loopwatch_loop_detections_total", tool="search") == 1
 
 
+def test_loop_tool_lists_loop_detections_only(collector: Collector) -> None:
+    """An observe-mode retry budget's evidence names a tool as well; ``stops.loop_tool``
+    took it, so ``?loop_tool=`` listed a run with no loop detection, which neither the
+    metric nor ``/stats`` counts (a review of the filter, 2026-12-02)."""
+    batch = to_batch(record(completed_run("support")))
+    evidence = json.dumps({"detector": "retry_rule", "tool": "lookup"})
+    for span in batch.spans:
+        if "loopwatch.stop.reason" in span.attributes:
+            span.attributes = {
+                **span.attributes,
+                "loopwatch.observe.stop_reason": "budget_exhausted",
+                "loopwatch.observe.stop_evidence": evidence,
+            }
+    submit(collector, batch)
+    client = TestClient(collector.api_app())
+    [run] = client.get("/api/v1/runs").json()["items"]
+    assert client.get(f"/api/v1/runs/{run['run_id']}").json()["stop"]["observe_reason"] == (
+        "budget_exhausted"
+    )
+    assert client.get("/api/v1/runs", params={"loop_tool": "lookup"}).json()["items"] == []
+    assert value(collector, "loopwatch_loop_detections_total", tool="lookup") == 0
+
+
+def test_a_duplicate_stop_does_not_name_the_runs_agent(collector: Collector) -> None:
+    """The agent fill took the first stop of a group that named an agent, not the counted
+    one: a run whose counted stop named none (``unknown``) was filed under a duplicate
+    stop's agent, which the stop counter never counted (a review, 2026-12-02)."""
+    spans = record(looping_run())
+    [stop] = [s for s in to_batch(spans).spans if s.attributes.get("loopwatch.event") == "stop"]
+    anonymous = copy.deepcopy(stop)
+    anonymous.attributes = {
+        k: v for k, v in anonymous.attributes.items() if k != "gen_ai.agent.name"
+    }
+    named = copy.deepcopy(stop)
+    named.span_id = "00000000000000ff"
+    named.attributes = {**named.attributes, "gen_ai.agent.name": "billing"}
+    submit(collector, SpanBatch(spans=[anonymous, named]))
+    client = TestClient(collector.api_app())
+    assert value(collector, "loopwatch_agent_stops_total", agent="unknown") == 1
+    assert value(collector, "loopwatch_agent_stops_total", agent="billing") == 0
+    assert client.get("/api/v1/runs", params={"agent": "billing"}).json()["items"] == []
+    [run] = client.get("/api/v1/runs").json()["items"]
+    assert run["agent"] is None
+
+
 def test_restart_restores_totals(tmp_path: Path) -> None:
     cfg = load_config(environ={}, overrides={"store": {"db": str(tmp_path / "lw.duckdb")}})
     first = Collector(cfg)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from loopwatch.instrumentation import (
     Decision,
+    Guard,
     Policy,
     PolicyError,
     Run,
@@ -202,8 +203,9 @@ def test_policies_built_in_code_are_validated(kwargs: dict[str, object], fragmen
         ({"timeout_seconds": float("nan")}, "timeout_seconds: must be a finite number > 0"),
         ({"timeout_seconds": -1}, "timeout_seconds: must be a finite number > 0"),
         ({"timeout_seconds": 0}, "timeout_seconds: must be a finite number > 0"),
-        ({"volatile": "ts"}, "volatile: must be a set of non-empty strings, got str"),
-        ({"progress": frozenset({""})}, "progress: must be a set of non-empty strings"),
+        ({"volatile": "ts"}, "volatile: must be a collection of non-empty strings, got str"),
+        ({"volatile": 3}, "volatile: must be a collection of non-empty strings, got int"),
+        ({"progress": frozenset({""})}, "progress: must be a collection of non-empty strings"),
         ({"repeat_limit": 0}, "repeat_limit: must be a whole number >= 1"),
         ({"repeat_limit": 2.5}, "repeat_limit: must be a whole number >= 1"),
         ({"idempotency_key": "k"}, "only write tools take an idempotency key"),
@@ -222,6 +224,16 @@ def test_tool_policies_built_in_code_are_validated_as_files_are(
 
 
 def test_tool_policy_values_are_normalised() -> None:
+    """Any iterable of strings is a field set; an undeclared tool (``Policy.tool``, also
+    for an empty name a model may send) is the defaults, never a ``PolicyError`` (a
+    review, 2026-12-02: ``before_tool_call("")`` raised one)."""
+    keys = ToolPolicy("t", volatile={"a": 1}.keys(), progress=(p for p in ["page"]))  # type: ignore[arg-type]
+    assert keys.volatile == frozenset({"a"}) and keys.progress == frozenset({"page"})
+    assert Policy().tool("") == ToolPolicy("")
+    guard = Guard(Policy())
+    guard.before_model_call()
+    guard.record_decision(Decision.tool(ToolCall("", {})))
+    assert guard.before_tool_call("", {}) is not None  # a ticket or a refusal, no raise
     tool = ToolPolicy("t", volatile=["a", "b"], progress=("cursor",), repeat_limit=3.0)  # type: ignore[arg-type]
     assert tool.volatile == frozenset({"a", "b"}) and tool.progress == frozenset({"cursor"})
     assert tool.repeat_limit == 3 and isinstance(tool.repeat_limit, int)
@@ -251,6 +263,23 @@ def test_whole_number_floats_for_counts_become_ints(kwargs: dict[str, float]) ->
                 if not run.stopped:
                     run.call_tool("poll", {})
         assert run.outcome.stop.reason.value == "repeated_action"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"max_tokens": 1e30}, "max_tokens: must be <= 9223372036854775807, got 1e+30"),
+        ({"max_model_turns": -1e30}, "max_model_turns: must be >= 0, got -1e+30"),
+    ],
+)
+def test_a_whole_float_count_beyond_64_bits_is_refused(
+    kwargs: dict[str, float], fragment: str
+) -> None:
+    """``Policy.build(max_tokens=1e30)`` was accepted, converted to an int of 31 digits,
+    and then every rebuild (``with_overrides``, ``Run``) refused it (a review,
+    2026-12-02); the file loader refused it outright."""
+    with pytest.raises(PolicyError, match=re.escape(fragment)):
+        Policy.build(**kwargs)
 
 
 def test_policy_is_immutable() -> None:
