@@ -33,7 +33,7 @@ import math
 import os
 import stat
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -139,8 +139,9 @@ class ToolPolicy:
 
     Validated as a policy file's tool table is (DESIGN section 3: a policy is validated
     at load), so a tool built in code cannot hold what a file could not: ``volatile`` and
-    ``progress`` are taken as any iterable of non-empty strings (a bare string is
-    refused, not split into letters), a whole-number float ``repeat_limit`` becomes an
+    ``progress`` are taken as any collection of non-empty strings (a set, list, tuple or
+    ``dict.keys()``; a bare string, a mapping or an iterator is refused, and a string
+    is not split into letters), a whole-number float ``repeat_limit`` becomes an
     ``int`` and ``timeout_seconds`` a ``float``.
 
     Raises:
@@ -160,14 +161,15 @@ class ToolPolicy:
 
     def __post_init__(self) -> None:
         if (
-            self.risk == "read"
+            type(self.name) is str
+            and type(self.volatile) is frozenset
+            and type(self.progress) is frozenset
+            and not self.volatile
+            and not self.progress
+            and self.risk == "read"
             and self.repeat_limit is None
             and self.idempotency_key is None
             and self.timeout_seconds is None
-            and self.volatile == frozenset()
-            and self.progress == frozenset()
-            and type(self.volatile) is frozenset
-            and type(self.progress) is frozenset
         ):
             return  # the defaults (Policy.tool's undeclared tool, on every call): valid
         path = f"tools.{self.name}"
@@ -179,9 +181,17 @@ class ToolPolicy:
             key=self.idempotency_key,
             timeout=self.timeout_seconds,
         )
+        if not isinstance(self.name, str):  # "" is allowed: Policy.tool's undeclared tool
+            problems.append(
+                PolicyProblem(
+                    path,
+                    f"the tool name must be a string, got {type(self.name).__name__}",
+                    "<code>",
+                )
+            )
         for attr in ("volatile", "progress"):
             value = getattr(self, attr)
-            if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+            if isinstance(value, str | bytes | Mapping) or not isinstance(value, Collection):
                 problems.append(
                     PolicyProblem(
                         f"{path}.{attr}",
@@ -190,7 +200,7 @@ class ToolPolicy:
                     )
                 )
                 continue
-            items = tuple(value)  # a generator is read once
+            items = tuple(value)
             if not all(isinstance(v, str) and v for v in items):
                 problems.append(
                     PolicyProblem(

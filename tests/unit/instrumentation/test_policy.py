@@ -205,6 +205,9 @@ def test_policies_built_in_code_are_validated(kwargs: dict[str, object], fragmen
         ({"timeout_seconds": 0}, "timeout_seconds: must be a finite number > 0"),
         ({"volatile": "ts"}, "volatile: must be a collection of non-empty strings, got str"),
         ({"volatile": 3}, "volatile: must be a collection of non-empty strings, got int"),
+        # A mapping's values were dropped without a word; an iterator could be endless.
+        ({"volatile": {"ts": False}}, "volatile: must be a collection of non-empty strings"),
+        ({"progress": iter(["page"])}, "progress: must be a collection of non-empty strings"),
         ({"progress": frozenset({""})}, "progress: must be a collection of non-empty strings"),
         ({"repeat_limit": 0}, "repeat_limit: must be a whole number >= 1"),
         ({"repeat_limit": 2.5}, "repeat_limit: must be a whole number >= 1"),
@@ -223,11 +226,34 @@ def test_tool_policies_built_in_code_are_validated_as_files_are(
         ToolPolicy("t", **kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("name", [None, 123])
+def test_a_tool_name_that_is_not_a_string_is_refused(name: object) -> None:
+    """``ToolPolicy(123)`` was stored under the key ``123``, so ``tool("123")`` never
+    found its settings (a review, 2026-12-02). The empty name stays legal: it is what
+    ``Policy.tool`` builds for a model's empty tool call."""
+    with pytest.raises(PolicyError, match="the tool name must be a string"):
+        ToolPolicy(name)  # type: ignore[arg-type]
+
+
+def test_a_numpy_array_field_is_a_policy_error_not_a_value_error() -> None:
+    """The default-values fast path compared before checking the type, so an array's
+    element-wise ``==`` raised ``ValueError`` (a review, 2026-12-02)."""
+
+    class Elementwise(list[str]):
+        def __eq__(self, other: object) -> bool:
+            raise ValueError("truth value is ambiguous")
+
+        __hash__ = None  # type: ignore[assignment]
+
+    tool = ToolPolicy("t", volatile=Elementwise(["a"]))  # type: ignore[arg-type]
+    assert tool.volatile == frozenset({"a"})
+
+
 def test_tool_policy_values_are_normalised() -> None:
     """Any iterable of strings is a field set; an undeclared tool (``Policy.tool``, also
     for an empty name a model may send) is the defaults, never a ``PolicyError`` (a
     review, 2026-12-02: ``before_tool_call("")`` raised one)."""
-    keys = ToolPolicy("t", volatile={"a": 1}.keys(), progress=(p for p in ["page"]))  # type: ignore[arg-type]
+    keys = ToolPolicy("t", volatile={"a": 1}.keys(), progress=["page"])  # type: ignore[arg-type]
     assert keys.volatile == frozenset({"a"}) and keys.progress == frozenset({"page"})
     assert Policy().tool("") == ToolPolicy("")
     guard = Guard(Policy())
