@@ -30,23 +30,20 @@ def to_batch(spans: Sequence[ReadableSpan]) -> SpanBatch:
     return decode_protobuf(encode_spans(spans).SerializeToString())
 
 
-def looping_run(
-    agent: str = "support", *, calls: int = 10, policy: Policy | None = None, **kw: Any
+def scripted_run(
+    agent: str,
+    decisions: Sequence[Decision],
+    tools: dict[str, Any],
+    policy: Policy,
+    **kw: Any,
 ) -> Callable[[TracerProvider], Any]:
-    """A run calling the same tool with the same arguments until the guard stops it."""
+    """A run whose model makes ``decisions`` in turn, each tool call dispatched, until a
+    final decision or the guard's stop."""
 
     def go(provider: TracerProvider) -> Any:
-        model = ScriptedModel(
-            [Decision.tool(ToolCall("get_details_by_id", {"id": 42}))] * calls
-            + [Decision.final("ok")]
-        )
+        model = ScriptedModel(list(decisions))
         with Run(
-            agent,
-            policy or Policy.build(repeat_limit=3),
-            tracer_provider=provider,
-            clock=FakeClock(),
-            tools={"get_details_by_id": ConstantTool()},
-            **kw,
+            agent, policy, tracer_provider=provider, clock=FakeClock(), tools=tools, **kw
         ) as run:
             while True:
                 d = run.decide(model)
@@ -57,6 +54,19 @@ def looping_run(
         return run.outcome
 
     return go
+
+
+def looping_run(
+    agent: str = "support", *, calls: int = 10, policy: Policy | None = None, **kw: Any
+) -> Callable[[TracerProvider], Any]:
+    """A run calling the same tool with the same arguments until the guard stops it."""
+    return scripted_run(
+        agent,
+        [Decision.tool(ToolCall("get_details_by_id", {"id": 42}))] * calls + [Decision.final("ok")],
+        {"get_details_by_id": ConstantTool()},
+        policy or Policy.build(repeat_limit=3),
+        **kw,
+    )
 
 
 def completed_run(agent: str = "support") -> Callable[[TracerProvider], Any]:

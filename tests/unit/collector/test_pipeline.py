@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 from tests.unit.test_store import Gate
 
-from .spans import completed_run, looping_run, record, to_batch
+from .spans import completed_run, looping_run, record, scripted_run, to_batch
 
 CANARY = "lw-canary-7f3a9c2e51d4"
 
@@ -156,30 +156,14 @@ def test_a_run_known_only_by_its_stop_is_filed_under_the_stops_agent(
 def _loops_on(agent: str, first: str, looped: str) -> Any:
     """A run that calls ``first`` once, then ``looped`` with the same arguments until the
     guard stops it (``repeated_action`` naming ``looped``)."""
-
-    def go(provider: Any) -> Any:
-        model = ScriptedModel(
-            [Decision.tool(ToolCall(first, {"q": 0}))]
-            + [Decision.tool(ToolCall(looped, {"id": 7}))] * 6
-            + [Decision.final("ok")]
-        )
-        tools = {first: ConstantTool(), looped: ConstantTool()}
-        with Run(
-            agent,
-            Policy.build(repeat_limit=3),
-            tracer_provider=provider,
-            clock=FakeClock(),
-            tools=tools,
-        ) as run:
-            while not run.stopped:
-                d = run.decide(model)
-                if d.type == "final":
-                    break
-                for c in d.tool_calls:
-                    run.call_tool(c.name, c.arguments)
-        return run.outcome
-
-    return go
+    return scripted_run(
+        agent,
+        [Decision.tool(ToolCall(first, {"q": 0}))]
+        + [Decision.tool(ToolCall(looped, {"id": 7}))] * 6
+        + [Decision.final("ok")],
+        {first: ConstantTool(), looped: ConstantTool()},
+        Policy.build(repeat_limit=3),
+    )
 
 
 def test_runs_filter_by_the_tool_their_loop_detection_named(collector: Collector) -> None:
