@@ -99,6 +99,12 @@ METRIC_NAMES: Final = (
 class LabelBound:
     """Keeps at most ``top_n`` distinct values of one label; the rest map to ``_other``.
 
+    A real value that reads as one of the ``reserved`` labels (``_other``, and ``none``
+    for tools: the label of detections that name no tool) gets a ``~`` appended, as does
+    one that already ends in ``~`` after such a label (``_other~`` -> ``_other~~``), so
+    an agent named ``_other`` keeps a series apart from the overflow and the mapping
+    stays one to one.
+
     Values are admitted first come, first served, and a value once admitted keeps its
     own series. Which values were admitted is state that a restart must get back, or a
     counter restored under other labels would read as a reset (``_other`` going down, a
@@ -109,15 +115,17 @@ class LabelBound:
 
     Args:
         top_n: how many distinct values are kept (>= 1).
+        reserved: labels that only the collector writes (``_other`` always).
 
     Raises:
         ValueError: ``top_n`` < 1.
     """
 
-    def __init__(self, top_n: int) -> None:
+    def __init__(self, top_n: int, *, reserved: Iterable[str] = ()) -> None:
         if top_n < 1:
             raise ValueError(f"top_n must be >= 1, got {top_n}")
         self.top_n = top_n
+        self._reserved = frozenset({OTHER, *reserved})
         self._kept: dict[str, int] = {}  # label -> admission order
         self._unpersisted: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -130,22 +138,28 @@ class LabelBound:
             persisted: they come from the store (not reported by :meth:`unpersisted`).
         """
         for value in values:
-            label = self(value)
-            if persisted:
-                with self._lock:
-                    self._unpersisted.pop(label, None)
+            if persisted:  # stored labels, escaped already when they were admitted
+                self._admit(value, persisted=True)
+            else:
+                self(value)
 
     def __call__(self, value: str | None) -> str:
         label = (value or "unknown")[:_MAX_LABEL_CHARS]
+        if label.rstrip("~") in self._reserved:
+            label += "~"
         if label in self._kept:
             return label
+        return self._admit(label, persisted=False)
+
+    def _admit(self, label: str, *, persisted: bool) -> str:
         with self._lock:
             if label in self._kept:
                 return label
             if len(self._kept) < self.top_n:
                 order = len(self._kept)
                 self._kept[label] = order
-                self._unpersisted[label] = order
+                if not persisted:
+                    self._unpersisted[label] = order
                 return label
         return OTHER
 
@@ -202,7 +216,8 @@ class MetricsSnapshot:
         stops: ``(agent, stop_reason, steps, steps_since_progress) -> count``
             (``steps_since_progress`` ``None``: not carried by those stops).
         tool_calls: ``(agent, tool, outcome) -> count``.
-        detections: ``(agent, tool, detector) -> count``.
+        detections: ``(agent, tool, detector) -> count`` (``tool`` ``""``: the detection
+            named none, counted under ``none``).
         canaries: ``location -> count``.
     """
 
@@ -244,7 +259,7 @@ class LoopwatchMetrics(Collector):
         redaction_rules: Iterable[str] = (),
     ) -> None:
         self.agents = LabelBound(top_n_agents)
-        self.tools = LabelBound(top_n_tools)
+        self.tools = LabelBound(top_n_tools, reserved=(NO_TOOL,))
         self._queue_depth = queue_depth
         self._inflight_bytes = inflight_bytes
         self._lock = threading.Lock()
@@ -320,7 +335,8 @@ class LoopwatchMetrics(Collector):
             self._tool_calls[key] += n
 
     def record_detection(self, agent: str, tool: str | None, detector: str, n: int = 1) -> None:
-        """Count a loop detection; ``tool`` is ``none`` for decision-level detectors.
+        """Count a loop detection; ``tool`` ``None`` or ``""`` for one that names no tool
+        (decision-level detectors), counted under the label ``none``.
 
         ``none`` is a fixed label, outside the tool top-N: admitted like a tool name, it
         became ``_other`` once ``top_n_tools`` names were in, and the series the
@@ -328,7 +344,7 @@ class LoopwatchMetrics(Collector):
         """
         if detector not in DETECTORS:
             return
-        label = NO_TOOL if not tool or tool == NO_TOOL else self.tools(tool)
+        label = NO_TOOL if not tool else self.tools(tool)  # a real "none" is "none~"
         key = (self.agents(agent), label, detector)
         with self._lock:
             self._seen_agent(key[0])

@@ -60,7 +60,7 @@ from .events import (
     StopRow,
 )
 from .http import InflightLimit, create_otlp_app
-from .metrics import NO_TOOL, LoopwatchMetrics, MetricsSnapshot
+from .metrics import LoopwatchMetrics, MetricsSnapshot
 from .records import SpanBatch
 from .redact import REDACTION_FAILED, RedactStage
 from .sampling import SamplingConfig
@@ -206,8 +206,8 @@ def restore_stop_totals(
         ``None`` for a stop that did not carry it) over the stops counted live
         (:data:`~loopwatch.collector.store.STOP_TOTALS`: each run's first committed
         stop, those pruned by retention included), and ``{(agent, tool, detector): n}``
-        (tool from the evidence, detector the loop reason or the observe-mode reason, as
-        :func:`loop_detector`).
+        (tool from the evidence, ``""`` when it names none; detector the loop reason or
+        the observe-mode reason, as :func:`loop_detector`).
     """
     rows, truncated = reader.restore_stops()
     if truncated:
@@ -220,7 +220,9 @@ def restore_stop_totals(
         histograms[key] = histograms.get(key, 0) + int(row["n"])
         detector = row["reason"] if row["reason"] in LOOP_DETECTORS else row["observe_reason"]
         if detector in LOOP_DETECTORS:
-            dkey = (row["agent"], row["loop_tool"] or NO_TOOL, detector)
+            # "": no tool named (counted as NO_TOOL), as record_detection reads it live;
+            # a real tool named "none" keeps its name (its label is "none~").
+            dkey = (row["agent"], row["loop_tool"] or "", detector)
             detections[dkey] = detections.get(dkey, 0) + int(row["n"])
     return histograms, detections
 
@@ -382,8 +384,8 @@ class Collector:
         for stop in mapped.stops:
             bound_agents(stop.agent or UNKNOWN_AGENT)
             tool = loop_tool(stop)
-            if tool and tool != NO_TOOL and loop_detector(stop) is not None:
-                bound_tools(tool)  # "none" is a fixed label, outside the top-N
+            if tool and loop_detector(stop) is not None:
+                bound_tools(tool)  # a real "none" is "none~"; NO_TOOL is outside the top-N
         mapped.metric_labels = [
             ("agent", label, order) for label, order in bound_agents.unpersisted()
         ] + [("tool", label, order) for label, order in bound_tools.unpersisted()]

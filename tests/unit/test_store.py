@@ -916,8 +916,8 @@ def test_schema_7_moves_observe_evidence_out_of_a_completed_stop(tmp_path: Path)
         _, detections = restore_stop_totals(store.reader())  # no JSON error at start
     assert detections == {
         ("", "lookup_order", "repeated_action"): 2,  # "obs" (observed) and "loop"
-        ("", "none", "repeated_action"): 3,  # "bad_loop"; "budget" and "garbled" observed
-        ("", "none", "action_cycle"): 1,  # "number"
+        ("", "", "repeated_action"): 3,  # "bad_loop"; "budget" and "garbled" observed
+        ("", "", "action_cycle"): 1,  # "number"
     }
     con = duckdb.connect(str(path), read_only=True)
     got = {
@@ -1433,7 +1433,7 @@ def test_retention_removes_old_runs_and_keeps_the_restored_totals(
         # These stops do not carry steps since progress: kept unknown through pruning
         # (pruned_stops) and restarts, not folded into 0.
         assert all(key[3] is None for key in before["stops"])
-        assert before["detections"][("triage", "none", "repeated_action")] == 1  # garbled
+        assert before["detections"][("triage", "", "repeated_action")] == 1  # garbled
 
         clock.now += day / 2 + 1
         store.run_maintenance().result(timeout=30)

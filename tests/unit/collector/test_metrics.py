@@ -87,7 +87,7 @@ def test_a_detection_naming_no_tool_keeps_the_none_label_past_the_top_n() -> Non
     m.record_detection("a", "", "repeated_decision")
     m.restore(
         MetricsSnapshot(
-            stops={}, tool_calls={}, detections={("a", NO_TOOL, "no_progress"): 2}, canaries={}
+            stops={}, tool_calls={}, detections={("a", "", "no_progress"): 2}, canaries={}
         )
     )
     samples = {

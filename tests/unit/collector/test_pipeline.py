@@ -304,6 +304,39 @@ def test_label_bounds_restore_the_series_counted_live(tmp_path: Path) -> None:
         again.close()
 
 
+def test_real_names_that_read_as_reserved_labels_keep_their_own_series(tmp_path: Path) -> None:
+    """An agent named ``_other`` shared the overflow's series, and a tool named ``none``
+    the label of detections that name no tool (carried in notes since 2026-12-01). They
+    are written with a ``~`` appended (``_other~``, ``none~``, ``none~~`` for a real
+    ``none~``), live and after a restart, apart from the collector's own labels."""
+    cfg = load_config(
+        environ={"LOOPWATCH_METRICS_TOP_N_AGENTS": "2"},
+        overrides={"store": {"db": str(tmp_path / "lw.duckdb")}},
+    )
+    first = Collector(cfg)
+    submit(first, to_batch(record(tools_run("_other", ["none", "none~"]))))
+    submit(first, to_batch(record(_loops_on("support", "search", "none"))))
+    submit(first, to_batch(record(tools_run("third", ["x"]))))  # past the bound: _other
+    assert value(first, "loopwatch_agent_stops_total", agent="_other~") == 1
+    assert value(first, "loopwatch_agent_stops_total", agent="_other") == 1  # "third"
+    assert value(first, "loopwatch_tool_calls_total", tool="none~") == 1 + 3
+    assert value(first, "loopwatch_tool_calls_total", tool="none~~") == 1
+    assert value(first, "loopwatch_tool_calls_total", tool="none") == 0
+    detections = {
+        (labels["tool"], labels["detector"])
+        for labels, v in samples(first)["loopwatch_loop_detections_total"]
+        if v
+    }
+    assert detections == {("none~", "repeated_action")}
+    live = _metric_series(first)
+    first.close()
+    again = Collector(cfg)
+    try:
+        assert _metric_series(again) == live
+    finally:
+        again.close()
+
+
 def test_observe_mode_detection_is_counted_by_tool(collector: Collector) -> None:
     """A loopwatch agent in observe mode completes; the would-be stop's evidence (from
     ``loopwatch.observe.stop_evidence``) becomes the stored evidence, so the detection
