@@ -64,7 +64,7 @@ __all__ = ["ApiError", "create_api_app", "error_response"]
 _NS: Final = 1_000_000_000
 _DAY_NS: Final = 86_400 * _NS
 _METRICS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
-_MAX_FILTER_CHARS: Final = 4096
+_MAX_FILTER_CHARS: Final = MAX_RUN_ID_CHARS
 """Longest filter value or run id taken (400 past it). Names are stored whole, so this is
 what an agent, tool or run id may be for the list filters and the run view to reach it;
 past 4,096 characters even a percent-encoded ASCII one nears the 16 KiB request line
@@ -255,9 +255,8 @@ def create_api_app(
             raise ApiError(400, "bad_parameter", "cursor pages order=first_seen only")
         offset = _int_param(request, "offset", 0, minimum=0) or 0
         since, until = _int_param(request, "since"), _int_param(request, "until")
-        if since is not None and until is not None and until <= since:
-            # As /stats and /tools answer an empty or inverted window.
-            raise ApiError(400, "bad_parameter", "since must be before until")
+        if since is not None and until is not None:
+            queries.check_window(since, until)  # as /stats and /tools
         if after is not None and offset:
             # Both would apply, and the rows the offset passes over would be skipped.
             raise ApiError(400, "bad_parameter", "give cursor or offset, not both")
@@ -289,7 +288,7 @@ def create_api_app(
 
     async def run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        if len(run_id) > MAX_RUN_ID_CHARS:  # the collector refuses longer ones at ingest
+        if len(run_id) > _MAX_FILTER_CHARS:  # the collector refuses longer ones at ingest
             raise ApiError(400, "bad_parameter", "run id too long")
         detail = await run_in_threadpool(_get_run, reader, run_id)
         if detail is None:

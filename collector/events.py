@@ -792,17 +792,16 @@ def refuse_unmappable(batch: SpanBatch) -> None:
     is refused.
     """
     spans = batch.spans
-    refused: list[int] = []
+    refused: set[int] = set()
     for index, span in enumerate(spans):
         attrs = span.attributes
         if sc.LW_EVENT in attrs or sc.LW_RUN_ID in attrs:
             problem = _loopwatch_problem(attrs)
             if problem is not None:
-                refused.append(index)
+                refused.add(index)
                 batch.reject(1, problem)
     if refused:
-        drop = set(refused)
-        batch.spans = [span for index, span in enumerate(spans) if index not in drop]
+        batch.spans = [span for index, span in enumerate(spans) if index not in refused]
 
 
 def _map_loopwatch(span: SpanRecord, out: MappedBatch) -> bool:

@@ -42,6 +42,7 @@ __all__ = [
     "SQL_TOOLS",
     "Aggregates",
     "attach_steps_since_progress",
+    "check_window",
     "loops_by_tool",
     "run_extra",
     "stats",
@@ -129,7 +130,8 @@ class Aggregates:
     truncated: bool
 
 
-def _check_window(since_unix_nano: int, until_unix_nano: int) -> None:
+def check_window(since_unix_nano: int, until_unix_nano: int) -> None:
+    """Raise ``ValueError`` (a 400 on the API) unless ``since < until``."""
     if until_unix_nano <= since_unix_nano:
         raise ValueError("since must be before until")
 
@@ -182,7 +184,7 @@ def tools(
     first; ``runs`` counts runs that called the tool, ``repeated_action_runs`` those of
     them stopped by ``repeated_action``.
     """
-    _check_window(since_unix_nano, until_unix_nano)
+    check_window(since_unix_nano, until_unix_nano)
     rows, truncated = reader._query(SQL_TOOLS, [since_unix_nano, until_unix_nano, _REPEATED_ACTION])
     return [{k: (int(v) if k != "tool" else v) for k, v in r.items()} for r in rows], truncated
 
@@ -198,7 +200,7 @@ def loops_by_tool(
 
     Rows ``{tool, stop_reason, stops}``, most first (see :attr:`Aggregates.loops_by_tool`).
     """
-    _check_window(since_unix_nano, until_unix_nano)
+    check_window(since_unix_nano, until_unix_nano)
     params: list[Any] = [list(LOOP_STOP_REASONS), since_unix_nano, until_unix_nano]
     if agent is not None:
         params.append(agent)
@@ -222,7 +224,7 @@ def stats(
     """
     if bucket_seconds < 1:
         raise ValueError("bucket_seconds must be >= 1")
-    _check_window(since_unix_nano, until_unix_nano)
+    check_window(since_unix_nano, until_unix_nano)
     window = [since_unix_nano, until_unix_nano]
     by_agent: list[Any] = [] if agent is None else [agent]
     stop_filter = "" if agent is None else _AGENT_OF_STOP

@@ -604,9 +604,8 @@ def _server(app: Any) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def _bound_address(sock: socket.socket) -> str:
-    """``host:port`` a listening socket is bound to (``[host]:port`` for IPv6)."""
-    host, port = sock.getsockname()[:2]
+def _hostport(host: str, port: int) -> str:
+    """``host:port``, ``[host]:port`` for an IPv6 host."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -640,12 +639,11 @@ async def _serve(
         await asyncio.sleep(0.02)
     if announce:
         # The bound addresses, not the configured ones: with port 0 the kernel chose.
-        otlp, http = (_bound_address(sock) for sock in sockets)
+        otlp, http = (_hostport(*sock.getsockname()[:2]) for sock in sockets)
         grpc_text = ""
         if grpc_server is not None:
             host, _ = parse_hostport(grpc_server.address, what="server.otlp_grpc")
-            host = f"[{host}]" if ":" in host else host
-            grpc_text = f"OTLP/gRPC {host}:{grpc_server.port}, "
+            grpc_text = f"OTLP/gRPC {_hostport(host, grpc_server.port)}, "
         print(
             f"loopwatch collector: OTLP/HTTP http://{otlp}/v1/traces, {grpc_text}"
             f"metrics http://{http}/metrics, API http://{http}/api/v1/runs",
