@@ -297,7 +297,7 @@ def selector_names(node: Any) -> list[str]:
     for matcher in node.matchers.matchers:
         regex = matcher.name == "__name__" and str(matcher.op) == "MatchOp.Re"
         if regex and _NAME_LIST.match(matcher.value):
-            return matcher.value.split("|")
+            return str(matcher.value).split("|")
     return [""]
 
 
