@@ -21,9 +21,10 @@ from typing import Final
 
 import altair as alt
 import pandas as pd
+from loopwatch.instrumentation import StopReason
 
 from .bidi import neutralise, neutralise_frame
-from .data import LOOP_DETECTORS, STOP_REASONS
+from .data import LOOP_DETECTORS, STOP_REASONS, TOOL_OUTCOME_COLUMNS
 
 __all__ = [
     "DETECTOR_COLORS",
@@ -44,17 +45,17 @@ __all__ = [
 ]
 
 REASON_COLORS: Final[dict[str, str]] = {
-    "completed": "#2e7d32",
-    "final_unverified": "#9e9d24",
-    "refused": "#6d4c41",
-    "budget_exhausted": "#ef6c00",
-    "deadline_exceeded": "#f9a825",
-    "repeated_action": "#c62828",
-    "action_cycle": "#ad1457",
-    "repeated_decision": "#6a1b9a",
-    "no_progress": "#283593",
-    "cancelled": "#757575",
-    "error": "#000000",
+    StopReason.COMPLETED: "#2e7d32",
+    StopReason.FINAL_UNVERIFIED: "#9e9d24",
+    StopReason.REFUSED: "#6d4c41",
+    StopReason.BUDGET_EXHAUSTED: "#ef6c00",
+    StopReason.DEADLINE_EXCEEDED: "#f9a825",
+    StopReason.REPEATED_ACTION: "#c62828",
+    StopReason.ACTION_CYCLE: "#ad1457",
+    StopReason.REPEATED_DECISION: "#6a1b9a",
+    StopReason.NO_PROGRESS: "#283593",
+    StopReason.CANCELLED: "#757575",
+    StopReason.ERROR: "#000000",
 }
 """One colour per stop reason (DESIGN section 2's closed set)."""
 
@@ -181,7 +182,9 @@ def runs_by_agent_table(by_agent: pd.DataFrame) -> pd.DataFrame:
     if by_agent.empty:
         return pd.DataFrame(columns=["agent", "runs", "abnormal"])
     frame = by_agent.assign(
-        abnormal=by_agent["runs"].where(~by_agent["stop_reason"].isin(["completed", ""]), 0)
+        abnormal=by_agent["runs"].where(
+            ~by_agent["stop_reason"].isin([StopReason.COMPLETED.value, ""]), 0
+        )
     )
     table = frame.groupby("agent", as_index=False)[["runs", "abnormal"]].sum()
     return table.sort_values(["runs", "agent"], ascending=[False, True]).reset_index(drop=True)
@@ -344,7 +347,7 @@ def tool_calls_chart(tools: pd.DataFrame, *, top: int = 15) -> alt.Chart:
     """Horizontal stacked bars: calls per tool by outcome (``ok``, ``errors``, ``blocked``)."""
     head = neutralise_frame(tools.head(top))
     long = head.melt(
-        id_vars=["tool"], value_vars=["ok", "errors", "blocked"], var_name="outcome", value_name="n"
+        id_vars=["tool"], value_vars=list(TOOL_OUTCOME_COLUMNS), var_name="outcome", value_name="n"
     )
     chart: alt.Chart = (
         alt.Chart(long, title=f"Tool calls by outcome (top {top} by calls)")
@@ -355,7 +358,7 @@ def tool_calls_chart(tools: pd.DataFrame, *, top: int = 15) -> alt.Chart:
             color=alt.Color(
                 "outcome:N",
                 scale=alt.Scale(
-                    domain=["ok", "errors", "blocked"], range=["#2e7d32", "#ef6c00", "#c62828"]
+                    domain=list(TOOL_OUTCOME_COLUMNS), range=["#2e7d32", "#ef6c00", "#c62828"]
                 ),
             ),
             tooltip=["tool:N", "outcome:N", "n:Q"],

@@ -31,19 +31,21 @@ import pandas as pd
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
-from . import data
 from .bidi import neutralise, neutralise_frame
+from .config import SourceConfig, open_source
 from .data import (
     DEFAULT_OTLP_URL,
+    LOOPED_RUNS_LIMIT,
+    RUN_TABLE_COLUMNS,
     DataSource,
     Overview,
     QueryFailed,
     RunData,
     RunFilter,
     RunsPage,
-    SourceConfig,
     SourceUnavailable,
     ToolsData,
+    looped_runs,
 )
 
 __all__ = [
@@ -93,7 +95,7 @@ def setup_page(title: str) -> None:
 @st.cache_resource(show_spinner=False)
 def _open_source(key: str, _config: SourceConfig) -> DataSource:
     del key
-    return data.open_source(
+    return open_source(
         collector_url=_config.collector_url, db=_config.db, token_file=_config.token_file
     )
 
@@ -204,8 +206,8 @@ def cached_looped_runs(
     key: str, _src: DataSource, tool: str, since: int, until: int
 ) -> pd.DataFrame:
     """:func:`~loopwatch.dashboard.data.looped_runs`, :data:`~.data.LOOPED_RUNS_LIMIT` rows."""
-    return data.looped_runs(
-        _src, tool, since_unix_nano=since, until_unix_nano=until, limit=data.LOOPED_RUNS_LIMIT
+    return looped_runs(
+        _src, tool, since_unix_nano=since, until_unix_nano=until, limit=LOOPED_RUNS_LIMIT
     )
 
 
@@ -421,23 +423,6 @@ def code_md(value: object) -> str:
     return "`" + _MD_JOIN.sub(_joined, text) + "`"
 
 
-_TABLE_COLUMNS: Final = (
-    "run",
-    "run_id",
-    "time",
-    "agent",
-    "stop_reason",
-    "top_tool",
-    "steps",
-    "steps_since_progress",
-    "tool_calls",
-    "tool_errors",
-    "tool_blocked",
-    "canary_detected",
-    "sampled",
-)
-
-
 RUN_LINK_COLUMN: Final = st.column_config.LinkColumn(
     "run", help="Open the run view", display_text=":material/open_in_new:", width="small"
 )
@@ -460,7 +445,7 @@ def runs_table(runs: pd.DataFrame, *, key: str) -> None:
     """The runs as a sortable table with a link per run, then an "open a run" picker.
 
     Args:
-        runs: rows with :data:`~loopwatch.dashboard.data.RUN_COLUMNS`.
+        runs: rows with :data:`~loopwatch.dashboard.data.RUN_TABLE_COLUMNS`.
         key: widget key prefix (unique per page section).
     """
     frame = runs.assign(run=[run_url(r) for r in runs["run_id"]])
@@ -468,7 +453,7 @@ def runs_table(runs: pd.DataFrame, *, key: str) -> None:
         frame,
         hide_index=True,
         height=table_height(len(frame)),
-        column_order=_TABLE_COLUMNS,
+        column_order=("run", *RUN_TABLE_COLUMNS),
         column_config={
             "run": RUN_LINK_COLUMN,
             # Medium: long run ids pushed the other columns out of view.

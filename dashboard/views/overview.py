@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 from loopwatch.dashboard import charts, ui
-from loopwatch.dashboard.data import LOOP_DETECTORS
+from loopwatch.dashboard.data import LOOP_DETECTORS, Overview
 
 ALL_AGENTS = "(all agents)"
 
@@ -18,15 +18,21 @@ src, key = ui.source()
 left, right = st.columns(2)
 with left:
     window = ui.time_range(key="overview_range")
-everyone = ui.call(
-    ui.cached_overview,
-    key,
-    src,
-    window.since_unix_nano,
-    window.until_unix_nano,
-    window.bucket_seconds,
-    None,
-)
+
+
+def _overview(agent: str | None) -> Overview:
+    return ui.call(
+        ui.cached_overview,
+        key,
+        src,
+        window.since_unix_nano,
+        window.until_unix_nano,
+        window.bucket_seconds,
+        agent,
+    )
+
+
+everyone = _overview(None)
 agents = everyone.agents
 wanted = st.query_params.get("agent", "")
 options = [ALL_AGENTS, *agents, *([wanted] if wanted and wanted not in agents else [])]
@@ -37,17 +43,7 @@ with right:
 agent = None if choice == ALL_AGENTS else choice
 ui.sync_query_params({"range": window.key, "agent": agent}, {"range": "24h"})
 
-overview = everyone
-if agent is not None:
-    overview = ui.call(
-        ui.cached_overview,
-        key,
-        src,
-        window.since_unix_nano,
-        window.until_unix_nano,
-        window.bucket_seconds,
-        agent,
-    )
+overview = everyone if agent is None else _overview(agent)
 if overview.runs_by_agent.empty and overview.total_stops == 0:
     scope = f" for agent {ui.escape_md(agent)}" if agent else ""
     ui.empty_state(f"No runs in the selected time range ({window.label.lower()}){scope}.")

@@ -7,6 +7,8 @@ Every filter is a URL query parameter, so a filtered view can be shared: ``range
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import streamlit as st
 from loopwatch.dashboard import ui
 from loopwatch.dashboard.data import STOP_REASONS
@@ -38,6 +40,15 @@ def _move(delta: int) -> None:
     st.query_params["offset"] = str(max(0, _offset() + delta))
 
 
+def _filter(label: str, options: Sequence[str], param: str) -> str:
+    """A filter select, unset by default; changing it returns to the first page."""
+    return str(
+        ui.select_param(
+            label, options, param=param, default=ANY, key=f"runs_{param}", on_change=_reset_offset
+        )
+    )
+
+
 ui.setup_page("Stopped runs")
 st.title("Stopped runs")
 src, key = ui.source()
@@ -45,31 +56,10 @@ src, key = ui.source()
 c1, c2, c3, c4 = st.columns(4)
 with c1:
     window = ui.time_range(key="runs_range", on_change=_reset_offset)
-    canary = ui.select_param(
-        "Canary flagged",
-        list(FLAGS),
-        param="canary",
-        default=ANY,
-        key="runs_canary",
-        on_change=_reset_offset,
-    )
+    canary = _filter("Canary flagged", list(FLAGS), "canary")
 with c2:
-    reason = ui.select_param(
-        "Stop reason",
-        [ANY, *STOP_REASONS],
-        param="reason",
-        default=ANY,
-        key="runs_reason",
-        on_change=_reset_offset,
-    )
-    sampled = ui.select_param(
-        "Sampled",
-        list(FLAGS),
-        param="sampled",
-        default=ANY,
-        key="runs_sampled",
-        on_change=_reset_offset,
-    )
+    reason = _filter("Stop reason", [ANY, *STOP_REASONS], "reason")
+    sampled = _filter("Sampled", list(FLAGS), "sampled")
 with c3:
     agent = ui.text_param("Agent", param="agent", key="runs_agent", on_change=_reset_offset)
     sort = ui.select_param(

@@ -10,8 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 from loopwatch.dashboard import charts, ui
-from loopwatch.dashboard import data as source_data
-from loopwatch.dashboard.data import LOOP_DETECTORS
+from loopwatch.dashboard.data import LOOP_DETECTORS, LOOPED_RUNS_LIMIT, TOOL_OUTCOME_COLUMNS
 
 ui.setup_page("Tools")
 st.title("Tools")
@@ -44,9 +43,7 @@ if data.tools is not None and not data.tools.empty:
         column_order=(
             "tool",
             "calls",
-            "ok",
-            "errors",
-            "blocked",
+            *TOOL_OUTCOME_COLUMNS,
             "runs",
             "loop detections",
             *LOOP_DETECTORS,
@@ -101,7 +98,7 @@ else:
             "by a loop detector, or flagged by one in observe mode)."
         )
     else:
-        capped = len(runs) >= source_data.LOOPED_RUNS_LIMIT
+        capped = len(runs) >= LOOPED_RUNS_LIMIT
         st.caption(
             (f"The {len(runs)} newest runs" if capped else f"{len(runs)} run(s)")
             + f" whose loop detection named {ui.escape_md(tool)}: stopped by a loop "

@@ -403,7 +403,8 @@ class Report:
 def run_benchmark(
     *, runs: int, long_steps: int, repeat: int, workdir: Path, full: bool = True
 ) -> Report:
-    from loopwatch.dashboard.data import ApiSource, DuckDBSource
+    from loopwatch.dashboard.api_source import ApiSource
+    from loopwatch.dashboard.file_source import DuckDBSource
 
     db = workdir / "bench.duckdb"
     now_ns = time.time_ns()

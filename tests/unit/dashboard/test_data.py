@@ -12,15 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 from loopwatch.dashboard import cli, data, runview
-from loopwatch.dashboard.data import (
-    ApiSource,
-    DataSource,
-    DuckDBSource,
-    QueryFailed,
-    RunFilter,
-    SourceConfig,
-    SourceUnavailable,
-)
+from loopwatch.dashboard.api_source import ApiSource
+from loopwatch.dashboard.config import SourceConfig, open_source
+from loopwatch.dashboard.data import DataSource, QueryFailed, RunFilter, SourceUnavailable
+from loopwatch.dashboard.file_source import DuckDBSource
 
 from tests.integration.services import MetricSamples, free_port
 
@@ -258,7 +253,7 @@ def test_collector_wants_a_token(fed: Fed, tmp_path: Path) -> None:
         assert "s3cret" not in caught.value.message
         token_file = tmp_path / "token"
         token_file.write_text("s3cret-token\n")
-        src = data.open_source(collector_url=url, token_file=str(token_file))
+        src = open_source(collector_url=url, token_file=str(token_file))
         assert len(src.runs(RunFilter(), limit=100).runs) == len(fed.expected)
         src.close()
 
@@ -325,11 +320,11 @@ def test_source_config_from_the_environment() -> None:
     assert config.key == "db:/x.duckdb"
     assert SourceConfig.from_env({}).key == f"api:{data.DEFAULT_COLLECTOR_URL}:"
     with pytest.raises(ValueError):
-        data.open_source(collector_url="http://x", db="/x.duckdb")
+        open_source(collector_url="http://x", db="/x.duckdb")
     with pytest.raises(ValueError):
         ApiSource("127.0.0.1:9464")
     with pytest.raises(SourceUnavailable):
-        data.open_source(token_file="/nonexistent/token")
+        open_source(token_file="/nonexistent/token")
 
 
 def test_run_dashboard_command_and_environment(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loopwatch.dashboard.data import RunFilter, open_source
+from loopwatch.dashboard.config import open_source
+from loopwatch.dashboard.data import RunFilter
 from loopwatch.replay.engine import (
     default_policy,
     load_policy_spec,

@@ -7,7 +7,8 @@ from typing import Any
 import altair as alt
 import pandas as pd
 import pytest
-from loopwatch.dashboard import charts, data, runview
+from loopwatch.dashboard import charts, data, frames, runview
+from loopwatch.instrumentation import StopReason
 
 FP = "3b82185aa542d5d9d0432ef0fa91689916ea1195d38ae948ca197e2cd0276f73"
 OBS = "27048b450be1315f60c027a6f9322971d4fe6ef367880b02b3970ed9bf7b7e6e"
@@ -365,6 +366,12 @@ BY_AGENT = pd.DataFrame(
 )
 
 
+def test_closed_sets_come_from_the_stop_reasons() -> None:
+    assert set(charts.REASON_COLORS) == set(StopReason) == set(data.STOP_REASONS)
+    assert set(data.LOOP_DETECTORS) <= set(StopReason)
+    assert len(set(charts.REASON_COLORS.values())) == len(StopReason)
+
+
 def test_overview_charts_carry_their_text_equivalent() -> None:
     assert charts.stops_text(STOPS) == "6 stops: repeated_action 5, completed 1."
     table = charts.stops_table(STOPS)
@@ -469,8 +476,8 @@ def test_client_json_too_deep_for_the_parser_is_shown_as_text() -> None:
         None,
     )
     assert card is not None and card.observe_reason == "repeated_action"
-    assert data._evidence(deep) == {"raw": deep}
-    assert data._limits_frame(deep) is None
+    assert frames.parse_evidence(deep) == {"raw": deep}
+    assert frames.limits_frame(deep) is None
 
 
 @pytest.mark.parametrize(

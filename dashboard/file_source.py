@@ -1,0 +1,226 @@
+"""A loopwatch DuckDB file, opened read-only, as a :class:`~loopwatch.dashboard.data.DataSource`.
+
+For when no collector runs (a file copied from an incident opens too). The file is read
+through the collector's own :class:`StoreReader` and :mod:`loopwatch.collector.queries`,
+the functions the read API serves, with the same time limit and row cap, so both sources
+tell the same story.
+
+This is the dashboard's only module that imports DuckDB or the collector; it is imported
+when a file is opened (:func:`loopwatch.dashboard.config.open_source`), so the API mode
+needs neither.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+# The collector's read side, named here only: the one place to repoint when it moves.
+from loopwatch.collector import queries
+from loopwatch.collector.store import ReadTimeout, StoreReader
+
+from .data import Overview, QueryFailed, RunData, RunFilter, RunsPage, SourceUnavailable, ToolsData
+from .frames import (
+    TRUNCATED_NOTE,
+    by_agent_frame,
+    loops_frame,
+    run_data,
+    runs_frame,
+    stops_frame,
+    tools_frame,
+)
+
+__all__ = ["DuckDBSource"]
+
+
+class DuckDBSource:
+    """A loopwatch DuckDB file opened read-only (no collector running).
+
+    The file is opened once, read-only, through :class:`StoreReader` (the collector's own
+    read helpers: same queries, time limit and row cap as the read API), with the read
+    API's other queries from :mod:`loopwatch.collector.queries`.
+
+    Args:
+        path: the DuckDB file.
+        timeout_seconds: time limit per query.
+        max_rows: row cap per query.
+
+    Raises:
+        SourceUnavailable: the file is missing, held by a writer (a running collector), or
+            not a loopwatch database.
+    """
+
+    def __init__(
+        self, path: str | Path, *, timeout_seconds: float = 5.0, max_rows: int = 10_000
+    ) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise SourceUnavailable(
+                "missing",
+                f"No database file at {self.path}. Pass the collector's --db file, or read "
+                "through a running collector with --collector URL.",
+            )
+        try:
+            connection = duckdb.connect(str(self.path), read_only=True)
+        except duckdb.Error as exc:
+            raise _open_error(self.path, exc) from None
+        self._connection: duckdb.DuckDBPyConnection | None = connection
+        self._lock = threading.Lock()
+        self.timeout_seconds = timeout_seconds
+        self.max_rows = max_rows
+        # Same as StoreReader.open_readonly, keeping the connection for the queries below.
+        self._reader: StoreReader = StoreReader(
+            self._cursor, timeout_seconds=timeout_seconds, max_rows=max_rows, owned=connection
+        )
+        try:
+            self._query("SELECT max(version) AS v FROM schema_version", [])
+            self._query("SELECT run_key FROM runs LIMIT 0", [])
+        except QueryFailed:
+            self.close()
+            raise SourceUnavailable(
+                "not_loopwatch",
+                f"{self.path} is a DuckDB file but not a loopwatch database "
+                "(no schema_version or runs table).",
+            ) from None
+
+    @property
+    def description(self) -> str:
+        return f"database file {self.path} (read-only)"
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        with self._lock:
+            if self._connection is None:
+                raise SourceUnavailable("unreadable", f"{self.path} was closed.")
+            return self._connection.cursor()
+
+    def _query(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        """Run one parameterized query with the time limit; rows past the cap are dropped."""
+        cursor = self._cursor()
+        timer = threading.Timer(self.timeout_seconds, cursor.interrupt)
+        timer.daemon = True
+        timer.start()
+        try:
+            cursor.execute(sql, list(params))
+            names = [d[0] for d in cursor.description or ()]
+            rows = cursor.fetchmany(self.max_rows)
+        except duckdb.InterruptException:
+            raise QueryFailed(
+                "query_timeout", f"The query exceeded its {self.timeout_seconds:g} s limit."
+            ) from None
+        except duckdb.Error as exc:
+            raise QueryFailed("database_error", f"The database failed: {exc}") from None
+        finally:
+            timer.cancel()
+            cursor.close()
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call a reader method, mapping its errors to :class:`QueryFailed`."""
+        try:
+            return fn(*args, **kwargs)
+        except ReadTimeout as exc:
+            raise QueryFailed("query_timeout", str(exc)) from None
+        except duckdb.Error as exc:
+            raise QueryFailed("database_error", f"The database failed: {exc}") from None
+        except ValueError as exc:
+            raise QueryFailed("bad_parameter", str(exc)) from None
+
+    def check(self) -> None:
+        self._query("SELECT 1 AS ok", [])
+
+    def runs(self, filters: RunFilter, *, limit: int = 50, offset: int = 0) -> RunsPage:
+        page = self._call(
+            self._reader.list_runs,
+            stop_reason=filters.stop_reason or None,
+            agent=filters.agent or None,
+            tool=filters.tool or None,
+            since_unix_nano=filters.since_unix_nano,
+            until_unix_nano=filters.until_unix_nano,
+            canary=filters.canary,
+            sampled=filters.sampled,
+            detector=filters.detector or None,
+            loop_tool=filters.loop_tool or None,
+            limit=limit,
+            offset=offset,
+        )
+        items = self._call(queries.attach_steps_since_progress, self._reader, page.items)
+        return RunsPage(runs_frame(items), offset, page.next_offset)
+
+    def run(self, run_id: str) -> RunData | None:
+        detail = self._call(self._reader.get_run, run_id)
+        if detail is None:
+            return None
+        extra = self._call(queries.run_extra, self._reader, run_id)
+        if extra is not None:
+            detail.run.update(extra)
+        return run_data(
+            {
+                "run": detail.run,
+                "steps": detail.steps,
+                "steps_truncated": detail.steps_truncated,
+                "stop": detail.stop,
+                "evidence": detail.evidence,
+                "stop_anomalies": detail.stop_anomalies,
+                "tools": detail.tools,
+                "stop_anomalies_truncated": detail.stop_anomalies_truncated,
+                "tools_truncated": detail.tools_truncated,
+            },
+            detail.run.get("limits"),
+        )
+
+    def overview(
+        self,
+        *,
+        since_unix_nano: int,
+        until_unix_nano: int,
+        bucket_seconds: int,
+        agent: str | None = None,
+    ) -> Overview:
+        result = self._call(
+            queries.stats,
+            self._reader,
+            since_unix_nano=since_unix_nano,
+            until_unix_nano=until_unix_nano,
+            bucket_seconds=bucket_seconds,
+            agent=agent,
+        )
+        return Overview(
+            stops_frame(result.stops_by_reason),
+            by_agent_frame(result.runs_by_agent),
+            loops_frame(result.loops_by_tool),
+            result.canary_runs,
+            TRUNCATED_NOTE if result.truncated else None,
+        )
+
+    def tools(self, *, since_unix_nano: int, until_unix_nano: int) -> ToolsData:
+        window = {"since_unix_nano": since_unix_nano, "until_unix_nano": until_unix_nano}
+        rows, truncated = self._call(queries.tools, self._reader, **window)
+        loops, loops_truncated = self._call(queries.loops_by_tool, self._reader, **window)
+        return ToolsData(
+            tools_frame(rows),
+            loops_frame(loops),
+            TRUNCATED_NOTE if truncated or loops_truncated else None,
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+
+
+def _open_error(path: Path, exc: Exception) -> SourceUnavailable:
+    text = str(exc)
+    if "lock" in text.lower():
+        return SourceUnavailable(
+            "locked",
+            f"{path} is open for writing by another process (a running collector?). "
+            "Read through that collector with --collector URL, or open a copy of the file.",
+        )
+    return SourceUnavailable(
+        "unreadable", f"Cannot open {path} as a DuckDB database: {text.splitlines()[0][:200]}"
+    )

@@ -1,0 +1,142 @@
+"""Rows from either source (API items or reader dicts) shaped into the frames of
+:mod:`loopwatch.dashboard.data`, so both sources tell the same story.
+
+Pure functions of plain rows; no I/O, no Streamlit. Missing numbers become 0 in counts;
+nanosecond times become UTC ``datetime64`` columns. Evidence and limits are client text
+parsed leniently: what is not a JSON object is kept as ``{"raw": ...}`` / ``None``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+import pandas as pd
+
+from .data import RUN_COLUMNS, TOOLS_COLUMNS, RunData
+
+__all__ = [
+    "TRUNCATED_NOTE",
+    "by_agent_frame",
+    "limits_frame",
+    "loops_frame",
+    "parse_evidence",
+    "run_data",
+    "runs_frame",
+    "stops_frame",
+    "tools_frame",
+    "utc",
+]
+
+TRUNCATED_NOTE: Final = "Figures are partial: a query hit the source's row cap."
+"""The note of an answer a query's row cap cut short."""
+
+
+def utc(values: Iterable[Any]) -> pd.Series:
+    """Nanoseconds since the epoch (``None`` allowed) as UTC ``datetime64``."""
+    return pd.to_datetime(pd.Series(list(values), dtype="Int64"), unit="ns", utc=True)
+
+
+def runs_frame(items: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Run rows (API items or reader dicts) as a frame with :data:`RUN_COLUMNS`."""
+    frame = pd.DataFrame(list(items))
+    if frame.empty:
+        return pd.DataFrame({c: pd.Series(dtype="object") for c in RUN_COLUMNS})
+    frame["time"] = utc(frame.get("time_unix_nano", pd.Series([None] * len(frame))))
+    for column in RUN_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = None
+    return frame[list(RUN_COLUMNS)].reset_index(drop=True)
+
+
+def stops_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """``bucket_unix_nano, stop_reason, stops`` rows as :attr:`Overview.stops`."""
+    frame = pd.DataFrame(list(rows), columns=["bucket_unix_nano", "stop_reason", "stops"])
+    frame.insert(0, "bucket", utc(frame.pop("bucket_unix_nano")))
+    frame["stops"] = frame["stops"].astype("int64")
+    return frame
+
+
+def loops_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """``tool, stop_reason, stops`` rows as :attr:`Overview.loops_by_tool` (``detector``)."""
+    frame = pd.DataFrame(list(rows), columns=["tool", "stop_reason", "stops"])
+    frame = frame.rename(columns={"stop_reason": "detector"})
+    frame["tool"] = frame["tool"].fillna("")
+    frame["stops"] = frame["stops"].astype("int64")
+    return frame
+
+
+def by_agent_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """``agent, stop_reason, runs`` rows as :attr:`Overview.runs_by_agent`."""
+    frame = pd.DataFrame(list(rows), columns=["agent", "stop_reason", "runs"])
+    frame["agent"] = frame["agent"].fillna("")
+    frame["stop_reason"] = frame["stop_reason"].fillna("")
+    frame["runs"] = frame["runs"].astype("int64")
+    return frame
+
+
+def tools_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """:data:`TOOLS_COLUMNS` rows as :attr:`ToolsData.tools`, with the repeated-action rate."""
+    frame = pd.DataFrame(list(rows), columns=list(TOOLS_COLUMNS))
+    for column in TOOLS_COLUMNS[1:]:
+        frame[column] = frame[column].fillna(0).astype("int64")
+    runs = frame["runs"].where(frame["runs"] > 0)
+    frame["repeated_action_rate"] = (frame["repeated_action_runs"] / runs).fillna(0.0)
+    return frame
+
+
+def limits_frame(raw: Any) -> pd.DataFrame | None:
+    """``{field: {"value", "source"}}`` (JSON text or dict) as ``limit, value, source``."""
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(raw, Mapping):
+        return None
+    rows = []
+    for name, spec in sorted(raw.items()):
+        if isinstance(spec, Mapping):
+            rows.append(
+                {"limit": name, "value": str(spec.get("value")), "source": spec.get("source")}
+            )
+        else:
+            rows.append({"limit": name, "value": str(spec), "source": None})
+    return pd.DataFrame(rows, columns=["limit", "value", "source"])
+
+
+def parse_evidence(raw: Any) -> dict[str, Any]:
+    """A stop's evidence (JSON text or mapping) as a dict; anything else as ``{"raw": raw}``."""
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except (ValueError, RecursionError):
+            return {"raw": raw}
+    return dict(raw) if isinstance(raw, Mapping) else {"raw": raw}
+
+
+def run_data(detail: Mapping[str, Any], limits: Any) -> RunData:
+    """A run detail (the read API's ``/api/v1/runs/{id}`` body shape) as :class:`RunData`."""
+    steps = pd.DataFrame(list(detail.get("steps") or []))
+    tools = pd.DataFrame(list(detail.get("tools") or []), columns=["tool", "outcome", "calls"])
+    stop = detail.get("stop")
+    evidence = detail.get("evidence")
+    if evidence is None and stop:
+        evidence = stop.get("evidence")
+    return RunData(
+        run=dict(detail.get("run") or {}),
+        steps=steps,
+        steps_truncated=bool(detail.get("steps_truncated")),
+        stop=dict(stop) if stop else None,
+        evidence=parse_evidence(evidence),
+        anomalies=[dict(a) for a in detail.get("stop_anomalies") or []],
+        tools=tools,
+        limits=limits_frame(limits),
+        anomalies_truncated=bool(detail.get("stop_anomalies_truncated")),
+        tools_truncated=bool(detail.get("tools_truncated")),
+    )
