@@ -10,31 +10,13 @@ answered from its runs pages, and the answer's note says so.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Unpack
 from urllib.parse import quote
 
 import httpx
 import pandas as pd
 
-from .data import (
-    LOOP_DETECTORS,
-    Overview,
-    QueryFailed,
-    RunData,
-    RunFilter,
-    RunsPage,
-    SourceUnavailable,
-    ToolsData,
-)
-from .frames import (
-    TRUNCATED_NOTE,
-    by_agent_frame,
-    loops_frame,
-    run_data,
-    runs_frame,
-    stops_frame,
-    tools_frame,
-)
+from . import data, frames
 
 __all__ = ["ApiSource"]
 
@@ -90,13 +72,13 @@ class ApiSource:
         try:
             response = self._client.get(path, params=dict(params or {}))
         except httpx.TimeoutException:
-            raise SourceUnavailable(
+            raise data.SourceUnavailable(
                 "timeout",
                 f"The collector at {self.base_url} did not answer in time. "
                 "Check that it is running and not overloaded.",
             ) from None
         except httpx.TransportError as exc:
-            raise SourceUnavailable(
+            raise data.SourceUnavailable(
                 "unreachable",
                 f"Cannot reach the collector at {self.base_url} ({type(exc).__name__}). "
                 "Start it with `loopwatch collector`, or open a database file with "
@@ -105,20 +87,20 @@ class ApiSource:
         try:
             body = response.json()
         except ValueError:
-            raise SourceUnavailable(
+            raise data.SourceUnavailable(
                 "not_loopwatch",
                 f"{self.base_url} answered {response.status_code} without JSON: "
                 "is it a loopwatch collector's --http address?",
             ) from None
         if response.status_code == 401:
-            raise SourceUnavailable(
+            raise data.SourceUnavailable(
                 "unauthorized",
                 f"The collector at {self.base_url} requires a token: start the dashboard "
                 "with the collector's token file.",
             )
         if response.status_code != 200:
             error = body.get("error", {}) if isinstance(body, dict) else {}
-            raise QueryFailed(
+            raise data.QueryFailed(
                 str(error.get("code", "http_error")),
                 f"The collector answered {response.status_code}: "
                 f"{error.get('message', 'no message')}.",
@@ -129,23 +111,25 @@ class ApiSource:
     def check(self) -> None:
         self._get("/api/v1/runs", {"limit": 1})
 
-    def runs(self, filters: RunFilter, *, limit: int = 50, offset: int = 0) -> RunsPage:
+    def runs(self, filters: data.RunFilter, *, limit: int = 50, offset: int = 0) -> data.RunsPage:
         body = self._get(
             "/api/v1/runs", {**_filter_params(filters), "limit": limit, "offset": offset}
         )
-        return RunsPage(runs_frame(body.get("items", [])), offset, body.get("next_offset"))
+        return data.RunsPage(
+            frames.runs_frame(body.get("items", [])), offset, body.get("next_offset")
+        )
 
-    def run(self, run_id: str) -> RunData | None:
+    def run(self, run_id: str) -> data.RunData | None:
         try:
             body = self._get(f"/api/v1/runs/{quote(run_id, safe='')}")
-        except QueryFailed as exc:
+        except data.QueryFailed as exc:
             if exc.status == 404:
                 return None
             raise
         run = body.get("run") or {}
-        return run_data(body, run.get("limits"))
+        return frames.run_data(body, run.get("limits"))
 
-    def _scan(self, filters: RunFilter) -> tuple[list[dict[str, Any]], bool]:
+    def _scan(self, filters: data.RunFilter) -> tuple[list[dict[str, Any]], bool]:
         """Up to :data:`_SCAN_MAX_RUNS` runs, newest first; ``True`` when more exist."""
         items: list[dict[str, Any]] = []
         offset: int | None = 0
@@ -157,38 +141,20 @@ class ApiSource:
             offset = body.get("next_offset")
         return items[:_SCAN_MAX_RUNS], offset is not None
 
-    def overview(
-        self,
-        *,
-        since_unix_nano: int,
-        until_unix_nano: int,
-        bucket_seconds: int,
-        agent: str | None = None,
-    ) -> Overview:
-        params: dict[str, Any] = {
-            "since": since_unix_nano,
-            "until": until_unix_nano,
-            "bucket_seconds": bucket_seconds,
-        }
-        if agent is not None:
-            params["agent"] = agent
-        body = self._get("/api/v1/stats", params)
+    def overview(self, **query: Unpack[data.OverviewQuery]) -> data.Overview:
+        since, until, agent = query["since_unix_nano"], query["until_unix_nano"], query.get("agent")
+        params = {"since": since, "until": until, "bucket_seconds": query["bucket_seconds"]}
+        body = self._get("/api/v1/stats", params if agent is None else {**params, "agent": agent})
         if "runs_by_agent" in body and "canary_runs" in body:
-            return Overview(
-                stops_frame(body.get("stops_by_reason", [])),
-                by_agent_frame(body["runs_by_agent"]),
-                loops_frame(body.get("loops_by_tool", [])),
-                int(body["canary_runs"]),
-                TRUNCATED_NOTE if body.get("truncated") else None,
-            )
+            return frames.overview_from_stats(body)
         # A collector without these aggregates (nor the agent filter): count from run pages.
         items, more = self._scan(
-            RunFilter(agent=agent, since_unix_nano=since_unix_nano, until_unix_nano=until_unix_nano)
+            data.RunFilter(agent=agent, since_unix_nano=since, until_unix_nano=until)
         )
-        stops, by_agent, loops, canary = _scan_overview(items, bucket_seconds)
+        stops, by_agent, loops, canary = _scan_overview(items, query["bucket_seconds"])
         if agent is None:
-            stops = stops_frame(body.get("stops_by_reason", []))
-            loops = loops_frame(body.get("loops_by_tool", []))
+            stops = frames.stops_frame(body.get("stops_by_reason", []))
+            loops = frames.loops_frame(body.get("loops_by_tool", []))
         note = None
         if more:
             part = "all figures" if agent is not None else "runs by agent and canary-flagged runs"
@@ -196,18 +162,18 @@ class ApiSource:
                 f"{part.capitalize()} count the newest {_SCAN_MAX_RUNS:,} runs of the range only "
                 "(the collector's API has no aggregate for them yet)."
             )
-        return Overview(stops, by_agent, loops, canary, note)
+        return data.Overview(stops, by_agent, loops, canary, note)
 
-    def tools(self, *, since_unix_nano: int, until_unix_nano: int) -> ToolsData:
+    def tools(self, *, since_unix_nano: int, until_unix_nano: int) -> data.ToolsData:
         window = {"since": since_unix_nano, "until": until_unix_nano}
         stats = self._get("/api/v1/stats", {**window, "bucket_seconds": 86_400})
-        loops = loops_frame(stats.get("loops_by_tool", []))
+        loops = frames.loops_frame(stats.get("loops_by_tool", []))
         try:
             body = self._get("/api/v1/tools", window)
-        except QueryFailed as exc:
+        except data.QueryFailed as exc:
             if exc.status != 404:
                 raise
-            return ToolsData(
+            return data.ToolsData(
                 None,
                 loops,
                 "Calls, errors and blocked calls per tool need the collector's "
@@ -215,8 +181,10 @@ class ApiSource:
                 "database file with --db for them.",
             )
         truncated = body.get("truncated") or stats.get("truncated")
-        return ToolsData(
-            tools_frame(body.get("items", [])), loops, TRUNCATED_NOTE if truncated else None
+        return data.ToolsData(
+            frames.tools_frame(body.get("items", [])),
+            loops,
+            frames.TRUNCATED_NOTE if truncated else None,
         )
 
     def close(self) -> None:
@@ -242,7 +210,7 @@ def _scan_overview(
         when = int(item.get("stop_unix_nano") or item.get("time_unix_nano") or 0)
         key = ((when // bucket) * bucket, reason)
         stops[key] = stops.get(key, 0) + 1
-        if reason in LOOP_DETECTORS:
+        if reason in data.LOOP_DETECTORS:
             # Run rows carry no loop tool: the run's top tool stands in (only for a
             # collector without /api/v1/stats, which counts by the detection's tool).
             tool_key = (item.get("top_tool") or "", reason)
@@ -255,19 +223,17 @@ def _scan_overview(
         {"tool": t, "stop_reason": r, "stops": n}
         for (t, r), n in sorted(loops.items(), key=lambda kv: (-kv[1], kv[0]))
     ]
-    return stops_frame(stops_rows), by_agent_frame(agent_rows), loops_frame(loop_rows), canary
+    return (
+        frames.stops_frame(stops_rows),
+        frames.by_agent_frame(agent_rows),
+        frames.loops_frame(loop_rows),
+        canary,
+    )
 
 
-def _filter_params(filters: RunFilter) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "stop_reason": filters.stop_reason,
-        "agent": filters.agent,
-        "tool": filters.tool,
-        "since": filters.since_unix_nano,
-        "until": filters.until_unix_nano,
-        "canary": None if filters.canary is None else str(filters.canary).lower(),
-        "sampled": None if filters.sampled is None else str(filters.sampled).lower(),
-        "detector": filters.detector,
-        "loop_tool": filters.loop_tool,
+def _filter_params(filters: data.RunFilter) -> dict[str, Any]:
+    """The read API's query parameters: ``since``/``until``, booleans as ``true``/``false``."""
+    return {
+        name.removesuffix("_unix_nano"): str(value).lower() if isinstance(value, bool) else value
+        for name, value in filters.given().items()
     }
-    return {k: v for k, v in params.items() if v is not None and v != ""}

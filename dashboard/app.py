@@ -10,14 +10,13 @@ from pathlib import Path
 
 import streamlit as st
 
-# Not "pages/": Streamlit runs the first session after start in its pages-directory mode
-# when that folder exists, so a shared /runs or /run?run_id= link opened first showed
-# "Page not found" (tests/e2e/test_dashboard_browser.py).
+# Not "pages/": while that folder exists, Streamlit runs the first session after start in
+# its pages-directory mode, where a shared /runs or /run?run_id= link is "Page not found".
 PAGES = Path(__file__).resolve().parent / "views"
 
-# The default page is served at "/" only, yet reserves its own pathname: "/overview" (the
-# name a user types, and the one the other pages suggest) showed "Page not found". The
-# default page gets another pathname, and a hidden page serves the overview at /overview.
+# The default page is served at "/" only, yet reserves its own pathname, which is then
+# "Page not found". So it takes another pathname, and a hidden page serves the overview at
+# /overview (the name a user types, and the one the other pages suggest).
 st.navigation(
     [
         st.Page(PAGES / "overview.py", title="Overview", url_path="home", default=True),

@@ -6,8 +6,8 @@ screen readers and for the page's caption. Colours of stop reasons are fixed, so
 reason keeps its colour across charts and pages.
 
 Names in a chart (agents, tools, reasons: client text) are drawn with their bidi
-controls made visible (:mod:`loopwatch.dashboard.bidi`): a U+202E in a tool name reversed
-its axis label. The ``*_text`` and ``*_table`` functions return stored text as it is; the
+controls made visible (:mod:`loopwatch.dashboard.bidi`): a U+202E in a tool name would
+reverse its axis label. The ``*_text`` and ``*_table`` functions return stored text as it is; the
 pages escape it (``ui.escape_md``, ``ui.dataframe``).
 
 Example:
@@ -67,9 +67,9 @@ _WHOLE: Final = alt.Axis(tickMinStep=1, format="d")
 """Axis of a count or a step number: no fractional ticks (1.0, 1.2, ... read as steps)."""
 
 _BAR_STEP: Final = alt.Step(24)
-"""Height of each bar's band in the horizontal bar charts. A fixed chart height was
-shrunk to the legend's by the page (Streamlit 1.67 sizes charts to their content), and
-Vega-Lite then hid every other bar label as overlapping; a step keeps 24 px per bar."""
+"""Height of each bar's band in the horizontal bar charts, whatever the bar count: the
+page sizes charts to their content, so a fixed height would shrink to the legend's and
+Vega-Lite would hide every other bar label as overlapping."""
 
 
 def _reason_scale(present: pd.Series) -> alt.Scale:
@@ -110,8 +110,8 @@ def stops_over_time_chart(stops: pd.DataFrame, *, bucket_seconds: int = 3600) ->
                 axis=alt.Axis(format="%m-%d %H:%M"),
             ),
             y=alt.Y("sum(stops):Q", title="stops", stack="zero", axis=_WHOLE),
-            # Two columns: the 11 reasons in one column ran past the plot, which the page
-            # clipped (the last entries were cut off).
+            # Two columns: eleven reasons in one column run past the plot, and the page
+            # clips the last ones.
             color=alt.Color(
                 "stop_reason:N",
                 title="stop reason",
@@ -308,7 +308,7 @@ def progress_chart(
             tooltip=["mark:N", "step:Q"],
         )
     )
-    # No Vega title: Streamlit sizes a layered chart without it, so the title was drawn
+    # No Vega title: Streamlit sizes a layered chart without it, and would draw the title
     # over the element above. The page writes the heading.
     layered: alt.LayerChart = alt.LayerChart(layer=[line, rules]).properties(
         height=200,

@@ -2,18 +2,11 @@
 
 No Streamlit here (STYLE rule 15): pages call a :class:`DataSource` and render what it
 returns; caching happens at the page edge (:mod:`loopwatch.dashboard.ui`). The closed sets
-the pages filter and colour by come from :class:`~loopwatch.instrumentation.StopReason`;
-the column lists of the frames are defined here once.
-
-Two implementations of the protocol, each in its own module, opened by
-:func:`loopwatch.dashboard.config.open_source`:
-
-- :class:`~loopwatch.dashboard.api_source.ApiSource`: the collector's JSON read API. The
-  collector owns the DuckDB file (DESIGN section 5), so this is the normal mode.
-- :class:`~loopwatch.dashboard.file_source.DuckDBSource`: a DuckDB file opened read-only
-  when no collector runs (a file copied from an incident opens too).
-
-Both shape rows into frames with :mod:`loopwatch.dashboard.frames`.
+come from :class:`~loopwatch.instrumentation.StopReason`; the frames' columns are defined
+here once. :func:`loopwatch.dashboard.config.open_source` opens one of the two
+implementations: :mod:`~loopwatch.dashboard.api_source` (the collector's read API, the
+normal mode: the collector owns the DuckDB file) or :mod:`~loopwatch.dashboard.file_source`
+(a DuckDB file opened read-only when no collector runs).
 
 Exceptions::
 
@@ -37,14 +30,13 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Final, Protocol, runtime_checkable
+from dataclasses import asdict, dataclass
+from typing import Any, Final, NotRequired, Protocol, TypedDict, Unpack, runtime_checkable
 
 import pandas as pd
 from loopwatch.instrumentation import StopReason
 
 __all__ = [
-    "ABNORMAL_STOP_REASONS",
     "DEFAULT_COLLECTOR_URL",
     "DEFAULT_OTLP_URL",
     "LOOPED_RUNS_LIMIT",
@@ -56,6 +48,7 @@ __all__ = [
     "TOOL_OUTCOME_COLUMNS",
     "DataSource",
     "Overview",
+    "OverviewQuery",
     "QueryFailed",
     "RunData",
     "RunFilter",
@@ -74,11 +67,6 @@ DEFAULT_OTLP_URL: Final = "http://127.0.0.1:4318/v1/traces"
 
 STOP_REASONS: Final[tuple[str, ...]] = tuple(r.value for r in StopReason)
 """The closed set of stop reasons (DESIGN section 2)."""
-
-ABNORMAL_STOP_REASONS: Final[tuple[str, ...]] = tuple(
-    r for r in STOP_REASONS if r != StopReason.COMPLETED
-)
-"""Every stop reason except ``completed``."""
 
 LOOP_DETECTORS: Final[tuple[str, ...]] = (
     StopReason.REPEATED_ACTION.value,
@@ -104,13 +92,7 @@ RUN_TABLE_COLUMNS: Final[tuple[str, ...]] = (
 )
 """The runs tables' columns, in display order."""
 
-RUN_COLUMNS: Final[tuple[str, ...]] = (
-    *RUN_TABLE_COLUMNS,
-    "tokens",
-    "sample_rule",
-    "policy_name",
-    "source",
-)
+RUN_COLUMNS: Final = (*RUN_TABLE_COLUMNS, "tokens", "sample_rule", "policy_name", "source")
 """Columns of :attr:`RunsPage.runs`: :data:`RUN_TABLE_COLUMNS`, then the hidden ones."""
 
 TOOL_OUTCOME_COLUMNS: Final = ("ok", "errors", "blocked")
@@ -181,6 +163,10 @@ class RunFilter:
     sampled: bool | None = None
     detector: str | None = None
     loop_tool: str | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The filters that are set (neither ``None`` nor ``""``), by field name."""
+        return {k: v for k, v in asdict(self).items() if v is not None and v != ""}
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +290,21 @@ class ToolsData:
     note: str | None = None
 
 
+class OverviewQuery(TypedDict):
+    """Keyword arguments of :meth:`DataSource.overview`.
+
+    Attributes:
+        since_unix_nano / until_unix_nano: the range ``[since, until)``.
+        bucket_seconds: width of the stops' time buckets (> 0).
+        agent: only this agent's runs; absent or ``None``: every agent.
+    """
+
+    since_unix_nano: int
+    until_unix_nano: int
+    bucket_seconds: int
+    agent: NotRequired[str | None]
+
+
 @runtime_checkable
 class DataSource(Protocol):
     """What the pages read. Implementations are thread-safe (one per app process).
@@ -328,14 +329,7 @@ class DataSource(Protocol):
         """One run, or ``None`` when there is no run with that id."""
         ...
 
-    def overview(
-        self,
-        *,
-        since_unix_nano: int,
-        until_unix_nano: int,
-        bucket_seconds: int,
-        agent: str | None = None,
-    ) -> Overview:
+    def overview(self, **query: Unpack[OverviewQuery]) -> Overview:
         """Aggregates for ``[since, until)``, stops bucketed by ``bucket_seconds``."""
         ...
 

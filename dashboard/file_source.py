@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import duckdb
 
@@ -23,16 +24,7 @@ import duckdb
 from loopwatch.collector import queries
 from loopwatch.collector.store import ReadTimeout, StoreReader
 
-from .data import Overview, QueryFailed, RunData, RunFilter, RunsPage, SourceUnavailable, ToolsData
-from .frames import (
-    TRUNCATED_NOTE,
-    by_agent_frame,
-    loops_frame,
-    run_data,
-    runs_frame,
-    stops_frame,
-    tools_frame,
-)
+from . import data, frames
 
 __all__ = ["DuckDBSource"]
 
@@ -59,7 +51,7 @@ class DuckDBSource:
     ) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise SourceUnavailable(
+            raise data.SourceUnavailable(
                 "missing",
                 f"No database file at {self.path}. Pass the collector's --db file, or read "
                 "through a running collector with --collector URL.",
@@ -79,9 +71,9 @@ class DuckDBSource:
         try:
             self._query("SELECT max(version) AS v FROM schema_version", [])
             self._query("SELECT run_key FROM runs LIMIT 0", [])
-        except QueryFailed:
+        except data.QueryFailed:
             self.close()
-            raise SourceUnavailable(
+            raise data.SourceUnavailable(
                 "not_loopwatch",
                 f"{self.path} is a DuckDB file but not a loopwatch database "
                 "(no schema_version or runs table).",
@@ -94,7 +86,7 @@ class DuckDBSource:
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
             if self._connection is None:
-                raise SourceUnavailable("unreadable", f"{self.path} was closed.")
+                raise data.SourceUnavailable("unreadable", f"{self.path} was closed.")
             return self._connection.cursor()
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
@@ -108,11 +100,11 @@ class DuckDBSource:
             names = [d[0] for d in cursor.description or ()]
             rows = cursor.fetchmany(self.max_rows)
         except duckdb.InterruptException:
-            raise QueryFailed(
+            raise data.QueryFailed(
                 "query_timeout", f"The query exceeded its {self.timeout_seconds:g} s limit."
             ) from None
         except duckdb.Error as exc:
-            raise QueryFailed("database_error", f"The database failed: {exc}") from None
+            raise data.QueryFailed("database_error", f"The database failed: {exc}") from None
         finally:
             timer.cancel()
             cursor.close()
@@ -123,87 +115,44 @@ class DuckDBSource:
         try:
             return fn(*args, **kwargs)
         except ReadTimeout as exc:
-            raise QueryFailed("query_timeout", str(exc)) from None
+            raise data.QueryFailed("query_timeout", str(exc)) from None
         except duckdb.Error as exc:
-            raise QueryFailed("database_error", f"The database failed: {exc}") from None
+            raise data.QueryFailed("database_error", f"The database failed: {exc}") from None
         except ValueError as exc:
-            raise QueryFailed("bad_parameter", str(exc)) from None
+            raise data.QueryFailed("bad_parameter", str(exc)) from None
 
     def check(self) -> None:
         self._query("SELECT 1 AS ok", [])
 
-    def runs(self, filters: RunFilter, *, limit: int = 50, offset: int = 0) -> RunsPage:
-        page = self._call(
-            self._reader.list_runs,
-            stop_reason=filters.stop_reason or None,
-            agent=filters.agent or None,
-            tool=filters.tool or None,
-            since_unix_nano=filters.since_unix_nano,
-            until_unix_nano=filters.until_unix_nano,
-            canary=filters.canary,
-            sampled=filters.sampled,
-            detector=filters.detector or None,
-            loop_tool=filters.loop_tool or None,
-            limit=limit,
-            offset=offset,
-        )
+    def runs(self, filters: data.RunFilter, *, limit: int = 50, offset: int = 0) -> data.RunsPage:
+        page = self._call(self._reader.list_runs, **filters.given(), limit=limit, offset=offset)
         items = self._call(queries.attach_steps_since_progress, self._reader, page.items)
-        return RunsPage(runs_frame(items), offset, page.next_offset)
+        return data.RunsPage(frames.runs_frame(items), offset, page.next_offset)
 
-    def run(self, run_id: str) -> RunData | None:
+    def run(self, run_id: str) -> data.RunData | None:
         detail = self._call(self._reader.get_run, run_id)
         if detail is None:
             return None
         extra = self._call(queries.run_extra, self._reader, run_id)
         if extra is not None:
             detail.run.update(extra)
-        return run_data(
-            {
-                "run": detail.run,
-                "steps": detail.steps,
-                "steps_truncated": detail.steps_truncated,
-                "stop": detail.stop,
-                "evidence": detail.evidence,
-                "stop_anomalies": detail.stop_anomalies,
-                "tools": detail.tools,
-                "stop_anomalies_truncated": detail.stop_anomalies_truncated,
-                "tools_truncated": detail.tools_truncated,
-            },
-            detail.run.get("limits"),
-        )
+        # The reader's detail has the fields of the read API's body (a shallow copy: the
+        # steps list can hold 10,000 rows).
+        body = {f.name: getattr(detail, f.name) for f in fields(detail)}
+        return frames.run_data(body, detail.run.get("limits"))
 
-    def overview(
-        self,
-        *,
-        since_unix_nano: int,
-        until_unix_nano: int,
-        bucket_seconds: int,
-        agent: str | None = None,
-    ) -> Overview:
-        result = self._call(
-            queries.stats,
-            self._reader,
-            since_unix_nano=since_unix_nano,
-            until_unix_nano=until_unix_nano,
-            bucket_seconds=bucket_seconds,
-            agent=agent,
-        )
-        return Overview(
-            stops_frame(result.stops_by_reason),
-            by_agent_frame(result.runs_by_agent),
-            loops_frame(result.loops_by_tool),
-            result.canary_runs,
-            TRUNCATED_NOTE if result.truncated else None,
-        )
+    def overview(self, **query: Unpack[data.OverviewQuery]) -> data.Overview:
+        # The collector's aggregates are the read API's /api/v1/stats body, field by field.
+        return frames.overview_from_stats(asdict(self._call(queries.stats, self._reader, **query)))
 
-    def tools(self, *, since_unix_nano: int, until_unix_nano: int) -> ToolsData:
+    def tools(self, *, since_unix_nano: int, until_unix_nano: int) -> data.ToolsData:
         window = {"since_unix_nano": since_unix_nano, "until_unix_nano": until_unix_nano}
         rows, truncated = self._call(queries.tools, self._reader, **window)
         loops, loops_truncated = self._call(queries.loops_by_tool, self._reader, **window)
-        return ToolsData(
-            tools_frame(rows),
-            loops_frame(loops),
-            TRUNCATED_NOTE if truncated or loops_truncated else None,
+        return data.ToolsData(
+            frames.tools_frame(rows),
+            frames.loops_frame(loops),
+            frames.TRUNCATED_NOTE if truncated or loops_truncated else None,
         )
 
     def close(self) -> None:
@@ -213,14 +162,14 @@ class DuckDBSource:
             connection.close()
 
 
-def _open_error(path: Path, exc: Exception) -> SourceUnavailable:
+def _open_error(path: Path, exc: Exception) -> data.SourceUnavailable:
     text = str(exc)
     if "lock" in text.lower():
-        return SourceUnavailable(
+        return data.SourceUnavailable(
             "locked",
             f"{path} is open for writing by another process (a running collector?). "
             "Read through that collector with --collector URL, or open a copy of the file.",
         )
-    return SourceUnavailable(
+    return data.SourceUnavailable(
         "unreadable", f"Cannot open {path} as a DuckDB database: {text.splitlines()[0][:200]}"
     )

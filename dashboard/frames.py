@@ -14,13 +14,14 @@ from typing import Any, Final
 
 import pandas as pd
 
-from .data import RUN_COLUMNS, TOOLS_COLUMNS, RunData
+from .data import RUN_COLUMNS, TOOLS_COLUMNS, Overview, RunData
 
 __all__ = [
     "TRUNCATED_NOTE",
     "by_agent_frame",
     "limits_frame",
     "loops_frame",
+    "overview_from_stats",
     "parse_evidence",
     "run_data",
     "runs_frame",
@@ -74,6 +75,21 @@ def by_agent_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     frame["stop_reason"] = frame["stop_reason"].fillna("")
     frame["runs"] = frame["runs"].astype("int64")
     return frame
+
+
+def overview_from_stats(stats: Mapping[str, Any]) -> Overview:
+    """An ``/api/v1/stats`` body as an :class:`Overview`.
+
+    Raises:
+        KeyError: ``runs_by_agent`` or ``canary_runs`` is missing.
+    """
+    return Overview(
+        stops_frame(stats.get("stops_by_reason", [])),
+        by_agent_frame(stats["runs_by_agent"]),
+        loops_frame(stats.get("loops_by_tool", [])),
+        int(stats["canary_runs"]),
+        TRUNCATED_NOTE if stats.get("truncated") else None,
+    )
 
 
 def tools_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:

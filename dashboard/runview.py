@@ -259,7 +259,7 @@ def build_steps(rows: Iterable[Mapping[str, Any]]) -> list[StepView]:
         step_calls = tuple(calls.get(step, ()))
         # The step's last figure is its final one: the decision reports the count before
         # the step's tool results, each result the count after it (0 after progress), and
-        # the stop reports the last one. A max() showed 1 where the stop card showed 0.
+        # the stop reports the last one, so a max() would disagree with the stop card.
         # "Last" is the result that ended last: rows are stored in start order, and a
         # call started first can end last (parallel tool calls); the guard counts each
         # result as it is recorded, when its call ends.

@@ -159,8 +159,8 @@ def empty_state(what: str = "No runs yet.") -> None:
 
 def dataframe(frame: pd.DataFrame, **kwargs: Any) -> None:
     """``st.dataframe(frame, **kwargs)`` with bidi controls in text cells made visible
-    (:func:`~loopwatch.dashboard.bidi.neutralise_frame`): a U+202E in a name reversed the
-    rest of its cell. Every table of the pages goes through here."""
+    (:func:`~loopwatch.dashboard.bidi.neutralise_frame`): a U+202E in a name would
+    reverse the rest of its cell. Every table of the pages goes through here."""
     st.dataframe(neutralise_frame(frame), **kwargs)
 
 
@@ -369,8 +369,8 @@ def _plain(text: object, *, spaces: bool) -> str:
     """``text`` on one line, bidi controls shown as U+FFFD, U+2060 removed (it is ours to
     place); with ``spaces``, runs of white space as one space and no leading or trailing
     space (a label starting with four spaces is a code block)."""
-    # Bidi controls reorder the text after them (a name ending in U+202E showed the rest
-    # of a caption reversed, figures included).
+    # Bidi controls reorder the text after them (a name ending in U+202E would reverse the
+    # rest of a caption, figures included).
     one_line = neutralise(_MD_BREAKS.sub(" ", str(text))).replace(_WORD_JOINER, "")
     return " ".join(one_line.split()) if spaces else one_line
 
@@ -426,9 +426,9 @@ def code_md(value: object) -> str:
 RUN_LINK_COLUMN: Final = st.column_config.LinkColumn(
     "run", help="Open the run view", display_text=":material/open_in_new:", width="small"
 )
-"""The column of run view URLs (:func:`run_url`), shown as an icon. Its text was the run id
-taken from the URL, which the table shows decoded, bidi controls included, so the id is
-shown in a column of its own, through :func:`dataframe`."""
+"""The column of run view URLs (:func:`run_url`), shown as an icon. The run id is shown in a
+column of its own, through :func:`dataframe`: as link text it would be taken from the URL
+and shown decoded, bidi controls included."""
 
 _ROW_PX: Final = 35  # st.dataframe's row height at the default font size
 
@@ -456,7 +456,7 @@ def runs_table(runs: pd.DataFrame, *, key: str) -> None:
         column_order=("run", *RUN_TABLE_COLUMNS),
         column_config={
             "run": RUN_LINK_COLUMN,
-            # Medium: long run ids pushed the other columns out of view.
+            # Medium: long run ids would push the other columns out of view.
             "run_id": st.column_config.TextColumn("run id", width="medium"),
             "time": st.column_config.DatetimeColumn("time (UTC)", format="YYYY-MM-DD HH:mm:ss"),
             "stop_reason": st.column_config.TextColumn("stop reason"),

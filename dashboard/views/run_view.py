@@ -95,7 +95,7 @@ with st.container(border=True):
         s3, s4 = st.columns(2)
         s1.metric("Stop reason", ui.escape_md(card.reason))
         s2.metric("Stopped at step", "–" if card.step is None else str(card.step))
-        # The basis goes in the label: "observed 1 > limit 0 (projected)" was cut short.
+        # The basis goes in the label: the value cuts "observed 1 > limit 0 (projected)" short.
         basis = f" ({ui.escape_md(card.basis)})" if card.basis and card.crossing else ""
         s3.metric(f"Limit vs observed{basis}", ui.escape_md(card.crossing) or "–")
         s4.metric(
