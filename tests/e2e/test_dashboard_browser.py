@@ -193,6 +193,9 @@ def test_stopped_runs_to_run_view_in_chromium(tmp_path: Path) -> None:
             try:
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
                 page.set_default_timeout(UI_TIMEOUT_MS)
+                # expect() keeps its own 5 s default: a metric's lazily loaded component
+                # took 7 s to show on a loaded 2-core machine.
+                expect.set_options(timeout=UI_TIMEOUT_MS)
                 try:
                     _walk(page, base, expect)
                 except BaseException:
