@@ -6,6 +6,8 @@ typed error with a message for the page.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -453,3 +455,15 @@ def test_the_run_view_knows_when_the_row_cap_cut_its_tool_counts(fed: Fed) -> No
         assert run is not None and not run.tools_truncated
     finally:
         whole.close()
+
+
+def test_only_the_file_source_imports_duckdb_and_the_collector() -> None:
+    code = (
+        "import sys\n"
+        "from loopwatch.dashboard import api_source, config, data, frames\n"
+        "loaded = [m for m in sys.modules if m == 'duckdb' or m.startswith('loopwatch.collector')]\n"
+        "assert not loaded, loaded\n"
+        "from loopwatch.dashboard import file_source\n"
+        "assert 'duckdb' in sys.modules and 'loopwatch.collector' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
