@@ -26,6 +26,10 @@ from loopwatch.instrumentation.redaction import (
     Redactor,
     RegexCanaryMatcher,
     SecretRule,
+    _canaries,
+    _command_line,
+    _redactor,
+    _rules,
     canaries_from_env,
     canary_forms,
     default_redactor,
@@ -793,15 +797,26 @@ def test_regex_matcher_finds_overlapping_forms() -> None:
 
 
 def test_public_names_match_all() -> None:
-    defined_here = {
-        name
-        for name, value in vars(redaction).items()
-        if not name.startswith("_")
-        and callable(value)
-        and getattr(value, "__module__", None) == redaction.__name__
+    public = {name for name in vars(redaction) if not name.startswith("_")} - {"annotations"}
+    assert public == set(redaction.__all__)
+    assert len(redaction.__all__) == len(set(redaction.__all__))
+    # Every public class and function of the private modules is in their own __all__.
+    for module in (_canaries, _command_line, _redactor, _rules):
+        defined = {
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("_")
+            and callable(value)
+            and getattr(value, "__module__", None) == module.__name__
+        }
+        assert defined <= set(module.__all__), module.__name__
+        assert all(hasattr(module, name) for name in module.__all__)
+    # The names the rest of loopwatch imports from here.
+    imported_elsewhere = {
+        *("RULE_CANARY", "Hits", "RedactionRules", "Redactor", "canary_forms"),
+        *("canaries_from_env", "load_canaries", "default_redactor", "PLACEHOLDER_PREFIX"),
     }
-    assert defined_here <= set(redaction.__all__)
-    assert all(hasattr(redaction, name) for name in redaction.__all__)
+    assert imported_elsewhere <= set(redaction.__all__)
 
 
 # Hostile input: no crash, no hang.
@@ -920,8 +935,8 @@ def test_clean_json_text_is_walked_once_per_depth(monkeypatch: pytest.MonkeyPatc
     limits += " " * 300  # longer than the plain cache admits
     redactor = _fresh_redactor()
     parsed: list[str] = []
-    real_parse = redaction._parse_json
-    monkeypatch.setattr(redaction, "_parse_json", lambda t, d: parsed.append(t) or real_parse(t, d))
+    real_parse = _redactor._parse_json
+    monkeypatch.setattr(_redactor, "_parse_json", lambda t, d: parsed.append(t) or real_parse(t, d))
     for _ in range(3):
         assert redactor.redact_value({"loopwatch.limits": limits}) == {"loopwatch.limits": limits}
     assert len(parsed) == 1
@@ -1054,6 +1069,18 @@ def test_json_with_duplicate_keys_under_a_sensitive_key_keeps_no_secret() -> Non
     text = '{"password":"hunter2-xyz","password":"[REDACTED:sensitive_key]"}'
     out, _ = Redactor().redact_text(text)
     assert "hunter2" not in out
+
+
+@pytest.mark.parametrize("canaries", [(), (CANARY,)])
+def test_json_with_duplicate_keys_at_the_depth_bound_does_not_raise(
+    canaries: tuple[str, ...],
+) -> None:
+    # The shadowed value {"password": 1} sits past the bound: it is counted for canaries
+    # without a walk, and with no canary registered there is nothing to count.
+    redactor = Redactor(RedactionRules(max_json_depth=2), canaries=canaries)
+    hits: dict[str, int] = {}
+    out = redactor.scrub_value(['{"a":{"password":1},"a":2}'], hits)
+    assert out == ['"[REDACTED:depth]"'] and hits == {"depth": 1}
 
 
 def test_json_text_too_deep_to_walk_with_escapes_fails_closed() -> None:
