@@ -1,22 +1,18 @@
 """Redaction: the one place loopwatch decides what a secret looks like, and removes it.
 
-The agent side scrubs captured tool arguments and results with these rules before they
-leave the process; the collector applies the same rules to every field of every span it
-receives (DESIGN section 5). Standard library only: this package runs inside agents whose
-only dependency is ``opentelemetry-api``. It is one line of defence, not a guarantee: a
-secret with no known shape under an innocuous key name passes through. Plant canaries to
-measure what leaks.
+The agent side scrubs captured tool arguments and results before they leave the
+process; the collector applies the same rules to every field of every span (DESIGN
+section 5). Standard library only (agents depend on ``opentelemetry-api`` alone). One
+line of defence, not a guarantee: a secret of no known shape under an innocuous key
+passes through; plant canaries to measure what leaks. Rules, by precedence:
 
-Three kinds of rule, in this order of precedence:
-
-1. **Canaries** (``_canaries``): exact values planted on purpose, also in their encoded
-   forms. A canary hit is the signal that data leaked; it wins over every allowlist.
-2. **Secret patterns** (``_rules``; command lines are read by ``_command_line``):
-   provider API keys, bearer tokens, JWTs, AWS keys, PEM private key blocks, passwords in
-   URLs and command lines, and ``name=value`` assignments whose name is a sensitive key
-   name. Only the secret part of a match is replaced (``Bearer [REDACTED:bearer]``).
-3. **Key names** (``_rules``): in a mapping (span attributes, kvlists, JSON objects), a
-   value under a sensitive key (``db.password``, ``apiKey``) is replaced whole.
+1. **Canaries** (``_canaries``): values planted on purpose, in every encoded form; a hit
+   is the signal that data leaked and wins over every allowlist.
+2. **Secret patterns** (``_rules``, command lines read by ``_command_line``): API keys,
+   tokens, private keys, passwords in URLs and command lines, ``name=value`` with a
+   sensitive name. Only the secret part is replaced (``Bearer [REDACTED:bearer]``).
+3. **Key names** (``_rules``): a value under a sensitive key (``db.password``,
+   ``apiKey``) in a mapping is replaced whole.
 
 ``_redactor`` applies them (:class:`Redactor`); this module re-exports the public names.
 

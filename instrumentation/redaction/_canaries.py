@@ -1,13 +1,11 @@
 """Canaries: values planted on purpose, and every form in which they are looked for.
 
-A canary hit is the signal that data leaked; it wins over every allowlist. This module
-reads canary files (one value a line; :func:`load_canaries`, or the file named by
-``LOOPWATCH_REDACTION_CANARIES``: :func:`canaries_from_env`), expands each canary into
-its JSON-escaped, URL-encoded and base64 forms (:func:`canary_forms`), and finds them
-through a :class:`CanaryMatcher`: :class:`RegexCanaryMatcher` here (standard library
-only), or the collector's Aho-Corasick automaton, which implements the same protocol.
-:func:`find_canaries` also finds a form split by line breaks or invisible characters,
-or written with JSON ``\\uXXXX`` escapes.
+A canary hit is the signal that data leaked; it wins over every allowlist. Canary files
+hold one value a line (:func:`load_canaries`, :func:`canaries_from_env`); each canary is
+looked for in its JSON-escaped, URL-encoded and base64 forms (:func:`canary_forms`)
+through a :class:`CanaryMatcher` (:class:`RegexCanaryMatcher`, or the collector's
+Aho-Corasick automaton), also split by line breaks or written with ``\\uXXXX`` escapes
+(:func:`find_canaries`).
 """
 
 from __future__ import annotations
@@ -23,18 +21,6 @@ from urllib.parse import quote, quote_plus
 
 from .._semconv import ENV_CANARIES
 from ._rules import PLACEHOLDER_PREFIX
-
-__all__ = [
-    "MIN_CANARY_CHARS",
-    "CanaryMatcher",
-    "RegexCanaryMatcher",
-    "canaries_from_env",
-    "canary_forms",
-    "count_canaries",
-    "find_canaries",
-    "load_canaries",
-    "unescaped_canary_spans",
-]
 
 MIN_CANARY_CHARS: Final = 8
 # What JavaScript's encodeURIComponent and encodeURI leave unescaped beyond what
@@ -236,18 +222,10 @@ def find_canaries(
         or "\\r" in text
         or (not text.isascii() and _INVISIBLE_RE.search(text) is not None)
     ):
-        found = _wrapped_canary_spans(matcher, text, found)
+        found = _rewritten_spans(matcher, text, found, _FOLD_RE, lambda _: "")
     if escapes and "\\u" in text:
         found = unescaped_canary_spans(matcher, text, found)
     return found
-
-
-def _wrapped_canary_spans(
-    matcher: CanaryMatcher, text: str, found: list[tuple[int, int]]
-) -> list[tuple[int, int]]:
-    """Add to ``found`` the canary spans that straddle a line break of ``text``: ``text``
-    is read once more with every ``_FOLD_RE`` match removed (only for text holding one)."""
-    return _rewritten_spans(matcher, text, found, _FOLD_RE, lambda _: "")
 
 
 def unescaped_canary_spans(

@@ -1,12 +1,9 @@
 """Command-line secrets: passwords given to a command as the value of one of its options.
 
-Rule ``cli_password_flag`` of the built-in table (:mod:`._rules`): a pattern finds the
-command words (:data:`CLI_PASSWORD_PATTERN`), then :func:`cli_password_spans` reads the
-rest of each shell command for that command's password options (each from the
-command's manual, :data:`_PASSWORD_OPTIONS`), so that elsewhere ``-p`` stays a port
-(``ssh -p 22``, ``docker run -p 8080:80``). :func:`argument_list_spans` reads an argument
-vector (``["redis-cli", "-a", "pw"]``) as one command line. Pure functions of text over
-regexes compiled at import; standard library only.
+Rule ``cli_password_flag``: :data:`CLI_PASSWORD_PATTERN` finds the command words, then
+:func:`cli_password_spans` reads the rest of each shell command for that command's
+password options (from its manual), so that elsewhere ``-p`` stays a port (``ssh -p 22``).
+:func:`argument_list_spans` reads an argument vector as one command line.
 """
 
 from __future__ import annotations
@@ -16,14 +13,6 @@ import json
 import re
 from collections.abc import Sequence
 from typing import Final
-
-__all__ = [
-    "CLI_PASSWORD_PATTERN",
-    "CLI_PASSWORD_TRIGGERS",
-    "argument_list_spans",
-    "cli_password_spans",
-    "quote_closes",
-]
 
 # Commands that take a password as the value of an option (rule cli_password_flag), each
 # from the command's manual: (command, ((option, separator from its value), ...)). A
@@ -295,12 +284,8 @@ def _option_value(text: str, option: re.Match[str], stop: int) -> tuple[int, int
 
 def argument_list_spans(items: Sequence[str]) -> dict[int, list[tuple[int, int]]]:
     """Password spans in an argument vector (``["redis-cli", "-a", "pw"]``, OTel's
-    ``process.command_args``): the elements are read as one command line.
-
-    Returns:
-        ``{element index: [(start, end), ...]}`` within each element; an element holding
-        JSON-escaped characters is one span whole. Empty when there is no password.
-    """
+    ``process.command_args``) read as one command line: ``{element index: [(start, end),
+    ...]}``; an element holding JSON-escaped characters is one span whole."""
     if len(items) < 2 or not any(_ARGV_HINT_RE.search(item) for item in items):
         return {}
     offsets: list[int] = []

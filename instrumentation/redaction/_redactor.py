@@ -1,16 +1,12 @@
 """The redactor: applies the rules and the canaries to text, JSON and JSON-like values.
 
-:class:`Redactor` walks a value (``dict``, ``list``, ``str``, ``bytes``, JSON inside
-strings, re-serialized compactly when it changes; JSON with duplicate keys is
-re-serialized as parsed, the last value of each key), replaces what the rules, the
-command-line reader and the canaries find, and counts the hits by rule.
-:func:`default_redactor` is the agent side's instance.
-
-Pre-filter: a pattern runs only on text containing one of its literal triggers
-(:attr:`SecretRule.triggers`): by default one ``in`` test per trigger; the collector
-plugs in an Aho-Corasick matcher that finds all triggers in one pass. Lowercase
-alphanumeric strings (hex digests, ids) and strings under 5 characters skip the patterns
-entirely, and strings found clean are remembered in bounded caches.
+:class:`Redactor` walks a value (``dict``, ``list``, ``str``, ``bytes``, and JSON inside
+strings, re-serialized compactly when it changes, as parsed when it has duplicate keys),
+replaces what the rules, the command-line reader and the canaries find, and counts the
+hits by rule. A pattern runs only on text holding one of its triggers (one ``in`` test
+each, or the collector's Aho-Corasick matcher); lowercase alphanumeric strings and
+strings under 5 characters skip the patterns, and clean strings are remembered in
+bounded caches. :func:`default_redactor` is the agent side's instance.
 """
 
 from __future__ import annotations
@@ -49,8 +45,6 @@ from ._rules import (
     RedactionRules,
     placeholder,
 )
-
-__all__ = ["Redactor", "default_redactor"]
 
 _logger = logging.getLogger(__name__)
 
@@ -143,10 +137,8 @@ class Redactor:
         hmac_key: bytes | None = None,
     ) -> None:
         self.rules = RedactionRules() if rules is None else rules
-        forms: set[str] = set()
         values = tuple(dict.fromkeys(canaries))
-        for value in values:
-            forms |= canary_forms(value)
+        forms: set[str] = set().union(*map(canary_forms, values))
         if hmac_key is not None and len(hmac_key) < 16:
             raise ValueError("hmac_key must be at least 16 bytes")
         self._hmac_key = hmac_key
@@ -369,9 +361,8 @@ class Redactor:
             self._clean.add(text)
 
     def _remember_clean_json(self, text: str, depth: int) -> None:
-        # Keyed by depth, and only that depth is trusted: the walk of the same text from
-        # another depth meets the depth limit elsewhere and can take the raw-text path
-        # for nested JSON, so its result may differ.
+        # Keyed by depth, and only that depth is trusted: from another depth the walk
+        # meets the depth limit elsewhere, so its result may differ.
         if len(text) <= _JSON_CLEAN_CACHE_MAX_CHARS:
             if len(self._clean_json) >= _JSON_CLEAN_CACHE_MAX_ENTRIES:
                 self._clean_json.clear()
@@ -408,17 +399,20 @@ class Redactor:
         if not spans:
             return text
         spans.sort()
+        merged = [list(spans[0])]
+        for span in spans[1:]:
+            last = merged[-1]
+            if span[0] < last[1]:  # overlap: the union, tagged with the first rule
+                last[1], last[2] = max(last[1], span[1]), min(last[2], span[2])
+            else:
+                merged.append(list(span))
         pieces: list[str] = []
         position = 0
-        cur_start, cur_end, cur_rule = spans[0]
-        for start, end, rule in spans[1:]:
-            if start < cur_end:
-                cur_end = max(cur_end, end)
-                cur_rule = min(cur_rule, rule)
-                continue
-            position = self._emit(text, pieces, position, (cur_start, cur_end, cur_rule), hits)
-            cur_start, cur_end, cur_rule = start, end, rule
-        position = self._emit(text, pieces, position, (cur_start, cur_end, cur_rule), hits)
+        for start, end, index in merged:
+            name = RULE_CANARY if index < 0 else self.rules._compiled[index].name
+            hits[name] = hits.get(name, 0) + 1
+            pieces += (text[position:start], self._placeholder(name, text[start:end]))
+            position = end
         pieces.append(text[position:])
         return "".join(pieces)
 
@@ -429,16 +423,6 @@ class Redactor:
             return False
         allowed = self.rules._allowed
         return not (allowed and any(p.fullmatch(secret) for p in allowed))
-
-    def _emit(
-        self, text: str, pieces: list[str], position: int, span: tuple[int, int, int], hits: Hits
-    ) -> int:
-        start, end, rule_index = span
-        name = RULE_CANARY if rule_index < 0 else self.rules._compiled[rule_index].name
-        hits[name] = hits.get(name, 0) + 1
-        pieces.append(text[position:start])
-        pieces.append(self._placeholder(name, text[start:end]))
-        return end
 
     def _assignment_key_sensitive(self, text: str, match: re.Match[str]) -> bool:
         # The regex anchors on the sensitive word; the whole key ("db_password",
@@ -466,13 +450,11 @@ class Redactor:
         kind = type(value)
         if kind is str:
             return self._scrub_str(value, hits, depth)
-        if kind is dict:
+        if kind is dict or kind is list or kind is tuple:
             if depth >= self.rules.max_json_depth:
                 return self._too_deep(value, hits)
-            return self._walk_dict(value, hits, depth)
-        if kind is list or kind is tuple:
-            if depth >= self.rules.max_json_depth:
-                return self._too_deep(value, hits)
+            if kind is dict:
+                return self._walk_dict(value, hits, depth)
             return self._walk_sequence(value, hits, depth)
         if kind is bytes:
             return self._scrub_bytes(value, hits, depth)
@@ -498,9 +480,7 @@ class Redactor:
             if new is not None:
                 new.append(scrubbed)
         if self._argv and len(value) >= 2 and all(type(item) is str for item in value):
-            argv = self._scrub_argv(new if new is not None else value, hits)
-            if argv is not None:
-                new = argv
+            new = self._scrub_argv(new if new is not None else value, hits) or new
         if new is None:
             return value
         return new if type(value) is list else tuple(new)
@@ -512,7 +492,6 @@ class Redactor:
         if not found:
             return None
         out = list(items)
-        changed = False
         for index, spans in found.items():
             item = out[index]
             pieces: list[str] = []
@@ -527,8 +506,7 @@ class Redactor:
             if pieces:
                 pieces.append(item[position:])
                 out[index] = "".join(pieces)
-                changed = True
-        return out if changed else None
+        return None if out == list(items) else out
 
     def _walk_dict(self, value: dict[Any, Any], hits: Hits, depth: int) -> Any:
         # Hot path of the collector: one cache lookup per key and per string value.
@@ -612,13 +590,9 @@ class Redactor:
         if self._matcher is None:
             return 0
         kind = type(value)
-        if kind is str:
+        if kind is str or kind is bytes:
             local: Hits = {}
-            self._scrub_str(value, local, depth)
-            return local.get(RULE_CANARY, 0)
-        if kind is bytes:
-            local = {}
-            self._scrub_bytes(value, local, depth)
+            (self._scrub_str if kind is str else self._scrub_bytes)(value, local, depth)
             return local.get(RULE_CANARY, 0)
         if depth >= self.rules.max_json_depth:
             return count_canaries(self._matcher, value)
@@ -666,9 +640,7 @@ def _looks_like_json(text: str) -> bool:
         return False
     first, last = text[0], text[-1]
     if first in " \t\r\n" or last in " \t\r\n":
-        stripped = text.strip()
-        if len(stripped) < 2:
-            return False
+        stripped = text.strip() or " "
         first, last = stripped[0], stripped[-1]
     return (first == "{" and last == "}") or (first == "[" and last == "]")
 

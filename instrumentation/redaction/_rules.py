@@ -24,44 +24,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from .._semconv import (
-    ERROR_TYPE,
-    GEN_AI_AGENT_FINISH_REASON,
-    GEN_AI_AGENT_ID,
-    GEN_AI_AGENT_NAME,
-    GEN_AI_CONVERSATION_ID,
-    GEN_AI_OPERATION_NAME,
-    GEN_AI_PROVIDER_NAME,
-    GEN_AI_REQUEST_MODEL,
-    GEN_AI_SYSTEM,
-    GEN_AI_TOOL_CALL_ID,
-    GEN_AI_TOOL_NAME,
-    GEN_AI_USAGE_INPUT_TOKENS,
-    GEN_AI_USAGE_OUTPUT_TOKENS,
-    OPENINFERENCE_SPAN_KIND,
-    OPENINFERENCE_TOOL_NAME,
-)
+from .. import _semconv as sc
 from ._command_line import CLI_PASSWORD_PATTERN, CLI_PASSWORD_TRIGGERS, cli_password_spans
-
-__all__ = [
-    "BUILTIN_SECRET_RULES",
-    "DEFAULT_ALLOWED_KEY_NAMES",
-    "DEFAULT_KEY_NAMES",
-    "HMAC_TAG_HEX_CHARS",
-    "PLACEHOLDER_PREFIX",
-    "PLACEHOLDER_RE",
-    "RULE_ASSIGNMENT",
-    "RULE_CANARY",
-    "RULE_CLI_PASSWORD_FLAG",
-    "RULE_DEPTH",
-    "RULE_SENSITIVE_KEY",
-    "STRUCTURAL_KEYS",
-    "Hits",
-    "RedactionRules",
-    "SecretRule",
-    "is_placeholder",
-    "placeholder",
-]
 
 Hits = dict[str, int]
 """Redaction counts by rule name (never the values)."""
@@ -223,11 +187,8 @@ BUILTIN_SECRET_RULES: Final[tuple[SecretRule, ...]] = (
         ("curl",),
         ignore_case=True,
     ),
-    # A password given as the value of a command's own option (each its manual; see
-    # _PASSWORD_OPTIONS), or echoed into sudo -S. The pattern finds the command words;
-    # cli_password_spans (its ``spans``) then reads the rest of each shell command for
-    # the command's password options, every one of them, with values quoted or not, so
-    # that elsewhere -p stays a port (ssh -p 22, psql -p 5432, docker run -p 8080:80).
+    # A password given as the value of a command's own option, or echoed into sudo -S:
+    # the pattern finds the command words, cli_password_spans reads their options.
     SecretRule(
         RULE_CLI_PASSWORD_FLAG,
         CLI_PASSWORD_PATTERN,
@@ -271,10 +232,11 @@ DEFAULT_ALLOWED_KEY_NAMES: Final[tuple[str, ...]] = (
 
 STRUCTURAL_KEYS: Final[frozenset[str]] = frozenset(
     {
-        *(GEN_AI_OPERATION_NAME, GEN_AI_AGENT_NAME, GEN_AI_AGENT_ID, GEN_AI_CONVERSATION_ID),
-        *(GEN_AI_TOOL_NAME, GEN_AI_TOOL_CALL_ID, GEN_AI_USAGE_INPUT_TOKENS, ERROR_TYPE),
-        *(GEN_AI_USAGE_OUTPUT_TOKENS, GEN_AI_AGENT_FINISH_REASON, GEN_AI_REQUEST_MODEL),
-        *(GEN_AI_SYSTEM, GEN_AI_PROVIDER_NAME, OPENINFERENCE_SPAN_KIND, OPENINFERENCE_TOOL_NAME),
+        *(sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_AGENT_NAME, sc.GEN_AI_AGENT_ID),
+        *(sc.GEN_AI_CONVERSATION_ID, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_TOOL_CALL_ID),
+        *(sc.GEN_AI_USAGE_INPUT_TOKENS, sc.GEN_AI_USAGE_OUTPUT_TOKENS, sc.ERROR_TYPE),
+        *(sc.GEN_AI_AGENT_FINISH_REASON, sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_SYSTEM),
+        *(sc.GEN_AI_PROVIDER_NAME, sc.OPENINFERENCE_SPAN_KIND, sc.OPENINFERENCE_TOOL_NAME),
     }
 )
 """Attribute keys exempt from key-name rules (their values are still scanned)."""
