@@ -1028,7 +1028,7 @@ def test_public_entry_points_fail_closed_when_the_stack_runs_out() -> None:
             sys.setrecursionlimit(limit)
 
 
-# Helper review 2026-12-02 (h9): inputs that got a secret or canary past redaction.
+# Inputs that got a secret or canary past an earlier version of the rules.
 
 
 def _escape_letters(text: str) -> str:
@@ -1212,8 +1212,8 @@ def test_a_canary_inside_a_fake_placeholder_is_redacted(template: str) -> None:
     assert redactor.redact_text(out) == (out, {})
 
 
-# Found by a review of the rules above (helper session, 2026-12-02): each row failed
-# before its fix (leaks, or text destroyed around a closing quote or a container name).
+# Each row failed on an earlier version of the rules (leaks, or text destroyed around a
+# closing quote or a container name); docs/reliability.md tells how each was found.
 REVIEW_CASES: list[tuple[str, str, str, dict[str, int]]] = [
     (
         "cli password flag quoted",
@@ -1282,37 +1282,37 @@ REVIEW_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         {},
     ),
     (
-        "second review: quoted values starting with punctuation",
+        "quoted values starting with punctuation",
         "DB_PASSWORD=\"+aB3$xY9\"\npassword: ';bZUAV>/~b1I'\n--password ']L^-rN^bLi'",
         "DB_PASSWORD=\"[REDACTED:assignment]\"\npassword: '[REDACTED:assignment]'\n--password '[REDACTED:assignment]'",
         {"assignment": 3},
     ),
     (
-        "second review: ; & | inside quotes",
+        "; & | inside quotes",
         'mongosh "mongodb://db:27017/app?authSource=admin&tls=true" -u root -p S3cretPw\nmysql -h db -e "DROP DATABASE x; CREATE DATABASE x" -uroot -pS3cretPw',
         'mongosh "mongodb://db:27017/app?authSource=admin&tls=true" -u root -p [REDACTED:cli_password_flag]\nmysql -h db -e "DROP DATABASE x; CREATE DATABASE x" -uroot -p[REDACTED:cli_password_flag]',
         {"cli_password_flag": 2},
     ),
     (
-        "second review: written \\n escapes",
+        "written \\n escapes",
         "{'command': 'cd /app\\nmysql -uroot -phunter2 db'}\ncmd: \"cd /app\\nredis-cli -a hunter2 ping\"\ntool args: {\"cmd\":\"set -e\\necho hunter2 | sudo -S ls\"} done\n{'env': 'DEBUG=1\\npassword=hunter2\\nport=5432'}",
         "{'command': 'cd /app\\nmysql -uroot -p[REDACTED:cli_password_flag] db'}\ncmd: \"cd /app\\nredis-cli -a [REDACTED:cli_password_flag] ping\"\ntool args: {\"cmd\":\"set -e\\necho [REDACTED:cli_password_flag] | sudo -S ls\"} done\n{'env': 'DEBUG=1\\npassword=[REDACTED:assignment]\\nport=5432'}",
         {"cli_password_flag": 3, "assignment": 1},
     ),
     (
-        "second review: backslashes, Makefile recipes, lists",
+        "backslashes, Makefile recipes, lists",
         'docker login -u me -p Pa\\$\\$w0rd reg\ndocker login -u me -p \\!Passw0rd ghcr.io\nPASSWORD="abc\\def ghi"\n\t@mysql -uroot -phunter2 -e "CREATE DATABASE app"\n\t@docker login -u me -p hunter2 ghcr.io\nsubprocess.run(["docker", "login", "-u", "me", "-p", "hunter2", "ghcr.io"])\nx = [ "redis-cli" , "-a" , "hunter2" ]',
         'docker login -u me -p [REDACTED:cli_password_flag] reg\ndocker login -u me -p [REDACTED:cli_password_flag] ghcr.io\nPASSWORD="[REDACTED:assignment]"\n\t@mysql -uroot -p[REDACTED:cli_password_flag] -e "CREATE DATABASE app"\n\t@docker login -u me -p [REDACTED:cli_password_flag] ghcr.io\nsubprocess.run(["docker", "login", "-u", "me", "-p", "[REDACTED:cli_password_flag]", "ghcr.io"])\nx = [ "redis-cli" , "-a" , "[REDACTED:cli_password_flag]" ]',
         {"cli_password_flag": 6, "assignment": 1},
     ),
     (
-        "second review: more options",
+        "more options",
         "docker -H tcp://10.0.0.5:2376 login -u me -p hunter2\ndocker --tlsverify --tlscacert ca.pem --tlscert c.pem --tlskey k.pem login -u me -p hunter2\nkeytool -storepasswd -new NEWSECRET -storepass oldpw -keystore k.jks\nldappasswd -x -D cn=admin,dc=ex,dc=com -w adminpw -s NEWPW uid=bob,dc=ex,dc=com\nprintf 'hunter2\\n' | sudo -S apt update\nskopeo copy --src-creds me:hunter2 docker://a docker://b\nredis-server --requirepass hunter2 --masterauth s2",
         "docker -H tcp://10.0.0.5:2376 login -u me -p [REDACTED:cli_password_flag]\ndocker --tlsverify --tlscacert ca.pem --tlscert c.pem --tlskey k.pem login -u me -p [REDACTED:cli_password_flag]\nkeytool -storepasswd -new [REDACTED:cli_password_flag] -storepass [REDACTED:cli_password_flag] -keystore k.jks\nldappasswd -x -D cn=admin,dc=ex,dc=com -w [REDACTED:cli_password_flag] -s [REDACTED:cli_password_flag] uid=bob,dc=ex,dc=com\nprintf '[REDACTED:cli_password_flag]' | sudo -S apt update\nskopeo copy --src-creds me:[REDACTED:cli_password_flag] docker://a docker://b\nredis-server --requirepass [REDACTED:cli_password_flag] --masterauth [REDACTED:cli_password_flag]",
         {"cli_password_flag": 10},
     ),
     (
-        "second review: past a mention's 4,096 characters",
+        "past a mention's 4,096 characters",
         "INFO checking mysql connectivity " + "x" * 4073 + " mysql -uroot -pS3cretPw db",
         "INFO checking mysql connectivity "
         + "x" * 4073
@@ -1320,7 +1320,7 @@ REVIEW_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         {"cli_password_flag": 1},
     ),
     (
-        "second review: a command word inside a name or path",
+        "a command word inside a name or path",
         'docker run -d --name mongodb -v mongo-data:/data/db -p 27017:27017 mongo:7\nkubectl exec -it mongo-0 -- mkdir -p /backup\ndocker compose -f mongo/docker-compose.yml -p stack up -d\ndocker compose -f mongo.yml -p stack up -d\ndocker run -d --name mongo-express --net mongo-net -p 8081:8081 mongo-express\ndocker run -v mysql-data:/var/lib/mysql -p3306:3306 mysql:8\nkubectl patch sts mongo -p \'{"spec":{"replicas":3}}\'\ndocker exec mongo mkdir -p /data/backup\nldapsearch -x -s sub -b dc=x',
         'docker run -d --name mongodb -v mongo-data:/data/db -p 27017:27017 mongo:7\nkubectl exec -it mongo-0 -- mkdir -p /backup\ndocker compose -f mongo/docker-compose.yml -p stack up -d\ndocker compose -f mongo.yml -p stack up -d\ndocker run -d --name mongo-express --net mongo-net -p 8081:8081 mongo-express\ndocker run -v mysql-data:/var/lib/mysql -p3306:3306 mysql:8\nkubectl patch sts mongo -p \'{"spec":{"replicas":3}}\'\ndocker exec mongo mkdir -p /data/backup\nldapsearch -x -s sub -b dc=x',
         {},
@@ -1332,13 +1332,13 @@ REVIEW_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         {"assignment": 4},
     ),
     (
-        "third review: podman and buildah login --creds, comments, backticks",
+        "podman and buildah login --creds, comments, backticks",
         "podman login --creds u:s3cr3t\npodman login --creds=u:s3cr3t quay.io\nbuildah login --creds u:s3cr3t\ndocker login -u me -p s3cr3t reg # then ssh -p 22\nredis-cli -a s3cr3t`\nx=$(redis-cli -a s3cr3t)",
         "podman login --creds u:[REDACTED:cli_password_flag]\npodman login --creds=u:[REDACTED:cli_password_flag] quay.io\nbuildah login --creds u:[REDACTED:cli_password_flag]\ndocker login -u me -p [REDACTED:cli_password_flag] reg # then ssh -p 22\nredis-cli -a [REDACTED:cli_password_flag]`\nx=$(redis-cli -a [REDACTED:cli_password_flag])",
         {"cli_password_flag": 6},
     ),
     (
-        "third review: code building a command or a message",
+        "code building a command or a message",
         'print("password:",pw)\nprint(\'password:\',pw)\nlog("password:",pw, "x")\nos.system("mysql -uroot -p" + pw)',
         'print("password:",pw)\nprint(\'password:\',pw)\nlog("password:",pw, "x")\nos.system("mysql -uroot -p" + pw)',
         {},
@@ -1373,7 +1373,7 @@ def test_review_cases(text: str, expected: str, hits: dict[str, int]) -> None:
         ),
         (["ls", "-p", "x"], ["ls", "-p", "x"], 0),
         (["docker", "run", "-p", "80:80", "nginx"], ["docker", "run", "-p", "80:80", "nginx"], 0),
-        # Linear in the list's length (a span once looked up every element: quadratic).
+        # Linear in the list's length: each span finds its element by bisection.
         (
             ["redis-cli", "-a", "pw"] * 20_000,
             ["redis-cli", "-a", "[REDACTED:cli_password_flag]"] * 20_000,
@@ -1385,7 +1385,7 @@ def test_argument_vectors_are_read_as_one_command_line(
     value: object, expected: object, hits: int
 ) -> None:
     """An argv (OTel's process.command_args, a tool's JSON command list) is walked element
-    by element; its password options are found across elements (second review)."""
+    by element; its password options are found across elements."""
     out = REDACTOR.redact_value(value)
     assert out == expected
     _, got = REDACTOR.redact_text(json.dumps(value))
