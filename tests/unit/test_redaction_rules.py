@@ -26,6 +26,10 @@ from loopwatch.instrumentation.redaction import (
     Redactor,
     RegexCanaryMatcher,
     SecretRule,
+    _canaries,
+    _command_line,
+    _redactor,
+    _rules,
     canaries_from_env,
     canary_forms,
     default_redactor,
@@ -793,15 +797,26 @@ def test_regex_matcher_finds_overlapping_forms() -> None:
 
 
 def test_public_names_match_all() -> None:
-    defined_here = {
-        name
-        for name, value in vars(redaction).items()
-        if not name.startswith("_")
-        and callable(value)
-        and getattr(value, "__module__", None) == redaction.__name__
+    public = {name for name in vars(redaction) if not name.startswith("_")} - {"annotations"}
+    assert public == set(redaction.__all__)
+    assert len(redaction.__all__) == len(set(redaction.__all__))
+    # Every public class of the private modules is re-exported (their other public
+    # functions are shared between the modules only).
+    for module in (_canaries, _command_line, _redactor, _rules):
+        classes = {
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, type)
+            and value.__module__ == module.__name__
+            and not name.startswith("_")
+        }
+        assert classes <= set(redaction.__all__), module.__name__
+    # The names the rest of loopwatch imports from here.
+    imported_elsewhere = {
+        *("RULE_CANARY", "Hits", "RedactionRules", "Redactor", "canary_forms"),
+        *("canaries_from_env", "load_canaries", "default_redactor", "PLACEHOLDER_PREFIX"),
     }
-    assert defined_here <= set(redaction.__all__)
-    assert all(hasattr(redaction, name) for name in redaction.__all__)
+    assert imported_elsewhere <= set(redaction.__all__)
 
 
 # Hostile input: no crash, no hang.
@@ -920,8 +935,8 @@ def test_clean_json_text_is_walked_once_per_depth(monkeypatch: pytest.MonkeyPatc
     limits += " " * 300  # longer than the plain cache admits
     redactor = _fresh_redactor()
     parsed: list[str] = []
-    real_parse = redaction._parse_json
-    monkeypatch.setattr(redaction, "_parse_json", lambda t, d: parsed.append(t) or real_parse(t, d))
+    real_parse = _redactor._parse_json
+    monkeypatch.setattr(_redactor, "_parse_json", lambda t, d: parsed.append(t) or real_parse(t, d))
     for _ in range(3):
         assert redactor.redact_value({"loopwatch.limits": limits}) == {"loopwatch.limits": limits}
     assert len(parsed) == 1
@@ -1013,7 +1028,7 @@ def test_public_entry_points_fail_closed_when_the_stack_runs_out() -> None:
             sys.setrecursionlimit(limit)
 
 
-# Helper review 2026-12-02 (h9): inputs that got a secret or canary past redaction.
+# Inputs that got a secret or canary past an earlier version of the rules.
 
 
 def _escape_letters(text: str) -> str:
@@ -1054,6 +1069,18 @@ def test_json_with_duplicate_keys_under_a_sensitive_key_keeps_no_secret() -> Non
     text = '{"password":"hunter2-xyz","password":"[REDACTED:sensitive_key]"}'
     out, _ = Redactor().redact_text(text)
     assert "hunter2" not in out
+
+
+@pytest.mark.parametrize("canaries", [(), (CANARY,)])
+def test_json_with_duplicate_keys_at_the_depth_bound_does_not_raise(
+    canaries: tuple[str, ...],
+) -> None:
+    # The shadowed value {"password": 1} sits past the bound: it is counted for canaries
+    # without a walk, and with no canary registered there is nothing to count.
+    redactor = Redactor(RedactionRules(max_json_depth=2), canaries=canaries)
+    hits: dict[str, int] = {}
+    out = redactor.scrub_value(['{"a":{"password":1},"a":2}'], hits)
+    assert out == ['"[REDACTED:depth]"'] and hits == {"depth": 1}
 
 
 def test_json_text_too_deep_to_walk_with_escapes_fails_closed() -> None:
@@ -1185,8 +1212,8 @@ def test_a_canary_inside_a_fake_placeholder_is_redacted(template: str) -> None:
     assert redactor.redact_text(out) == (out, {})
 
 
-# Found by a review of the rules above (helper session, 2026-12-02): each row failed
-# before its fix (leaks, or text destroyed around a closing quote or a container name).
+# Each row failed on an earlier version of the rules (leaks, or text destroyed around a
+# closing quote or a container name); docs/reliability.md tells how each was found.
 REVIEW_CASES: list[tuple[str, str, str, dict[str, int]]] = [
     (
         "cli password flag quoted",
@@ -1255,37 +1282,37 @@ REVIEW_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         {},
     ),
     (
-        "second review: quoted values starting with punctuation",
+        "quoted values starting with punctuation",
         "DB_PASSWORD=\"+aB3$xY9\"\npassword: ';bZUAV>/~b1I'\n--password ']L^-rN^bLi'",
         "DB_PASSWORD=\"[REDACTED:assignment]\"\npassword: '[REDACTED:assignment]'\n--password '[REDACTED:assignment]'",
         {"assignment": 3},
     ),
     (
-        "second review: ; & | inside quotes",
+        "; & | inside quotes",
         'mongosh "mongodb://db:27017/app?authSource=admin&tls=true" -u root -p S3cretPw\nmysql -h db -e "DROP DATABASE x; CREATE DATABASE x" -uroot -pS3cretPw',
         'mongosh "mongodb://db:27017/app?authSource=admin&tls=true" -u root -p [REDACTED:cli_password_flag]\nmysql -h db -e "DROP DATABASE x; CREATE DATABASE x" -uroot -p[REDACTED:cli_password_flag]',
         {"cli_password_flag": 2},
     ),
     (
-        "second review: written \\n escapes",
+        "written \\n escapes",
         "{'command': 'cd /app\\nmysql -uroot -phunter2 db'}\ncmd: \"cd /app\\nredis-cli -a hunter2 ping\"\ntool args: {\"cmd\":\"set -e\\necho hunter2 | sudo -S ls\"} done\n{'env': 'DEBUG=1\\npassword=hunter2\\nport=5432'}",
         "{'command': 'cd /app\\nmysql -uroot -p[REDACTED:cli_password_flag] db'}\ncmd: \"cd /app\\nredis-cli -a [REDACTED:cli_password_flag] ping\"\ntool args: {\"cmd\":\"set -e\\necho [REDACTED:cli_password_flag] | sudo -S ls\"} done\n{'env': 'DEBUG=1\\npassword=[REDACTED:assignment]\\nport=5432'}",
         {"cli_password_flag": 3, "assignment": 1},
     ),
     (
-        "second review: backslashes, Makefile recipes, lists",
+        "backslashes, Makefile recipes, lists",
         'docker login -u me -p Pa\\$\\$w0rd reg\ndocker login -u me -p \\!Passw0rd ghcr.io\nPASSWORD="abc\\def ghi"\n\t@mysql -uroot -phunter2 -e "CREATE DATABASE app"\n\t@docker login -u me -p hunter2 ghcr.io\nsubprocess.run(["docker", "login", "-u", "me", "-p", "hunter2", "ghcr.io"])\nx = [ "redis-cli" , "-a" , "hunter2" ]',
         'docker login -u me -p [REDACTED:cli_password_flag] reg\ndocker login -u me -p [REDACTED:cli_password_flag] ghcr.io\nPASSWORD="[REDACTED:assignment]"\n\t@mysql -uroot -p[REDACTED:cli_password_flag] -e "CREATE DATABASE app"\n\t@docker login -u me -p [REDACTED:cli_password_flag] ghcr.io\nsubprocess.run(["docker", "login", "-u", "me", "-p", "[REDACTED:cli_password_flag]", "ghcr.io"])\nx = [ "redis-cli" , "-a" , "[REDACTED:cli_password_flag]" ]',
         {"cli_password_flag": 6, "assignment": 1},
     ),
     (
-        "second review: more options",
+        "more options",
         "docker -H tcp://10.0.0.5:2376 login -u me -p hunter2\ndocker --tlsverify --tlscacert ca.pem --tlscert c.pem --tlskey k.pem login -u me -p hunter2\nkeytool -storepasswd -new NEWSECRET -storepass oldpw -keystore k.jks\nldappasswd -x -D cn=admin,dc=ex,dc=com -w adminpw -s NEWPW uid=bob,dc=ex,dc=com\nprintf 'hunter2\\n' | sudo -S apt update\nskopeo copy --src-creds me:hunter2 docker://a docker://b\nredis-server --requirepass hunter2 --masterauth s2",
         "docker -H tcp://10.0.0.5:2376 login -u me -p [REDACTED:cli_password_flag]\ndocker --tlsverify --tlscacert ca.pem --tlscert c.pem --tlskey k.pem login -u me -p [REDACTED:cli_password_flag]\nkeytool -storepasswd -new [REDACTED:cli_password_flag] -storepass [REDACTED:cli_password_flag] -keystore k.jks\nldappasswd -x -D cn=admin,dc=ex,dc=com -w [REDACTED:cli_password_flag] -s [REDACTED:cli_password_flag] uid=bob,dc=ex,dc=com\nprintf '[REDACTED:cli_password_flag]' | sudo -S apt update\nskopeo copy --src-creds me:[REDACTED:cli_password_flag] docker://a docker://b\nredis-server --requirepass [REDACTED:cli_password_flag] --masterauth [REDACTED:cli_password_flag]",
         {"cli_password_flag": 10},
     ),
     (
-        "second review: past a mention's 4,096 characters",
+        "past a mention's 4,096 characters",
         "INFO checking mysql connectivity " + "x" * 4073 + " mysql -uroot -pS3cretPw db",
         "INFO checking mysql connectivity "
         + "x" * 4073
@@ -1293,7 +1320,7 @@ REVIEW_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         {"cli_password_flag": 1},
     ),
     (
-        "second review: a command word inside a name or path",
+        "a command word inside a name or path",
         'docker run -d --name mongodb -v mongo-data:/data/db -p 27017:27017 mongo:7\nkubectl exec -it mongo-0 -- mkdir -p /backup\ndocker compose -f mongo/docker-compose.yml -p stack up -d\ndocker compose -f mongo.yml -p stack up -d\ndocker run -d --name mongo-express --net mongo-net -p 8081:8081 mongo-express\ndocker run -v mysql-data:/var/lib/mysql -p3306:3306 mysql:8\nkubectl patch sts mongo -p \'{"spec":{"replicas":3}}\'\ndocker exec mongo mkdir -p /data/backup\nldapsearch -x -s sub -b dc=x',
         'docker run -d --name mongodb -v mongo-data:/data/db -p 27017:27017 mongo:7\nkubectl exec -it mongo-0 -- mkdir -p /backup\ndocker compose -f mongo/docker-compose.yml -p stack up -d\ndocker compose -f mongo.yml -p stack up -d\ndocker run -d --name mongo-express --net mongo-net -p 8081:8081 mongo-express\ndocker run -v mysql-data:/var/lib/mysql -p3306:3306 mysql:8\nkubectl patch sts mongo -p \'{"spec":{"replicas":3}}\'\ndocker exec mongo mkdir -p /data/backup\nldapsearch -x -s sub -b dc=x',
         {},
@@ -1305,13 +1332,13 @@ REVIEW_CASES: list[tuple[str, str, str, dict[str, int]]] = [
         {"assignment": 4},
     ),
     (
-        "third review: podman and buildah login --creds, comments, backticks",
+        "podman and buildah login --creds, comments, backticks",
         "podman login --creds u:s3cr3t\npodman login --creds=u:s3cr3t quay.io\nbuildah login --creds u:s3cr3t\ndocker login -u me -p s3cr3t reg # then ssh -p 22\nredis-cli -a s3cr3t`\nx=$(redis-cli -a s3cr3t)",
         "podman login --creds u:[REDACTED:cli_password_flag]\npodman login --creds=u:[REDACTED:cli_password_flag] quay.io\nbuildah login --creds u:[REDACTED:cli_password_flag]\ndocker login -u me -p [REDACTED:cli_password_flag] reg # then ssh -p 22\nredis-cli -a [REDACTED:cli_password_flag]`\nx=$(redis-cli -a [REDACTED:cli_password_flag])",
         {"cli_password_flag": 6},
     ),
     (
-        "third review: code building a command or a message",
+        "code building a command or a message",
         'print("password:",pw)\nprint(\'password:\',pw)\nlog("password:",pw, "x")\nos.system("mysql -uroot -p" + pw)',
         'print("password:",pw)\nprint(\'password:\',pw)\nlog("password:",pw, "x")\nos.system("mysql -uroot -p" + pw)',
         {},
@@ -1346,7 +1373,7 @@ def test_review_cases(text: str, expected: str, hits: dict[str, int]) -> None:
         ),
         (["ls", "-p", "x"], ["ls", "-p", "x"], 0),
         (["docker", "run", "-p", "80:80", "nginx"], ["docker", "run", "-p", "80:80", "nginx"], 0),
-        # Linear in the list's length (a span once looked up every element: quadratic).
+        # Linear in the list's length: each span finds its element by bisection.
         (
             ["redis-cli", "-a", "pw"] * 20_000,
             ["redis-cli", "-a", "[REDACTED:cli_password_flag]"] * 20_000,
@@ -1358,7 +1385,7 @@ def test_argument_vectors_are_read_as_one_command_line(
     value: object, expected: object, hits: int
 ) -> None:
     """An argv (OTel's process.command_args, a tool's JSON command list) is walked element
-    by element; its password options are found across elements (second review)."""
+    by element; its password options are found across elements."""
     out = REDACTOR.redact_value(value)
     assert out == expected
     _, got = REDACTOR.redact_text(json.dumps(value))

@@ -1,8 +1,8 @@
 """Captured tool content (``instrumentation._content``): redaction before truncation.
 
-Helper review 2026-12-02: ``capture_json`` truncated long strings before scrubbing them,
-so a canary or key that straddled the cut was exported in part, where neither side can
-recognise it any more (and the collector's canary count fell short of what was planted).
+Rule: ``capture_json`` scrubs a value before it cuts it to size, so a canary or key that
+straddles the cut is redacted whole instead of exported in part, where neither the agent
+nor the collector could recognise it (and the canary count would fall short).
 """
 
 from __future__ import annotations
