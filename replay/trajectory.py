@@ -37,15 +37,18 @@ __all__ = [
     "Step",
     "ToolCall",
     "Trajectory",
+    "outcome_of",
 ]
 
 AGENT: Final = "agent"
 USER: Final = "user"
 ENVIRONMENT: Final = "environment"
+"""Whose turn a step is (:attr:`Step.actor`)."""
 
 SUCCESS: Final = "success"
 FAILURE: Final = "failure"
 UNKNOWN: Final = "unknown"
+"""How the source says the run ended (:attr:`Trajectory.recorded_outcome`)."""
 
 Actor = Literal["agent", "user", "environment"]
 DecisionKindName = Literal["tool", "final", "refusal", "message"]
@@ -167,3 +170,11 @@ class ImportProblem:
 
     def __str__(self) -> str:
         return f"{self.source}: {self.record}: {self.message}"
+
+
+def outcome_of(passed: bool | None) -> Outcome:
+    """The recorded outcome of a source's verdict: ``success`` when it passed,
+    ``failure`` when it did not, ``unknown`` without a verdict."""
+    if passed is None:
+        return UNKNOWN
+    return SUCCESS if passed else FAILURE

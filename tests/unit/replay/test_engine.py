@@ -23,8 +23,8 @@ from loopwatch.replay.engine import (
     replay,
     replay_run,
     summarize,
-    trajectory_from_stored,
 )
+from loopwatch.replay.importers.stored import trajectory_from_stored
 from loopwatch.replay.trajectory import FAILURE, SUCCESS, Step, ToolCall, Trajectory
 
 # Every limit out of the way except the ones a test sets.

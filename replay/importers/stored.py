@@ -1,0 +1,173 @@
+"""Runs the collector stored, read back as trajectories (the dashboard's policy replay).
+
+Not a file format: the input is the step rows the collector's read API returns for one
+run, so this reader is called directly and is not among the detected importers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from loopwatch.instrumentation import StopReason
+from loopwatch.instrumentation import _semconv as sc
+from loopwatch.replay.trajectory import AGENT, ENVIRONMENT, Step, ToolCall, Trajectory, outcome_of
+
+__all__ = ["trajectory_from_stored"]
+
+_NS_PER_SECOND: Final = 1e9
+
+
+def _present(value: Any) -> bool:
+    """Not None and not a missing number (pandas gives NaN for missing numbers)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) / _NS_PER_SECOND if _present(value) else None
+
+
+def _recorded_progress(decision: Mapping[str, Any]) -> bool:
+    """Whether a stored decision row says the recording guard counted progress just
+    before it (``steps_since_progress`` 0)."""
+    value: Any = decision.get("steps_since_progress")
+    return _present(value) and float(value) == 0
+
+
+def trajectory_from_stored(
+    run_id: str,
+    steps: Sequence[Mapping[str, Any]],
+    *,
+    stop_reason: str | None = None,
+    agent: str | None = None,
+    source: str = "collector",
+) -> Trajectory:
+    """A :class:`Trajectory` from a run the collector stored (its ``steps`` rows).
+
+    Args:
+        run_id: the run's id.
+        steps: the stored step rows, as the read API's ``/api/v1/runs/{id}`` or
+            ``RunData.step_records()`` return them: ``kind`` (``decision`` or
+            ``tool_result``), ``step``, ``decision_type``, ``decision_fingerprint``,
+            ``tool``, ``tool_call_id``, ``outcome``, ``action_fingerprint``,
+            ``observation_digest``, ``arguments`` and ``result`` (JSON text, present only
+            when the agent captured content), ``start_unix_nano``, ``end_unix_nano``,
+            ``input_tokens``, ``output_tokens``, ``cost_usd``.
+        stop_reason: the stored stop reason: ``completed`` is recorded as ``success``,
+            another reason as ``failure``, none as ``unknown``.
+        agent: the agent name.
+        source: what to name as the trajectory's source.
+
+    Without captured content, a call's arguments become ``{"action_fingerprint": ...}``
+    and its observation the stored observation digest, so identical actions and
+    observations stay identical (per-tool ``volatile`` settings of the replayed policy
+    cannot apply then). A non-tool decision's text is its stored fingerprint, so repeated
+    decisions stay repeated. Calls the recording guard blocked are kept (the agent
+    attempted them) without an observation. Where a decision row's
+    ``steps_since_progress`` is 0 after the first step and no tool result of the step
+    before was ``progress``, the recording guard counted explicit progress
+    (``Run.progress``, in no other stored field); an environment turn is inserted there,
+    so the replay counts it too.
+    """
+    by_step: dict[int, list[Mapping[str, Any]]] = {}
+    for row in steps:
+        value: Any = row.get("step")
+        if not _present(value):
+            continue
+        by_step.setdefault(int(value), []).append(row)
+    out: list[Step] = []
+    tool_progress = False  # a tool result of the previous step was progress
+    for number in sorted(by_step):
+        rows = by_step[number]
+        decision = next((r for r in rows if r.get("kind") == sc.EVENT_DECISION), None)
+        calls: list[ToolCall] = []
+        for r in rows:
+            if r.get("kind") != sc.EVENT_TOOL_RESULT:
+                continue
+            arguments: Any = None
+            raw_args = r.get("arguments")
+            if _present(raw_args) and raw_args != "":
+                try:
+                    arguments = json.loads(str(raw_args))
+                except (ValueError, RecursionError):
+                    arguments = str(raw_args)
+            if arguments is None:
+                arguments = {"action_fingerprint": r.get("action_fingerprint") or ""}
+            outcome = r.get("outcome")
+            result = r.get("result")
+            observation: str | None
+            if outcome == sc.OUTCOME_BLOCKED:
+                observation = None
+            elif _present(result) and result != "":
+                observation = str(result)
+            else:
+                digest_value = r.get("observation_digest")
+                observation = str(digest_value) if _present(digest_value) else None
+            calls.append(
+                ToolCall(
+                    name=str(r.get("tool") or ""),
+                    arguments=arguments,
+                    observation=observation,
+                    error=outcome == sc.OUTCOME_ERROR,
+                    call_id=str(r["tool_call_id"]) if _present(r.get("tool_call_id")) else None,
+                    started_at=_seconds(r.get("start_unix_nano")),
+                    ended_at=_seconds(r.get("end_unix_nano")),
+                )
+            )
+        kind = str(decision.get("decision_type") or "") if decision is not None else ""
+        if calls:
+            kind = "tool"
+        elif kind not in ("final", "refusal", "message"):
+            kind = "message"
+        first = decision if decision is not None else rows[0]
+        text = first.get("decision_fingerprint") if decision is not None else None
+        if out and decision is not None and _recorded_progress(decision) and not tool_progress:
+            # The recording guard counted progress after the last step, and none of that
+            # step's tool results brought it (those the replay sees, and they do not end
+            # a run of identical actions): explicit progress from the environment
+            # (Run.progress: a user reply), which no stored row holds otherwise.
+            out.append(
+                Step(
+                    index=len(out),
+                    actor=ENVIRONMENT,
+                    decision="message",
+                    text=f"progress recorded before step {number}",
+                )
+            )
+        tool_progress = any(
+            r.get("kind") == sc.EVENT_TOOL_RESULT
+            and _present(r.get("progress"))
+            and bool(r["progress"])
+            for r in rows
+        )
+        out.append(
+            Step(
+                index=len(out),
+                actor=AGENT,
+                decision=kind,
+                text=str(text) if _present(text) else None,
+                tool_calls=tuple(calls),
+                timestamp=_seconds(first.get("start_unix_nano")),
+                input_tokens=int(first["input_tokens"])
+                if decision is not None and _present(first.get("input_tokens"))
+                else None,
+                output_tokens=int(first["output_tokens"])
+                if decision is not None and _present(first.get("output_tokens"))
+                else None,
+                cost_usd=float(first["cost_usd"])
+                if decision is not None and _present(first.get("cost_usd"))
+                else None,
+            )
+        )
+    return Trajectory(
+        source=source,
+        run_id=run_id,
+        format="loopwatch",
+        steps=tuple(out),
+        recorded_outcome=outcome_of(stop_reason == StopReason.COMPLETED if stop_reason else None),
+        recorded_stop=stop_reason or None,
+        recorded_stop_kind="explicit",
+        agent=agent or "recorded-agent",
+    )
