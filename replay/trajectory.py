@@ -37,7 +37,6 @@ __all__ = [
     "Step",
     "ToolCall",
     "Trajectory",
-    "outcome_of",
 ]
 
 AGENT: Final = "agent"
@@ -170,11 +169,3 @@ class ImportProblem:
 
     def __str__(self) -> str:
         return f"{self.source}: {self.record}: {self.message}"
-
-
-def outcome_of(passed: bool | None) -> Outcome:
-    """The recorded outcome of a source's verdict: ``success`` when it passed,
-    ``failure`` when it did not, ``unknown`` without a verdict."""
-    if passed is None:
-        return UNKNOWN
-    return SUCCESS if passed else FAILURE

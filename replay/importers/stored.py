@@ -13,7 +13,9 @@ from typing import Any, Final
 
 from loopwatch.instrumentation import StopReason
 from loopwatch.instrumentation import _semconv as sc
-from loopwatch.replay.trajectory import AGENT, ENVIRONMENT, Step, ToolCall, Trajectory, outcome_of
+
+from ..trajectory import AGENT, ENVIRONMENT, DecisionKindName, Step, ToolCall, Trajectory
+from ._fields import outcome_of
 
 __all__ = ["trajectory_from_stored"]
 
@@ -116,11 +118,12 @@ def trajectory_from_stored(
                     ended_at=_seconds(r.get("end_unix_nano")),
                 )
             )
-        kind = str(decision.get("decision_type") or "") if decision is not None else ""
+        stored_kind = decision.get("decision_type") if decision is not None else None
+        kind: DecisionKindName = "message"
         if calls:
             kind = "tool"
-        elif kind not in ("final", "refusal", "message"):
-            kind = "message"
+        elif stored_kind in ("final", "refusal"):
+            kind = "final" if stored_kind == "final" else "refusal"
         first = decision if decision is not None else rows[0]
         text = first.get("decision_fingerprint") if decision is not None else None
         if out and decision is not None and _recorded_progress(decision) and not tool_progress:
