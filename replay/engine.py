@@ -118,9 +118,6 @@ _LOOP_DETECTOR_STOPS: Final = frozenset(
 )
 
 
-# ----------------------------------------------------------------- the clock
-
-
 _MAX_UNIX_SECONDS: Final = 253402300800.0
 """Year 10000 in Unix seconds: a larger recorded time is in another unit or corrupt."""
 
@@ -176,9 +173,6 @@ def _turn_key(step: Step) -> tuple[Any, ...]:
         (tc.name, tc.arguments_json(), tc.observation, tc.error) for tc in step.tool_calls
     )
     return ((step.text or "").strip(), calls)
-
-
-# ----------------------------------------------------------------- replaying
 
 
 def _usage(value: float | None) -> float:

@@ -24,7 +24,7 @@ and one per agent step without tool calls, which breaks any run of actions).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from loopwatch.instrumentation import FailureClass, Policy, Stop, StopReason
@@ -78,14 +78,8 @@ class RecordedLoop:
     tool: str
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return {
-            "kind": self.kind,
-            "onset_step": self.onset_step,
-            "actions": self.actions,
-            "period": self.period,
-            "tool": self.tool,
-        }
+        """JSON-ready dict: every attribute, in the order above."""
+        return asdict(self)
 
 
 @dataclass(slots=True)

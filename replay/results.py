@@ -16,7 +16,7 @@ import json
 import statistics
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from .loops import RecordedLoop
@@ -176,22 +176,8 @@ class PolicySummary:
     model_calls_saved: int
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return {
-            "policy": self.policy,
-            "runs": self.runs,
-            "stopped": self.stopped,
-            "stops_by_reason": dict(self.stops_by_reason),
-            "loops": self.loops,
-            "loops_caught": self.loops_caught,
-            "successful_runs": self.successful_runs,
-            "false_stops": self.false_stops,
-            "false_stop_rate": self.false_stop_rate,
-            "median_steps_onset_to_stop": self.median_steps_onset_to_stop,
-            "calls_total": self.calls_total,
-            "calls_saved": self.calls_saved,
-            "model_calls_saved": self.model_calls_saved,
-        }
+        """JSON-ready dict: every attribute, in the order above."""
+        return asdict(self)
 
 
 def summarize(results: Iterable[ReplayResult]) -> list[PolicySummary]:

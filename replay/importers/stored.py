@@ -6,25 +6,31 @@ run, so this reader is called directly and is not among the detected importers.
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 from loopwatch.instrumentation import StopReason
 from loopwatch.instrumentation import _semconv as sc
 
 from ..trajectory import AGENT, ENVIRONMENT, DecisionKindName, Step, ToolCall, Trajectory
-from ._fields import outcome_of
+from ._fields import json_or_text, outcome_of
 
 __all__ = ["trajectory_from_stored"]
 
 _NS_PER_SECOND: Final = 1e9
+_T = TypeVar("_T")
 
 
 def _present(value: Any) -> bool:
     """Not None and not a missing number (pandas gives NaN for missing numbers)."""
     return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _opt(row: Mapping[str, Any] | None, key: str, kind: Callable[[Any], _T]) -> _T | None:
+    """``kind(row[key])``, or ``None`` when the row or the value is missing."""
+    value = row.get(key) if row is not None else None
+    return kind(value) if _present(value) else None
 
 
 def _seconds(value: Any) -> float | None:
@@ -75,93 +81,39 @@ def trajectory_from_stored(
     """
     by_step: dict[int, list[Mapping[str, Any]]] = {}
     for row in steps:
-        value: Any = row.get("step")
-        if not _present(value):
-            continue
-        by_step.setdefault(int(value), []).append(row)
+        number = _opt(row, "step", int)
+        if number is not None:
+            by_step.setdefault(number, []).append(row)
     out: list[Step] = []
     tool_progress = False  # a tool result of the previous step was progress
     for number in sorted(by_step):
         rows = by_step[number]
         decision = next((r for r in rows if r.get("kind") == sc.EVENT_DECISION), None)
-        calls: list[ToolCall] = []
-        for r in rows:
-            if r.get("kind") != sc.EVENT_TOOL_RESULT:
-                continue
-            arguments: Any = None
-            raw_args = r.get("arguments")
-            if _present(raw_args) and raw_args != "":
-                try:
-                    arguments = json.loads(str(raw_args))
-                except (ValueError, RecursionError):
-                    arguments = str(raw_args)
-            if arguments is None:
-                arguments = {"action_fingerprint": r.get("action_fingerprint") or ""}
-            outcome = r.get("outcome")
-            result = r.get("result")
-            observation: str | None
-            if outcome == sc.OUTCOME_BLOCKED:
-                observation = None
-            elif _present(result) and result != "":
-                observation = str(result)
-            else:
-                digest_value = r.get("observation_digest")
-                observation = str(digest_value) if _present(digest_value) else None
-            calls.append(
-                ToolCall(
-                    name=str(r.get("tool") or ""),
-                    arguments=arguments,
-                    observation=observation,
-                    error=outcome == sc.OUTCOME_ERROR,
-                    call_id=str(r["tool_call_id"]) if _present(r.get("tool_call_id")) else None,
-                    started_at=_seconds(r.get("start_unix_nano")),
-                    ended_at=_seconds(r.get("end_unix_nano")),
-                )
-            )
-        stored_kind = decision.get("decision_type") if decision is not None else None
-        kind: DecisionKindName = "message"
-        if calls:
-            kind = "tool"
-        elif stored_kind in ("final", "refusal"):
-            kind = "final" if stored_kind == "final" else "refusal"
-        first = decision if decision is not None else rows[0]
-        text = first.get("decision_fingerprint") if decision is not None else None
+        results = [r for r in rows if r.get("kind") == sc.EVENT_TOOL_RESULT]
         if out and decision is not None and _recorded_progress(decision) and not tool_progress:
             # The recording guard counted progress after the last step, and none of that
             # step's tool results brought it (those the replay sees, and they do not end
             # a run of identical actions): explicit progress from the environment
             # (Run.progress: a user reply), which no stored row holds otherwise.
-            out.append(
-                Step(
-                    index=len(out),
-                    actor=ENVIRONMENT,
-                    decision="message",
-                    text=f"progress recorded before step {number}",
-                )
-            )
-        tool_progress = any(
-            r.get("kind") == sc.EVENT_TOOL_RESULT
-            and _present(r.get("progress"))
-            and bool(r["progress"])
-            for r in rows
-        )
+            text = f"progress recorded before step {number}"
+            out.append(Step(index=len(out), actor=ENVIRONMENT, decision="message", text=text))
+        tool_progress = any(_opt(r, "progress", bool) for r in results)
+        kind: DecisionKindName = "tool" if results else "message"
+        if not results and _opt(decision, "decision_type", str) in ("final", "refusal"):
+            kind = "final" if _opt(decision, "decision_type", str) == "final" else "refusal"
         out.append(
             Step(
                 index=len(out),
                 actor=AGENT,
                 decision=kind,
-                text=str(text) if _present(text) else None,
-                tool_calls=tuple(calls),
-                timestamp=_seconds(first.get("start_unix_nano")),
-                input_tokens=int(first["input_tokens"])
-                if decision is not None and _present(first.get("input_tokens"))
-                else None,
-                output_tokens=int(first["output_tokens"])
-                if decision is not None and _present(first.get("output_tokens"))
-                else None,
-                cost_usd=float(first["cost_usd"])
-                if decision is not None and _present(first.get("cost_usd"))
-                else None,
+                text=_opt(decision, "decision_fingerprint", str),
+                tool_calls=tuple(_call(r) for r in results),
+                timestamp=_seconds(
+                    (rows[0] if decision is None else decision).get("start_unix_nano")
+                ),
+                input_tokens=_opt(decision, "input_tokens", int),
+                output_tokens=_opt(decision, "output_tokens", int),
+                cost_usd=_opt(decision, "cost_usd", float),
             )
         )
     return Trajectory(
@@ -173,4 +125,25 @@ def trajectory_from_stored(
         recorded_stop=stop_reason or None,
         recorded_stop_kind="explicit",
         agent=agent or "recorded-agent",
+    )
+
+
+def _call(row: Mapping[str, Any]) -> ToolCall:
+    """One stored tool result as a recorded call (see :func:`trajectory_from_stored`)."""
+    raw_arguments = _opt(row, "arguments", str)
+    arguments = json_or_text(raw_arguments) if raw_arguments else None
+    if arguments is None:
+        arguments = {"action_fingerprint": row.get("action_fingerprint") or ""}
+    outcome = row.get("outcome")
+    observation = None
+    if outcome != sc.OUTCOME_BLOCKED:
+        observation = _opt(row, "result", str) or _opt(row, "observation_digest", str)
+    return ToolCall(
+        name=str(row.get("tool") or ""),
+        arguments=arguments,
+        observation=observation,
+        error=outcome == sc.OUTCOME_ERROR,
+        call_id=_opt(row, "tool_call_id", str),
+        started_at=_seconds(row.get("start_unix_nano")),
+        ended_at=_seconds(row.get("end_unix_nano")),
     )
