@@ -21,6 +21,7 @@ __all__ = [
     "json_or_text",
     "outcome_of",
     "recorded_arguments",
+    "reward_outcome",
     "text_of",
 ]
 
@@ -85,3 +86,11 @@ def outcome_of(passed: bool | None) -> Outcome:
     if passed is None:
         return UNKNOWN
     return SUCCESS if passed else FAILURE
+
+
+def reward_outcome(reward: float | None, metadata: dict[str, Any]) -> Outcome:
+    """The recorded outcome of a tau-bench or tau2-bench reward (1.0 passed, any other
+    value failed, none unknown); a reward is also kept in ``metadata["reward"]``."""
+    if reward is not None:
+        metadata["reward"] = reward
+    return outcome_of(None if reward is None else reward == 1.0)

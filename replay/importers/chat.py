@@ -65,10 +65,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from ..trajectory import AGENT, USER, DecisionKindName, ImportProblem, Step, ToolCall, Trajectory
+from ..trajectory import AGENT, USER, DecisionKindName, ImportProblem, Step, Trajectory
 from . import Document
-from ._calls import OpenCalls
-from ._fields import Malformed, finite_float, outcome_of, recorded_arguments, text_of
+from ._calls import CallDraft, OpenCalls
+from ._fields import Malformed, finite_float, recorded_arguments, reward_outcome, text_of
 from ._numbers import check_fits
 
 __all__ = ["IMPORTER", "ChatImporter"]
@@ -238,14 +238,12 @@ def _trajectory(
         agent_field, model_field = record.get("agent"), record.get("model")
         agent = agent_field if isinstance(agent_field, str) and agent_field else "chat"
         model = model_field if isinstance(model_field, str) and model_field else None
-    if reward is not None:
-        metadata["reward"] = reward
     return Trajectory(
         source=source,
         run_id=run_id,
         format=IMPORTER.name,
         steps=tuple(steps),
-        recorded_outcome=outcome_of(None if reward is None else reward == 1.0),
+        recorded_outcome=reward_outcome(reward, metadata),
         recorded_stop=stop,
         recorded_stop_kind="inferred",
         agent=agent,
@@ -255,27 +253,17 @@ def _trajectory(
 
 
 @dataclass
-class _Call:
-    name: str
-    arguments: Any
-    call_id: str | None
-    observation: str | None = None
-    error: bool = False
-    answered: bool = False
-
-
-@dataclass
 class _Draft:
     actor: str
     text: str | None
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[CallDraft] = field(default_factory=list)
     refusal: bool = False
 
 
 def _steps(messages: list[Any], key: str) -> tuple[list[Step], str | None, str | None]:
     """Steps, the last user message's text and the last tool call's name."""
     drafts: list[_Draft] = []
-    by_id: OpenCalls[_Call] = OpenCalls()
+    by_id: OpenCalls[CallDraft] = OpenCalls()
     last_user_text: str | None = None
     last_call: str | None = None
     for index, message in enumerate(messages):
@@ -307,9 +295,7 @@ def _steps(messages: list[Any], key: str) -> tuple[list[Step], str | None, str |
             actor=AGENT if d.actor == AGENT else USER,
             decision=_decision(d),
             text=d.text,
-            tool_calls=tuple(
-                ToolCall(c.name, c.arguments, c.observation, c.error, c.call_id) for c in d.calls
-            ),
+            tool_calls=tuple(c.recorded() for c in d.calls),
         )
         for i, d in enumerate(drafts)
     ]
@@ -336,9 +322,9 @@ def _mark_final(steps: list[Step], *, ended_normally: bool) -> list[Step]:
     return steps
 
 
-def _calls(message: Mapping[str, Any], where: str) -> list[_Call]:
+def _calls(message: Mapping[str, Any], where: str) -> list[CallDraft]:
     raw = message.get("tool_calls")
-    calls: list[_Call] = []
+    calls: list[CallDraft] = []
     if raw is not None:
         if not isinstance(raw, list):
             raise Malformed(f"{where}: 'tool_calls' is not a list")
@@ -354,7 +340,7 @@ def _calls(message: Mapping[str, Any], where: str) -> list[_Call]:
                 raise Malformed(f"{at} has no name")
             call_id = item.get("id")
             call_id = call_id if isinstance(call_id, str) and call_id else None
-            calls.append(_Call(name, recorded_arguments(function.get("arguments")), call_id))
+            calls.append(CallDraft(name, recorded_arguments(function.get("arguments")), call_id))
     legacy = message.get("function_call")
     if legacy is not None:
         if not isinstance(legacy, dict):
@@ -362,7 +348,7 @@ def _calls(message: Mapping[str, Any], where: str) -> list[_Call]:
         name = legacy.get("name")
         if not isinstance(name, str) or not name:
             raise Malformed(f"{where}: function_call has no name")
-        calls.append(_Call(name, recorded_arguments(legacy.get("arguments")), None))
+        calls.append(CallDraft(name, recorded_arguments(legacy.get("arguments")), None))
     return calls
 
 
@@ -373,10 +359,10 @@ def _answer(
     text: str | None,
     *,
     drafts: list[_Draft],
-    by_id: OpenCalls[_Call],
+    by_id: OpenCalls[CallDraft],
 ) -> None:
     """Attach a ``tool`` / ``function`` message to the call it answers."""
-    call: _Call | None = None
+    call: CallDraft | None = None
     if role == "tool":
         call_id = message.get("tool_call_id")
         if isinstance(call_id, str) and call_id:
@@ -395,7 +381,7 @@ def _answer(
     call.error = text is not None and text.startswith(ERROR_PREFIX)
 
 
-def _oldest_unanswered(drafts: list[_Draft], name: str | None) -> _Call | None:
+def _oldest_unanswered(drafts: list[_Draft], name: str | None) -> CallDraft | None:
     for draft in reversed(drafts):
         if draft.actor != AGENT:
             continue

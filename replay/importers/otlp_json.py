@@ -64,7 +64,7 @@ from typing import Any, Final
 from loopwatch.instrumentation import StopReason
 from loopwatch.instrumentation import _semconv as sc
 from loopwatch.replay.importers import Document
-from loopwatch.replay.importers._calls import OpenCalls
+from loopwatch.replay.importers._calls import CallDraft, OpenCalls
 from loopwatch.replay.importers._fields import (
     Malformed,
     finite_float,
@@ -473,32 +473,20 @@ def _loopwatch_call(span: _Span) -> ToolCall:
 
 
 @dataclass
-class _Call:
-    name: str
-    arguments: Any
-    call_id: str | None
-    observation: str | None = None
-    error: bool = False
-    answered: bool = False
-    started_at: float | None = None
-    ended_at: float | None = None
-
-
-@dataclass
 class _Draft:
     model_call: bool
     text: str | None
     timestamp: float | None
     input_tokens: int | None = None
     output_tokens: int | None = None
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[CallDraft] = field(default_factory=list)
 
 
 def _third_party_run(
     source: str, trace_id: str, spans: list[_Span]
 ) -> Iterator[Trajectory | ImportProblem]:
     drafts: list[_Draft] = []
-    by_id: OpenCalls[_Call] = OpenCalls()
+    by_id: OpenCalls[CallDraft] = OpenCalls()
     agent: str | None = None
     stop: str | None = None
     for span in spans:
@@ -527,12 +515,7 @@ def _third_party_run(
             actor=AGENT,
             decision=_third_party_decision(d, is_last=d is last and not failed),
             text=d.text,
-            tool_calls=tuple(
-                ToolCall(
-                    c.name, c.arguments, c.observation, c.error, c.call_id, c.started_at, c.ended_at
-                )
-                for c in d.calls
-            ),
+            tool_calls=tuple(c.recorded() for c in d.calls),
             timestamp=d.timestamp,
             input_tokens=d.input_tokens,
             output_tokens=d.output_tokens,
@@ -620,7 +603,9 @@ def _genai_output(messages: list[Any], draft: _Draft) -> None:
                 name = part.get("name")
                 if isinstance(name, str) and name:
                     draft.calls.append(
-                        _Call(name, _arguments(part.get("arguments")), _str(part.get("id")) or None)
+                        CallDraft(
+                            name, _arguments(part.get("arguments")), _str(part.get("id")) or None
+                        )
                     )
             elif kind == "text" and isinstance(part.get("content"), str):
                 texts.append(part["content"])
@@ -647,7 +632,9 @@ def _openinference_output(attrs: Mapping[str, Any], draft: _Draft) -> None:
         name = fields.get("function.name")
         if isinstance(name, str) and name:
             call_id = _str(fields.get("id")) or None
-            draft.calls.append(_Call(name, _arguments(fields.get("function.arguments")), call_id))
+            draft.calls.append(
+                CallDraft(name, _arguments(fields.get("function.arguments")), call_id)
+            )
     if texts:
         draft.text = "\n".join(texts[i] for i in sorted(texts))
 
@@ -669,10 +656,10 @@ def _openai_response(raw: Any, draft: _Draft) -> None:
         name = function.get("name") if isinstance(function, dict) else None
         if isinstance(function, dict) and isinstance(name, str) and name:
             call_id = _str(item.get("id")) or None
-            draft.calls.append(_Call(name, _arguments(function.get("arguments")), call_id))
+            draft.calls.append(CallDraft(name, _arguments(function.get("arguments")), call_id))
 
 
-def _tool_result(span: _Span, drafts: list[_Draft], by_id: OpenCalls[_Call]) -> None:
+def _tool_result(span: _Span, drafts: list[_Draft], by_id: OpenCalls[CallDraft]) -> None:
     attrs = span.attrs
     name = _tool_name(span)
     call_id = _str(attrs.get(sc.GEN_AI_TOOL_CALL_ID)) or _str(
@@ -687,7 +674,7 @@ def _tool_result(span: _Span, drafts: list[_Draft], by_id: OpenCalls[_Call]) -> 
         arguments = json_or_text(attrs.get(sc.GEN_AI_TOOL_CALL_ARGUMENTS))
         if arguments is None:
             arguments = json_or_text(attrs.get(sc.OPENINFERENCE_INPUT_VALUE))
-        call = _Call(name, {} if arguments is None else arguments, call_id or None)
+        call = CallDraft(name, {} if arguments is None else arguments, call_id or None)
         drafts.append(_Draft(model_call=False, text=None, timestamp=span.start, calls=[call]))
     result = text_of(attrs.get(sc.GEN_AI_TOOL_CALL_RESULT))
     if result is None:

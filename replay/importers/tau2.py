@@ -63,7 +63,7 @@ from ..trajectory import (
 )
 from . import Document
 from ._calls import OpenCalls
-from ._fields import Malformed, finite_float, outcome_of, recorded_arguments, text_of
+from ._fields import Malformed, finite_float, recorded_arguments, reward_outcome, text_of
 from ._numbers import check_fits
 
 __all__ = ["IMPORTER", "Tau2Importer"]
@@ -166,14 +166,12 @@ def _trajectory(
             metadata["simulation_id" if key == "id" else key] = sim[key]
     if domain:
         metadata["domain"] = domain
-    if reward is not None:
-        metadata["reward"] = reward
     return Trajectory(
         source=source,
         run_id=run_id,
         format=IMPORTER.name,
         steps=tuple(steps),
-        recorded_outcome=outcome_of(None if reward is None else reward == 1.0),
+        recorded_outcome=reward_outcome(reward, metadata),
         recorded_stop=stop,
         recorded_stop_kind="explicit" if stop else "inferred",
         agent=agent,
