@@ -76,18 +76,14 @@ class _ProblemPrinter:
 def _send_demo(
     *,
     corpus: tuple[str, ...],
-    otlp_url: str | None,
-    policy: str | None,
-    speed: float,
-    limit: int | None,
-    capture_content: bool | None,
-    token: str | None,
-    run_prefix: str | None,
     verbose: bool,
-    stop: threading.Event | None = None,
     prefix: str = "loopwatch demo",
+    **options: Any,
 ) -> int:
-    """Run the demo and print its summary; returns the exit code (0, 1 or 2)."""
+    """Run the demo and print its summary; returns the exit code (0, 1 or 2).
+
+    ``options`` are :func:`loopwatch.replay.demo.run_demo`'s keyword arguments.
+    """
     try:
         from loopwatch.instrumentation import PolicyError
         from loopwatch.replay.demo import CollectorUnreachable, run_demo
@@ -96,18 +92,7 @@ def _send_demo(
         return 2
     problems = _ProblemPrinter(prefix)
     try:
-        report = run_demo(
-            list(corpus) or None,
-            otlp_url=otlp_url,
-            policy=policy,
-            speed=speed,
-            capture_content=capture_content,
-            token=token,
-            run_prefix=run_prefix,
-            limit=limit,
-            stop=stop,
-            on_problem=problems,
-        )
+        report = run_demo(list(corpus) or None, on_problem=problems, **options)
     except CollectorUnreachable as exc:
         click.echo(f"{prefix}: {exc}", err=True)
         return 1

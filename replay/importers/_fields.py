@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 from ..trajectory import FAILURE, SUCCESS, UNKNOWN, Outcome
@@ -18,6 +19,7 @@ __all__ = [
     "Malformed",
     "finite_float",
     "int_or_none",
+    "iso_seconds",
     "json_or_text",
     "outcome_of",
     "recorded_arguments",
@@ -94,3 +96,14 @@ def reward_outcome(reward: float | None, metadata: dict[str, Any]) -> Outcome:
     if reward is not None:
         metadata["reward"] = reward
     return outcome_of(None if reward is None else reward == 1.0)
+
+
+def iso_seconds(value: Any) -> float | None:
+    """Unix seconds of an ISO 8601 string (no zone means UTC); ``None`` if unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return (parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)).timestamp()

@@ -58,7 +58,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from ..trajectory import (
@@ -75,7 +74,7 @@ from ..trajectory import (
     Trajectory,
 )
 from . import Document
-from ._fields import Malformed, int_or_none, outcome_of
+from ._fields import Malformed, int_or_none, iso_seconds, outcome_of
 from ._numbers import check_fits
 
 __all__ = ["BOOKKEEPING_KEYS", "IMPORTER", "OpenHandsImporter"]
@@ -416,15 +415,7 @@ def _timestamp(value: Any) -> float | None:
             return float(value)
         except OverflowError:
             return None
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+    return iso_seconds(value)
 
 
 def _text(value: Any) -> str:

@@ -48,7 +48,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from ..trajectory import (
@@ -63,7 +62,14 @@ from ..trajectory import (
 )
 from . import Document
 from ._calls import OpenCalls
-from ._fields import Malformed, finite_float, recorded_arguments, reward_outcome, text_of
+from ._fields import (
+    Malformed,
+    finite_float,
+    iso_seconds,
+    recorded_arguments,
+    reward_outcome,
+    text_of,
+)
 from ._numbers import check_fits
 
 __all__ = ["IMPORTER", "Tau2Importer"]
@@ -218,13 +224,13 @@ def _steps(messages: list[Any], *, ended_normally: bool) -> list[Step]:
                 )
             call["observation"] = text_of(message.get("content"))
             call["error"] = message.get("error") is True
-            call["ended_at"] = _timestamp(message.get("timestamp"))
+            call["ended_at"] = iso_seconds(message.get("timestamp"))
             continue
         if role == "system":
             continue
         if role not in ("assistant", "user"):
             raise Malformed(f"{where}: unknown role {role!r}")
-        timestamp = _timestamp(message.get("timestamp"))
+        timestamp = iso_seconds(message.get("timestamp"))
         calls = _tool_calls(message.get("tool_calls"), where, timestamp)
         open_calls.begin_turn()
         for call in calls:
@@ -300,19 +306,6 @@ def _count(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None
     return value
-
-
-def _timestamp(value: Any) -> float | None:
-    """Unix seconds from an ISO 8601 string (no zone means UTC); ``None`` if unreadable."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=UTC)
-        return parsed.timestamp()
-    except (ValueError, OverflowError):
-        return None
 
 
 IMPORTER: Final = Tau2Importer()
