@@ -41,9 +41,8 @@ numbers in results and evidence are 1-based agent-step numbers):
   step, because no further model call exists to refuse. A run whose last decision is
   ``final`` ends ``completed`` (or ``refused``): the agent's own end, reported as
   ``stop_reason = None``.
-* loop onset: a detector stop's own onset (:func:`~loopwatch.replay.loops.loop_onset`);
-  without one (no stop, or a budget or deadline stop), the onset of the recorded loop,
-  or ``None`` when the recording has none.
+* loop onset: :func:`~loopwatch.replay.loops.loop_onset` of the stop; without a stop, the
+  onset of the recorded loop, or ``None`` when the recording has none.
 
 Example:
     >>> from loopwatch.replay.importers import load_paths
@@ -107,14 +106,6 @@ __all__ = [
 
 _AGENT_END: Final = frozenset(
     {StopReason.COMPLETED, StopReason.FINAL_UNVERIFIED, StopReason.REFUSED}
-)
-_LOOP_DETECTOR_STOPS: Final = frozenset(
-    {
-        StopReason.REPEATED_ACTION,
-        StopReason.ACTION_CYCLE,
-        StopReason.REPEATED_DECISION,
-        StopReason.NO_PROGRESS,
-    }
 )
 
 
@@ -342,9 +333,7 @@ def _replay_one(trajectory: Trajectory, named: NamedPolicy, prep: _Prepared) -> 
         stop_reason = stop.reason.value
         stop_dimension = stop.dimension.value if stop.dimension is not None else None
         stop_step = stop.step
-        onset = loop_onset(stop, acts, named.policy, hit.saved_from_call)
-        if onset is None and loop is not None and stop.reason not in _LOOP_DETECTOR_STOPS:
-            onset = loop.onset_step
+        onset = loop_onset(stop, acts, named.policy, hit.saved_from_call, loop)
         evidence = _evidence(stop)
         saved = max(calls_total - hit.saved_from_call, 0)
         model_saved = hit.model_saved

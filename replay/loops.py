@@ -18,7 +18,7 @@ and one per agent step without tool calls, which breaks any run of actions).
   step of the maximal stretch of consecutive actions repeating with the matched period
   that ends at the action completing the cycle (at least one whole period); for
   ``repeated_decision``, the first step in the evidence; for ``no_progress``, the step
-  after the last progress; otherwise ``None``.
+  after the last progress; for any other stop (budget, deadline), the recorded loop's.
 """
 
 from __future__ import annotations
@@ -253,14 +253,21 @@ def _policy_key(policy: Policy, *, observation: bool = True) -> Callable[[Act], 
     return key
 
 
-def loop_onset(stop: Stop, acts: Sequence[Act], policy: Policy, saved_from_call: int) -> int | None:
-    """The loop onset of a detector stop (see the module docstring), or ``None``.
+def loop_onset(
+    stop: Stop,
+    acts: Sequence[Act],
+    policy: Policy,
+    saved_from_call: int,
+    recorded: RecordedLoop | None,
+) -> int | None:
+    """The loop onset of a stop (see the module docstring), or ``None``.
 
     Args:
         stop: the guard's stop.
         acts: the recording's actions (:func:`actions_of`).
         policy: the policy that stopped it (its fingerprint settings).
         saved_from_call: the first agent call the stop prevented (index among calls).
+        recorded: the recording's own loop, the onset of a stop no loop detector made.
     """
     ev = stop.evidence
     if stop.reason is StopReason.REPEATED_ACTION:
@@ -279,20 +286,20 @@ def loop_onset(stop: Stop, acts: Sequence[Act], policy: Policy, saved_from_call:
                 first -= 1
         onset = acts[first].step
         return max(onset, min(ev.step_indices)) if ev.step_indices else onset
-    if stop.reason is StopReason.ACTION_CYCLE and ev.matched_period:
+    if stop.reason is StopReason.ACTION_CYCLE:
         index = _act_index(acts, saved_from_call - 1)
-        if index is None:
+        if index is None or not ev.matched_period:
             return None
         start = _cycle_start(acts, index, ev.matched_period, _policy_key(policy))
         if start <= index:
             return acts[start].step
         return int(ev.step_indices[0]) if ev.step_indices else None
-    if stop.reason is StopReason.REPEATED_DECISION and ev.step_indices:
-        return int(ev.step_indices[0])
+    if stop.reason is StopReason.REPEATED_DECISION:
+        return int(ev.step_indices[0]) if ev.step_indices else None
     if stop.reason is StopReason.NO_PROGRESS:
         last = ev.detail.get("last_progress_step")
         return int(last) + 1 if isinstance(last, int) else None
-    return None
+    return recorded.onset_step if recorded is not None else None
 
 
 def _act_index(acts: Sequence[Act], call: int) -> int | None:
