@@ -8,7 +8,13 @@ import click
 from loopwatch.instrumentation import __version__
 from loopwatch.instrumentation.policy import check_policy_file, load_policies
 
-from ._options import collector_options, collector_overrides
+from ._options import (
+    collector_api,
+    collector_options,
+    collector_overrides,
+    exit_missing_extra,
+    start_failure,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,26 +49,14 @@ def collector(config_file: str | None, **params: Any) -> None:
     Precedence: flags > LOOPWATCH_<SECTION>_<FIELD> environment > --config file > defaults.
     Bad configuration prints one line and exits 2.
     """
+    api = collector_api("the collector needs its extra", "collector")
     try:
-        from loopwatch.collector.config import load_config
-        from loopwatch.collector.errors import ConfigError
-        from loopwatch.collector.service import StoreUnavailable, serve_forever
-    except ImportError as exc:
-        click.echo(
-            f"the collector needs its extra: pip install 'loopwatch[collector]' ({exc.name})",
-            err=True,
-        )
-        raise SystemExit(2) from None
-    overrides = collector_overrides(params)
-    try:
-        config = load_config(config_file, overrides=overrides)
-        serve_forever(config)
-    except ConfigError as exc:
+        api.serve_forever(api.load_config(config_file, overrides=collector_overrides(params)))
+    except api.ConfigError as exc:
         click.echo(f"loopwatch collector: configuration error: {exc}", err=True)
         raise SystemExit(2) from None
-    except (OSError, StoreUnavailable) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        click.echo(f"loopwatch collector: cannot start: {reason}", err=True)
+    except (OSError, api.StoreUnavailable) as exc:
+        click.echo(f"loopwatch collector: cannot start: {start_failure(exc)}", err=True)
         raise SystemExit(2) from None
 
 
@@ -83,19 +77,14 @@ def dashboard(
     try:
         from loopwatch.dashboard import run_dashboard
     except ImportError as exc:
-        click.echo(
-            f"the dashboard needs its extra: pip install 'loopwatch[dashboard]' ({exc.name})",
-            err=True,
-        )
-        raise SystemExit(2) from None
+        exit_missing_extra("the dashboard needs its extra", "dashboard", exc)
     try:
         code = run_dashboard(collector_url, db, host, port, token_file=token_file)
     except ValueError as exc:
         click.echo(f"loopwatch dashboard: {exc}", err=True)
         raise SystemExit(2) from None
     except ImportError:
-        click.echo("the dashboard needs its extra: pip install 'loopwatch[dashboard]'", err=True)
-        raise SystemExit(2) from None
+        exit_missing_extra("the dashboard needs its extra", "dashboard")
     raise SystemExit(code)
 
 

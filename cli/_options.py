@@ -1,19 +1,30 @@
-"""Collector options shared by ``loopwatch collector`` and ``loopwatch up``.
+"""What ``loopwatch collector`` and ``loopwatch up`` share: the collector's flags and API.
 
 One definition per flag, so the two commands cannot drift apart: each flag maps to one
 ``[section] field`` of the collector's TOML configuration, and :func:`collector_overrides`
 turns the parsed values into ``load_config``'s ``overrides`` (``None`` values, flags
-not given, leave the file, environment or default in place).
+not given, leave the file, environment or default in place). The collector itself is
+imported lazily (:func:`collector_api`), so the agent-side install runs the other
+commands; a missing extra prints its ``pip install`` line (:func:`exit_missing_extra`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from dataclasses import dataclass
+from typing import Any, Final, NoReturn, TypeVar
 
 import click
 
-__all__ = ["COLLECTOR_FLAGS", "collector_options", "collector_overrides"]
+__all__ = [
+    "COLLECTOR_FLAGS",
+    "CollectorApi",
+    "collector_api",
+    "collector_options",
+    "collector_overrides",
+    "exit_missing_extra",
+    "start_failure",
+]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -89,3 +100,36 @@ def collector_overrides(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for _flag, param, section, field, _metavar, _help in COLLECTOR_FLAGS:
         overrides.setdefault(section, {})[field] = params[param]
     return overrides
+
+
+def exit_missing_extra(what: str, extra: str, exc: ImportError | None = None) -> NoReturn:
+    """Print ``WHAT: pip install 'loopwatch[EXTRA]' (MODULE)`` on stderr and exit 2."""
+    missing = f" ({exc.name})" if exc is not None else ""
+    click.echo(f"{what}: pip install 'loopwatch[{extra}]'{missing}", err=True)
+    raise SystemExit(2)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorApi:
+    """The collector entry points the commands use (imported on demand)."""
+
+    load_config: Callable[..., Any]
+    serve_forever: Callable[..., Any]
+    ConfigError: type[Exception]
+    StoreUnavailable: type[Exception]
+
+
+def collector_api(what: str, extra: str) -> CollectorApi:
+    """The collector's entry points; exits 2 naming ``extra`` when it is not installed."""
+    try:
+        from loopwatch.collector.config import load_config
+        from loopwatch.collector.errors import ConfigError
+        from loopwatch.collector.service import StoreUnavailable, serve_forever
+    except ImportError as exc:
+        exit_missing_extra(what, extra, exc)
+    return CollectorApi(load_config, serve_forever, ConfigError, StoreUnavailable)
+
+
+def start_failure(exc: Exception) -> str:
+    """Why the collector could not start: an OS error's own words, else the message."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

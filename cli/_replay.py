@@ -1,4 +1,4 @@
-"""``loopwatch replay``: recorded trajectories through policies, offline (issue 5).
+"""``loopwatch replay``: recorded trajectories through policies, offline.
 
 Exit codes: 0 when at least one run was read and replayed (import problems with other
 files or records are printed to stderr, one line each, naming the file and the record);

@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import click
 
-from ._options import collector_options, collector_overrides
+from ._options import collector_api, collector_options, collector_overrides, start_failure
 
 __all__ = ["demo", "up"]
 
@@ -76,18 +76,14 @@ class _ProblemPrinter:
 def _send_demo(
     *,
     corpus: tuple[str, ...],
-    otlp_url: str | None,
-    policy: str | None,
-    speed: float,
-    limit: int | None,
-    capture_content: bool | None,
-    token: str | None,
-    run_prefix: str | None,
     verbose: bool,
-    stop: threading.Event | None = None,
     prefix: str = "loopwatch demo",
+    **options: Any,
 ) -> int:
-    """Run the demo and print its summary; returns the exit code (0, 1 or 2)."""
+    """Run the demo and print its summary; returns the exit code (0, 1 or 2).
+
+    ``options`` are :func:`loopwatch.replay.demo.run_demo`'s keyword arguments.
+    """
     try:
         from loopwatch.instrumentation import PolicyError
         from loopwatch.replay.demo import CollectorUnreachable, run_demo
@@ -96,18 +92,7 @@ def _send_demo(
         return 2
     problems = _ProblemPrinter(prefix)
     try:
-        report = run_demo(
-            list(corpus) or None,
-            otlp_url=otlp_url,
-            policy=policy,
-            speed=speed,
-            capture_content=capture_content,
-            token=token,
-            run_prefix=run_prefix,
-            limit=limit,
-            stop=stop,
-            on_problem=problems,
-        )
+        report = run_demo(list(corpus) or None, on_problem=problems, **options)
     except CollectorUnreachable as exc:
         click.echo(f"{prefix}: {exc}", err=True)
         return 1
@@ -175,35 +160,14 @@ _POLICY_HELP = (
 @click.option("--token-file", help="Bearer token file of a collector started with --token-file.")
 @click.option("--run-prefix", help="Run-id prefix (default demo-<6 hex digits>).")
 @click.option("-v", "--verbose", is_flag=True, help="One line per run: stop reason and run id.")
-def demo(
-    corpus: tuple[str, ...],
-    otlp_url: str | None,
-    policy: str | None,
-    speed: float,
-    limit: int | None,
-    capture_content: bool | None,
-    token_file: str | None,
-    run_prefix: str | None,
-    verbose: bool,
-) -> None:
+def demo(token_file: str | None, **options: Any) -> None:
     """Replay recorded trajectories through the real instrumentation into a collector.
 
     Each recorded run becomes a guarded run (decisions from a scripted model, recorded
     observations from the tools) whose spans go over OTLP/HTTP to a running collector.
     Prints runs sent, stops by reason and spans exported.
     """
-    code = _send_demo(
-        corpus=corpus,
-        otlp_url=otlp_url,
-        policy=policy,
-        speed=speed,
-        limit=limit,
-        capture_content=capture_content,
-        token=_read_token(token_file),
-        run_prefix=run_prefix,
-        verbose=verbose,
-    )
-    raise SystemExit(code)
+    raise SystemExit(_send_demo(token=_read_token(token_file), **options))
 
 
 # ------------------------------------------------------------------------- up
@@ -418,26 +382,16 @@ def up(
     before exiting, the dashboard child is terminated. --demo replays recorded runs
     into the collector once it is healthy (see loopwatch demo).
     """
-    try:
-        from loopwatch.collector.config import load_config
-        from loopwatch.collector.errors import ConfigError
-        from loopwatch.collector.service import StoreUnavailable, serve_forever
-    except ImportError as exc:
-        click.echo(
-            f"loopwatch up needs the collector extra: pip install 'loopwatch[all]' ({exc.name})",
-            err=True,
-        )
-        raise SystemExit(2) from None
+    api = collector_api("loopwatch up needs the collector extra", "all")
     if not 0 < dashboard_port < 65536:
         click.echo(
             f"loopwatch up: --dashboard-port must be in 1..65535, got {dashboard_port}", err=True
         )
         raise SystemExit(2)
-    overrides = collector_overrides(params)
     try:
-        config = load_config(config_file, overrides=overrides)
+        config = api.load_config(config_file, overrides=collector_overrides(params))
         token = config.token()
-    except ConfigError as exc:
+    except api.ConfigError as exc:
         click.echo(f"loopwatch up: configuration error: {exc}", err=True)
         raise SystemExit(2) from None
 
@@ -494,15 +448,14 @@ def up(
     companion.start()
     try:
         # The companion prints the URLs once everything is up (dashboard last).
-        serve_forever(config, ready=ready, announce=False)
+        api.serve_forever(config, ready=ready, announce=False)
     except KeyboardInterrupt:
         pass
-    except ConfigError as exc:
+    except api.ConfigError as exc:
         click.echo(f"loopwatch up: configuration error: {exc}", err=True)
         code = 2
-    except (OSError, StoreUnavailable) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        click.echo(f"loopwatch up: cannot start the collector: {reason}", err=True)
+    except (OSError, api.StoreUnavailable) as exc:
+        click.echo(f"loopwatch up: cannot start the collector: {start_failure(exc)}", err=True)
         code = 2
     finally:
         # Stopping already: a second Ctrl-C or SIGTERM must not cut the cleanup short

@@ -35,14 +35,12 @@ Replay rules (one place, so ``loopwatch demo`` is predictable):
 * the goal check is the recorded outcome: ``success`` passes, ``failure`` fails
   (``final_unverified``), ``unknown`` has no goal check.
 
-The shipped example runs (``replay/examples/*.json``) are in this module's own JSON
-form, ``loopwatch.trajectory/1`` (:mod:`loopwatch.replay.importers.native`; also read by
-``loopwatch replay``),
-which carries everything the data model holds plus, per run, the policy it was
-recorded under (``metadata.replay.policy``, a profile table of the policy file format)
-and its expected stop. They were recorded from
-:mod:`loopwatch.instrumentation.examples` (:func:`record_examples`): one run per stop
-reason, covering the seven adversarial tool shapes.
+The shipped example runs (:data:`EXAMPLES_DIR`, written by
+:mod:`loopwatch.replay.examples`) are in loopwatch's own JSON form,
+``loopwatch.trajectory/1`` (:mod:`loopwatch.replay.importers.native`; also read by
+``loopwatch replay``): one run per stop reason, covering the seven adversarial tool
+shapes, each with the policy it was recorded under (``metadata.replay.policy``).
+Sending the spans is :mod:`loopwatch.replay.export`.
 
 Example::
 
@@ -54,54 +52,34 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import json
-import os
 import re
 import secrets
-import sys
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final
 
-from loopwatch.instrumentation import (
-    Decision,
-    Outcome,
-    Policy,
-    PolicyError,
-    Run,
-    ToolFailure,
-    builtin_profiles,
-)
-from loopwatch.instrumentation import ToolCall as GuardToolCall
-from loopwatch.instrumentation.policy import policy_from_table
+from loopwatch.instrumentation import Decision, Outcome, Policy, Run, ToolFailure
 from loopwatch.instrumentation.testing import FakeClock, ScriptedModel
 
-from .engine import DEFAULT_POLICY_FILE, classify_recorded_error, default_policy, load_policy_spec
+from .examples import EXAMPLES_DIR, record_examples
+from .export import (
+    DEFAULT_OTLP_URL,
+    CollectorUnreachable,
+    SpanCounts,
+    check_collector,
+    counting_provider,
+    otlp_endpoint,
+)
 from .importers import ImportResult, load_paths, read_file
 from .importers.native import FORMAT, write_trajectories
 from .importers.native import NAME as NATIVE_FORMAT_NAME
-from .trajectory import (
-    AGENT,
-    FAILURE,
-    SUCCESS,
-    UNKNOWN,
-    USER,
-    ImportProblem,
-    Step,
-    ToolCall,
-    Trajectory,
-)
-
-if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from .policy_choice import DEFAULT_POLICY_FILE, recorded_policy, resolve_policy
+from .recorded import classify_recorded_error, decoded_observation, recorded_decision
+from .trajectory import AGENT, FAILURE, SUCCESS, ImportProblem, Step, ToolCall, Trajectory
 
 __all__ = [
     "CUT_OFF_STOP",
@@ -126,15 +104,6 @@ __all__ = [
     "write_trajectories",
 ]
 
-"""The ``format`` value of this module's own trajectory files."""
-
-EXAMPLES_DIR: Final = Path(__file__).resolve().parent / "examples"
-"""The shipped example runs (package data)."""
-
-
-DEFAULT_OTLP_URL: Final = "http://127.0.0.1:4318/v1/traces"
-"""The collector's default OTLP/HTTP traces URL."""
-
 MAX_SLEEP_SECONDS: Final = 5.0
 """With ``speed`` set, the longest real pause for one recorded gap (seconds)."""
 
@@ -146,18 +115,9 @@ CUT_OFF_STOP: Final = re.compile(
 ``too_many_errors``, ReAct ``HALTED``, OpenHands max iterations, tau-bench's inferred
 step cap): replayed as ``cancelled`` when the guard had not stopped the run first."""
 
-_RUN_ID_CHARS = re.compile(r"[^A-Za-z0-9._=:+-]+")
-_MAX_RUN_ID_PART = 120
-_SERVICE_NAME = "loopwatch-demo"
-_FLUSH_BACKLOG_SPANS = 4096
-_OTLP_HINT = "loopwatch demo needs the OTLP exporter: pip install 'loopwatch[otlp]'"
-
-
-class CollectorUnreachable(ConnectionError):
-    """The OTLP endpoint did not answer (connection refused, DNS, timeout).
-
-    The message is one line naming the URL and the cause.
-    """
+_RUN_ID_CHARS: Final = re.compile(r"[^A-Za-z0-9._=:+-]+")
+_MAX_RUN_ID_PART: Final = 120
+_FLUSH_BACKLOG_SPANS: Final = 4096
 
 
 def demo_run_id(prefix: str, index: int, trajectory: Trajectory) -> str:
@@ -169,73 +129,6 @@ def demo_run_id(prefix: str, index: int, trajectory: Trajectory) -> str:
     """
     part = _RUN_ID_CHARS.sub("-", trajectory.run_id).strip("-")[:_MAX_RUN_ID_PART]
     return f"{prefix}.{index:04d}.{part or 'run'}"
-
-
-# ------------------------------------------------------------------ policies
-
-
-def resolve_policy(spec: str | None = None) -> Policy:
-    """The replay policy, chosen as ``loopwatch replay`` chooses it.
-
-    Args:
-        spec: a built-in profile name (``investigate-readonly``...), or ``FILE[:PROFILE]``
-            as ``loopwatch replay --policy`` takes it (``default`` and ``seed`` name the
-            shipped files; without ``:PROFILE`` the file's first profile). None: the
-            first profile of :data:`~loopwatch.replay.engine.DEFAULT_POLICY_FILE`, or
-            the guard's default profile when that file is absent.
-
-    Raises:
-        PolicyError: unreadable or invalid file, unknown profile.
-    """
-    if spec is None:
-        return default_policy().policy if DEFAULT_POLICY_FILE.is_file() else Policy()
-    builtin = builtin_profiles()
-    if spec in builtin:
-        return builtin[spec]
-    return load_policy_spec(spec)[0].policy
-
-
-def _policy_from_table(table: Mapping[str, Any], where: str) -> Policy:
-    """A policy from a profile table of the policy file format (``name`` added), checked
-    by the policy file's own rules (every limit and tool setting).
-
-    Raises:
-        ValueError: not a valid profile (the message names ``where``).
-    """
-    raw = dict(table)
-    name = str(raw.pop("name", "recorded"))
-    raw["version"] = str(raw.get("version", "recorded"))
-    try:
-        return policy_from_table(name, raw, source=where)
-    except PolicyError as exc:
-        first = exc.problems[0] if exc.problems else None
-        why = f"{first.path}: {first.reason}" if first is not None else str(exc)
-        raise ValueError(f"{where}: invalid policy: {why[:200]}") from None
-
-
-def _policy_to_table(policy: Policy) -> dict[str, Any]:
-    """The limits set in ``policy`` (not the defaults) as a profile table."""
-    table: dict[str, Any] = {"name": policy.name, "version": policy.version}
-    for key, entry in policy.limits().items():
-        if entry["source"] != "default":
-            table[key] = entry["value"]
-    tools: dict[str, Any] = {}
-    for name, tp in policy.tools.items():
-        spec: dict[str, Any] = {"risk": tp.risk}
-        if tp.volatile:
-            spec["volatile"] = sorted(tp.volatile)
-        if tp.progress:
-            spec["progress"] = sorted(tp.progress)
-        for key in ("repeat_limit", "idempotency_key", "timeout_seconds"):
-            if getattr(tp, key) is not None:
-                spec[key] = getattr(tp, key)
-        tools[name] = spec
-    if tools:
-        table["tools"] = tools
-    return table
-
-
-# ------------------------------------------------------ own trajectory format
 
 
 def read_trajectories(path: str | Path) -> ImportResult:
@@ -263,9 +156,6 @@ def default_corpus(cwd: Path | None = None) -> Path | None:
     return None
 
 
-# --------------------------------------------------------------------- replay
-
-
 @dataclass(frozen=True)
 class ReplayedRun:
     """One replayed run: its new run id, the source run, and the guard's outcome."""
@@ -291,40 +181,19 @@ def _crash_exception(spec: Mapping[str, Any]) -> BaseException:
     return RuntimeError(f"{name}: {message}")
 
 
-def _observation_value(text: str | None) -> Any:
-    """The recorded observation as the tool's return value: parsed JSON when it is JSON
-    (so progress fields such as ``next_cursor`` are seen), else the text."""
-    if text is None:
-        return None
-    stripped = text.strip()
-    if stripped[:1] in ("{", "["):
-        try:
-            return json.loads(stripped)
-        except (ValueError, RecursionError):
-            return text
-    return text
-
-
 def _arguments(value: Any) -> dict[str, Any]:
     if isinstance(value, Mapping):
         return {str(k): v for k, v in value.items()}
     return {"arguments": value}
 
 
-def _decision_of(step: Step, last: bool) -> Decision:
-    usage: dict[str, Any] = {
+def _decision(step: Step, last: bool) -> Decision:
+    usage = {
         "input_tokens": step.input_tokens or 0,
         "output_tokens": step.output_tokens or 0,
         "cost_usd": step.cost_usd or 0.0,
     }
-    if step.tool_calls:
-        calls = [GuardToolCall(c.name, _arguments(c.arguments), c.call_id) for c in step.tool_calls]
-        return Decision.tool(*calls, **usage)
-    if last and step.decision == "final":
-        return Decision.final(step.text, **usage)
-    if last and step.decision == "refusal":
-        return Decision.refusal(step.text, **usage)
-    return Decision.message(step.text, **usage)
+    return recorded_decision(step, last=last, usage=usage, arguments=_arguments)
 
 
 def _replay_settings(trajectory: Trajectory) -> Mapping[str, Any]:
@@ -394,9 +263,9 @@ def replay_trajectory(
         ValueError: the run's recorded policy is invalid.
     """
     settings = _replay_settings(trajectory)
-    recorded_policy = settings.get("policy")
-    if isinstance(recorded_policy, Mapping) and not policy_override:
-        policy = _policy_from_table(recorded_policy, f"{trajectory.source}: {trajectory.run_id}")
+    recorded = settings.get("policy")
+    if isinstance(recorded, Mapping) and not policy_override:
+        policy = recorded_policy(recorded, f"{trajectory.source}: {trajectory.run_id}")
     mode = "observe" if settings.get("mode") == "observe" else "enforce"
     goal: Callable[[Any], bool] | None = None
     if trajectory.recorded_outcome in (SUCCESS, FAILURE):
@@ -414,9 +283,7 @@ def replay_trajectory(
         return answer
 
     last = len(agent_steps) - 1
-    model = ScriptedModel(
-        [scripted(s, _decision_of(s, i == last)) for i, s in enumerate(agent_steps)]
-    )
+    model = ScriptedModel([scripted(s, _decision(s, i == last)) for i, s in enumerate(agent_steps)])
     run = Run(
         trajectory.agent,
         policy.with_env({}),  # recorded runs replay as recorded, whatever the shell sets
@@ -431,14 +298,14 @@ def replay_trajectory(
     crash = settings.get("crash")
     crash_exc = _crash_exception(crash) if isinstance(crash, Mapping) else None
     try:
-        _drive(run, trajectory, model, timeline, crash_exc)
+        _play(run, trajectory, model, timeline, crash_exc)
     except BaseException as exc:
         if crash_exc is None or exc is not crash_exc:
             raise
     return run.outcome
 
 
-def _drive(
+def _play(
     run: Run,
     trajectory: Trajectory,
     model: ScriptedModel,
@@ -486,137 +353,9 @@ def _recorded_tool(recorded: ToolCall) -> Callable[..., Any]:
                 (recorded.observation or "recorded error")[:200],
                 classify_recorded_error(recorded.observation),
             )
-        return _observation_value(recorded.observation)
+        return decoded_observation(recorded.observation)
 
     return tool
-
-
-# ----------------------------------------------------------------- exporting
-
-
-class _Counts:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.ended = 0
-        self.exported = 0
-        self.failed = 0
-        self.first_error: str | None = None
-
-
-def _counting_exporter(inner: SpanExporter, counts: _Counts) -> SpanExporter:
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-    class CountingExporter(SpanExporter):
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            result = inner.export(spans)
-            with counts.lock:
-                if result == SpanExportResult.SUCCESS:
-                    counts.exported += len(spans)
-                else:
-                    counts.failed += len(spans)
-            return result
-
-        def shutdown(self) -> None:
-            inner.shutdown()
-
-        def force_flush(self, timeout_millis: int = 30_000) -> bool:
-            return inner.force_flush(timeout_millis)
-
-    return CountingExporter()
-
-
-def _provider(
-    otlp_url: str, counts: _Counts, token: str | None, timeout_seconds: float
-) -> tuple[TracerProvider, SpanExporter]:
-    """The demo's tracer provider and its OTLP exporter (shut the exporter down first to
-    abandon queued spans: its retries stop and later exports fail at once)."""
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError as exc:
-        raise ImportError(_OTLP_HINT) from exc
-
-    class EndCounter(SpanProcessor):
-        def on_end(self, span: ReadableSpan) -> None:
-            with counts.lock:
-                counts.ended += 1
-
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    # run_demo shuts the provider down itself; an atexit flush towards a collector that
-    # is already gone would only delay the exit of ``loopwatch up``.
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": _SERVICE_NAME}), shutdown_on_exit=False
-    )
-    provider.add_span_processor(EndCounter())
-    exporter = OTLPSpanExporter(endpoint=otlp_url, headers=headers, timeout=timeout_seconds)
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            _counting_exporter(exporter, counts),
-            max_queue_size=1 << 16,
-            schedule_delay_millis=200,
-            max_export_batch_size=512,
-        )
-    )
-    return provider, exporter
-
-
-def otlp_endpoint(url: str | None) -> str:
-    """The traces URL: ``url``, else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``, else the local default
-    ``http://127.0.0.1:4318/v1/traces`` (the OpenTelemetry exporter variables, read as
-    :func:`loopwatch.instrumentation.otlp.configure_otlp` reads them). A ``url`` with no
-    path (``http://127.0.0.1:4318``) is a base endpoint and gets ``/v1/traces``, as
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` does (OTLP exporter specification)."""
-    if url:
-        if urllib.parse.urlsplit(url).path in ("", "/"):
-            return url.rstrip("/") + "/v1/traces"
-        return url
-    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-    return traces or (
-        base.rstrip("/") + "/v1/traces" if base else "http://127.0.0.1:4318/v1/traces"
-    )
-
-
-def check_collector(
-    otlp_url: str, *, token: str | None = None, timeout_seconds: float = 5.0
-) -> None:
-    """Send an empty OTLP/HTTP export request; any HTTP answer but 401/403 means reachable.
-
-    Raises:
-        CollectorUnreachable: no connection, or the collector refused the token (one-line
-            message naming the URL).
-    """
-    request = urllib.request.Request(
-        otlp_url,
-        data=b"",
-        method="POST",
-        headers={
-            "Content-Type": "application/x-protobuf",
-            **({"Authorization": f"Bearer {token}"} if token else {}),
-        },
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_seconds):
-            return
-    except urllib.error.HTTPError as exc:
-        if exc.code in (401, 403):
-            raise CollectorUnreachable(
-                f"the collector at {otlp_url} refused the request ({exc.code}): pass --token-file"
-            ) from None
-        return
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        text = getattr(reason, "strerror", None) or str(reason)
-        raise CollectorUnreachable(
-            f"cannot reach the collector at {otlp_url}: {text}"
-            " (start one with `loopwatch collector` or `loopwatch up`)"
-        ) from None
-
-
-# ----------------------------------------------------------------------- demo
 
 
 @dataclass
@@ -742,8 +481,8 @@ def run_demo(
     if limit is not None:
         trajectories = trajectories[: max(limit, 0)]
     check_collector(url, token=token, timeout_seconds=min(timeout_seconds, 5.0))
-    counts = _Counts()
-    provider, exporter = _provider(url, counts, token, timeout_seconds)
+    counts = SpanCounts()
+    provider, exporter = counting_provider(url, counts, token, timeout_seconds)
     prefix = run_prefix or f"demo-{secrets.token_hex(3)}"
     abandon = False
     try:
@@ -789,186 +528,3 @@ def run_demo(
         report.spans_exported = counts.exported
         report.spans_failed = counts.failed
     return report
-
-
-# ------------------------------------------------------------------ examples
-
-
-def record_examples(directory: str | Path = EXAMPLES_DIR) -> list[Path]:
-    """Record :mod:`loopwatch.instrumentation.examples` as trajectory files (one per example).
-
-    Each example's scripted model and adversarial tools run unguarded (``observe`` mode,
-    fake clock), every decision, observation and error is recorded with its clock time,
-    and the run is written with the example's policy and expected stop in
-    ``metadata.replay``. A cancelled run and a crashing loop are added by hand. Returns
-    the files written.
-    """
-    from loopwatch.instrumentation.examples import EXAMPLES
-
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for number, example in enumerate(EXAMPLES, start=1):
-        trajectory = _record(example, number)
-        slug = _RUN_ID_CHARS.sub("-", example.name.lower()).strip("-")[:28].rstrip("-")
-        path = out / f"{number:02d}-{example.expected}-{slug}.json"
-        write_trajectories(path, [trajectory])
-        written.append(path)
-    extra = _hand_made(len(EXAMPLES) + 1)
-    for number, (expected, trajectory) in enumerate(extra, start=len(EXAMPLES) + 1):
-        path = out / f"{number:02d}-{expected}.json"
-        write_trajectories(path, [trajectory])
-        written.append(path)
-    return written
-
-
-_EPOCH: Final = 1_764_460_800.0  # 2025-11-30T00:00:00Z: recorded times start here
-
-
-def _json_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def _record(example: Any, number: int) -> Trajectory:
-    clock = FakeClock(start=0.0)
-    script = example.script()
-    model = ScriptedModel(script, tick=clock, seconds_per_call=example.clock_seconds_per_turn)
-    tools = example.tools()
-    # The task arrives at clock 0: the recorded timeline starts with the run.
-    steps: list[Step] = [Step(0, USER, "message", example.name, (), _EPOCH)]
-    policy = example.policy.with_env({})  # the example's stop, whatever the shell sets
-    run = Run(example.agent, policy, mode="observe", tools=tools or None, clock=clock)
-    with run:
-        while model.calls < len(script):
-            decision = run.decide(model)
-            now = _EPOCH + clock()
-            calls = []
-            for call in decision.tool_calls:
-                started = _EPOCH + clock()
-                try:
-                    result = run.call_tool(call.name, call.arguments, call_id=call.call_id)
-                    observation, error = _json_text(result), False
-                except (ToolFailure, TimeoutError) as exc:
-                    observation, error = f"{type(exc).__name__}: {exc}", True
-                calls.append(
-                    ToolCall(
-                        call.name,
-                        dict(call.arguments),
-                        observation,
-                        error,
-                        started_at=started,
-                        ended_at=_EPOCH + clock(),
-                    )
-                )
-            kind = decision.type.value
-            text = decision.text if kind != "final" else str(decision.answer)
-            steps.append(
-                Step(
-                    len(steps),
-                    AGENT,
-                    kind,
-                    text,
-                    tuple(calls),
-                    now,
-                    decision.input_tokens or None,
-                    decision.output_tokens or None,
-                    decision.cost_usd or None,
-                )
-            )
-            if kind in ("final", "refusal"):
-                break
-    for tool in tools.values():
-        release = getattr(tool, "release", None)
-        if callable(release):
-            release()
-    ended_by_agent = steps and steps[-1].decision in ("final", "refusal")
-    outcome: Literal["success", "failure", "unknown"] = UNKNOWN
-    if example.goal is not None and steps and steps[-1].decision == "final":
-        outcome = SUCCESS if example.goal(steps[-1].text) else FAILURE
-    replay: dict[str, Any] = {
-        "policy": _policy_to_table(example.policy),
-        "expected_stop": example.expected,
-        "example": example.name,
-    }
-    if example.mode == "observe":
-        replay["mode"] = "observe"
-    return Trajectory(
-        source="",
-        run_id=f"example-{number:02d}",
-        format="loopwatch",
-        steps=tuple(steps),
-        recorded_outcome=outcome,
-        recorded_stop=None if ended_by_agent else "max_steps",
-        recorded_stop_kind="explicit",
-        agent=example.agent,
-        model="scripted",
-        metadata={"replay": replay},
-    )
-
-
-def _hand_made(first: int) -> list[tuple[str, Trajectory]]:
-    """The cancelled run and the crashing loop of ``run_examples`` as trajectories."""
-    search = ToolCall(
-        "search_orders",
-        {"query": "x"},
-        '{"items":["x-0","x-1","x-2"],"next_cursor":null}',
-        started_at=_EPOCH + 1,
-        ended_at=_EPOCH + 1.2,
-    )
-    step = Step(0, AGENT, "tool", None, (search,), _EPOCH + 1, 850, 40, 0.0012)
-    default = {"name": "default", "version": "builtin"}
-    cancelled = Trajectory(
-        source="",
-        run_id=f"example-{first:02d}",
-        format="loopwatch",
-        steps=(step,),
-        recorded_stop="cancelled",
-        recorded_stop_kind="explicit",
-        agent="support",
-        model="scripted",
-        metadata={
-            "replay": {
-                "policy": default,
-                "expected_stop": "cancelled",
-                "example": "cancelled by the caller",
-            }
-        },
-    )
-    crashed = Trajectory(
-        source="",
-        run_id=f"example-{first + 1:02d}",
-        format="loopwatch",
-        steps=(Step(0, AGENT, "tool", None, (search,), _EPOCH + 1, 850, 40, 0.0012),),
-        recorded_stop="error",
-        recorded_stop_kind="explicit",
-        agent="support",
-        model="scripted",
-        metadata={
-            "replay": {
-                "policy": default,
-                "expected_stop": "error",
-                "example": "the loop itself crashes",
-                "crash": {
-                    "type": "ConnectionResetError",
-                    "message": "vector store connection lost",
-                },
-            }
-        },
-    )
-    return [("cancelled", cancelled), ("error", crashed)]
-
-
-def _examples_main(argv: Sequence[str]) -> int:
-    """``python -m loopwatch.replay.demo record-examples [DIR]``: rewrite the example files."""
-    if not argv or argv[0] != "record-examples":
-        print("usage: python -m loopwatch.replay.demo record-examples [DIR]", file=sys.stderr)
-        return 2
-    for path in record_examples(argv[1] if len(argv) > 1 else EXAMPLES_DIR):
-        print(path)
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(_examples_main(sys.argv[1:]))

@@ -42,10 +42,12 @@ __all__ = [
 AGENT: Final = "agent"
 USER: Final = "user"
 ENVIRONMENT: Final = "environment"
+"""Whose turn a step is (:attr:`Step.actor`)."""
 
 SUCCESS: Final = "success"
 FAILURE: Final = "failure"
 UNKNOWN: Final = "unknown"
+"""How the source says the run ended (:attr:`Trajectory.recorded_outcome`)."""
 
 Actor = Literal["agent", "user", "environment"]
 DecisionKindName = Literal["tool", "final", "refusal", "message"]

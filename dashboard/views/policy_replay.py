@@ -33,9 +33,9 @@ from loopwatch.replay.engine import (
     load_policy_spec,
     replay,
     summarize,
-    trajectory_from_stored,
     unique_labels,
 )
+from loopwatch.replay.importers.stored import trajectory_from_stored
 from loopwatch.replay.trajectory import Trajectory
 
 ANY = "(any)"

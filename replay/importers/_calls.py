@@ -12,11 +12,40 @@ turn that share an id are answered in the order they were made, as their results
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
-__all__ = ["OpenCalls"]
+from ..trajectory import ToolCall
+
+__all__ = ["CallDraft", "OpenCalls"]
 
 T = TypeVar("T")
+
+
+@dataclass
+class CallDraft:
+    """A recorded tool call while its file is read: the result and its times come later."""
+
+    name: str
+    arguments: Any
+    call_id: str | None
+    observation: str | None = None
+    error: bool = False
+    answered: bool = False
+    started_at: float | None = None
+    ended_at: float | None = None
+
+    def recorded(self) -> ToolCall:
+        """The call as the data model holds it."""
+        return ToolCall(
+            self.name,
+            self.arguments,
+            self.observation,
+            self.error,
+            self.call_id,
+            self.started_at,
+            self.ended_at,
+        )
 
 
 class OpenCalls(Generic[T]):

@@ -9,8 +9,10 @@ the record (naming the field) instead.
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+# One wording for a huge integer, in policy problems and import problems alike.
+from loopwatch.instrumentation.policy import _describe_int as describe_int
 
 __all__ = ["check_fits", "describe_int", "too_large"]
 
@@ -25,16 +27,6 @@ def too_large(value: Any) -> bool:
     except OverflowError:
         return True
     return False
-
-
-def describe_int(value: int) -> str:
-    """A huge integer by its size: printed whole it is unreadable (and past 4,300 digits
-    ``str()`` itself raises)."""
-    try:
-        digits = len(str(abs(value)))
-    except ValueError:
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-    return f"a {digits}-digit integer"
 
 
 def check_fits(value: Any, where: str, *, error: type[ValueError] = ValueError) -> None:

@@ -59,30 +59,17 @@ the other runs of the file are still read.
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from loopwatch.replay.importers import Document
-from loopwatch.replay.importers._calls import OpenCalls
-from loopwatch.replay.importers._numbers import check_fits
-from loopwatch.replay.trajectory import (
-    AGENT,
-    FAILURE,
-    SUCCESS,
-    UNKNOWN,
-    USER,
-    DecisionKindName,
-    ImportProblem,
-    Outcome,
-    Step,
-    ToolCall,
-    Trajectory,
-)
+from ..trajectory import AGENT, USER, DecisionKindName, ImportProblem, Step, Trajectory
+from . import Document
+from ._calls import CallDraft, OpenCalls
+from ._fields import Malformed, finite_float, recorded_arguments, reward_outcome, text_of
+from ._numbers import check_fits
 
 __all__ = ["IMPORTER", "ChatImporter"]
 
@@ -97,10 +84,6 @@ ERROR_PREFIX: Final = "Error"
 _ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _SKIPPED_ROLES: Final = frozenset({"system", "developer"})
 _TAU_FILE: Final = re.compile(r"^(?P<model>.+)-(?P<env>airline|retail)$")
-
-
-class _Malformed(ValueError):
-    """One run cannot be read; the message says where inside it."""
 
 
 class ChatImporter:
@@ -158,7 +141,7 @@ class ChatImporter:
                 run = _trajectory(
                     record, source, default_id=default_id, index=index, labels=labels, pairs=pairs
                 )
-            except _Malformed as exc:
+            except Malformed as exc:
                 yield ImportProblem(source, where, str(exc))
                 continue
             if run.run_id in seen:  # two records with the same ``id``
@@ -213,13 +196,13 @@ def _trajectory(
     if not isinstance(record, dict):
         error = getattr(record, "message", None)  # a JSON Lines line that did not parse
         if isinstance(error, str):
-            raise _Malformed(f"not valid JSON: {error}")
-        raise _Malformed(f"a record must be an object, got {type(record).__name__}")
+            raise Malformed(f"not valid JSON: {error}")
+        raise Malformed(f"a record must be an object, got {type(record).__name__}")
     tau = "traj" in record
     key = "traj" if tau else "messages"
     messages = record.get(key)
     if not isinstance(messages, list):
-        raise _Malformed(f"'{key}' is missing or not a list")
+        raise Malformed(f"'{key}' is missing or not a list")
 
     steps, last_user_text, last_call = _steps(messages, key)
     stop: str | None = None
@@ -239,11 +222,8 @@ def _trajectory(
     )
     steps = _mark_final(steps, ended_normally=ended_normally)
 
-    check_fits(record.get("reward"), "reward", error=_Malformed)
-    reward = _reward(record.get("reward"))
-    outcome: Outcome = UNKNOWN
-    if reward is not None:
-        outcome = SUCCESS if reward == 1.0 else FAILURE
+    check_fits(record.get("reward"), "reward", error=Malformed)
+    reward = finite_float(record.get("reward"))
     metadata: dict[str, Any] = {}
     if tau:
         task_id, trial = _tau_pair(record)
@@ -258,14 +238,12 @@ def _trajectory(
         agent_field, model_field = record.get("agent"), record.get("model")
         agent = agent_field if isinstance(agent_field, str) and agent_field else "chat"
         model = model_field if isinstance(model_field, str) and model_field else None
-    if reward is not None:
-        metadata["reward"] = reward
     return Trajectory(
         source=source,
         run_id=run_id,
         format=IMPORTER.name,
         steps=tuple(steps),
-        recorded_outcome=outcome,
+        recorded_outcome=reward_outcome(reward, metadata),
         recorded_stop=stop,
         recorded_stop_kind="inferred",
         agent=agent,
@@ -275,36 +253,26 @@ def _trajectory(
 
 
 @dataclass
-class _Call:
-    name: str
-    arguments: Any
-    call_id: str | None
-    observation: str | None = None
-    error: bool = False
-    answered: bool = False
-
-
-@dataclass
 class _Draft:
     actor: str
     text: str | None
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[CallDraft] = field(default_factory=list)
     refusal: bool = False
 
 
 def _steps(messages: list[Any], key: str) -> tuple[list[Step], str | None, str | None]:
     """Steps, the last user message's text and the last tool call's name."""
     drafts: list[_Draft] = []
-    by_id: OpenCalls[_Call] = OpenCalls()
+    by_id: OpenCalls[CallDraft] = OpenCalls()
     last_user_text: str | None = None
     last_call: str | None = None
     for index, message in enumerate(messages):
         where = f"{key}[{index}]"
         if not isinstance(message, dict):
-            raise _Malformed(f"{where} is not an object")
+            raise Malformed(f"{where} is not an object")
         role = message.get("role")
         if not isinstance(role, str) or role not in _ROLES:
-            raise _Malformed(f"{where}: unknown role {role!r}")
+            raise Malformed(f"{where}: unknown role {role!r}")
         if role in _SKIPPED_ROLES:
             continue
         text = _content(message.get("content"))
@@ -327,9 +295,7 @@ def _steps(messages: list[Any], key: str) -> tuple[list[Step], str | None, str |
             actor=AGENT if d.actor == AGENT else USER,
             decision=_decision(d),
             text=d.text,
-            tool_calls=tuple(
-                ToolCall(c.name, c.arguments, c.observation, c.error, c.call_id) for c in d.calls
-            ),
+            tool_calls=tuple(c.recorded() for c in d.calls),
         )
         for i, d in enumerate(drafts)
     ]
@@ -356,33 +322,33 @@ def _mark_final(steps: list[Step], *, ended_normally: bool) -> list[Step]:
     return steps
 
 
-def _calls(message: Mapping[str, Any], where: str) -> list[_Call]:
+def _calls(message: Mapping[str, Any], where: str) -> list[CallDraft]:
     raw = message.get("tool_calls")
-    calls: list[_Call] = []
+    calls: list[CallDraft] = []
     if raw is not None:
         if not isinstance(raw, list):
-            raise _Malformed(f"{where}: 'tool_calls' is not a list")
+            raise Malformed(f"{where}: 'tool_calls' is not a list")
         for position, item in enumerate(raw):
             at = f"{where}: tool_calls[{position}]"
             if not isinstance(item, dict):
-                raise _Malformed(f"{at} is not an object")
+                raise Malformed(f"{at} is not an object")
             function = item.get("function")
             if not isinstance(function, dict):
-                raise _Malformed(f"{at} has no 'function' object")
+                raise Malformed(f"{at} has no 'function' object")
             name = function.get("name")
             if not isinstance(name, str) or not name:
-                raise _Malformed(f"{at} has no name")
+                raise Malformed(f"{at} has no name")
             call_id = item.get("id")
             call_id = call_id if isinstance(call_id, str) and call_id else None
-            calls.append(_Call(name, _arguments(function.get("arguments")), call_id))
+            calls.append(CallDraft(name, recorded_arguments(function.get("arguments")), call_id))
     legacy = message.get("function_call")
     if legacy is not None:
         if not isinstance(legacy, dict):
-            raise _Malformed(f"{where}: 'function_call' is not an object")
+            raise Malformed(f"{where}: 'function_call' is not an object")
         name = legacy.get("name")
         if not isinstance(name, str) or not name:
-            raise _Malformed(f"{where}: function_call has no name")
-        calls.append(_Call(name, _arguments(legacy.get("arguments")), None))
+            raise Malformed(f"{where}: function_call has no name")
+        calls.append(CallDraft(name, recorded_arguments(legacy.get("arguments")), None))
     return calls
 
 
@@ -393,29 +359,29 @@ def _answer(
     text: str | None,
     *,
     drafts: list[_Draft],
-    by_id: OpenCalls[_Call],
+    by_id: OpenCalls[CallDraft],
 ) -> None:
     """Attach a ``tool`` / ``function`` message to the call it answers."""
-    call: _Call | None = None
+    call: CallDraft | None = None
     if role == "tool":
         call_id = message.get("tool_call_id")
         if isinstance(call_id, str) and call_id:
             call = by_id.answer(call_id)
             if call is None or call.answered:
-                raise _Malformed(f"{where}: tool result {call_id!r} answers no earlier call")
+                raise Malformed(f"{where}: tool result {call_id!r} answers no earlier call")
         else:
             call = _oldest_unanswered(drafts, None)
     else:
         name = message.get("name")
         call = _oldest_unanswered(drafts, name if isinstance(name, str) else None)
     if call is None:
-        raise _Malformed(f"{where}: {role} result answers no earlier call")
+        raise Malformed(f"{where}: {role} result answers no earlier call")
     call.answered = True
     call.observation = text
     call.error = text is not None and text.startswith(ERROR_PREFIX)
 
 
-def _oldest_unanswered(drafts: list[_Draft], name: str | None) -> _Call | None:
+def _oldest_unanswered(drafts: list[_Draft], name: str | None) -> CallDraft | None:
     for draft in reversed(drafts):
         if draft.actor != AGENT:
             continue
@@ -424,18 +390,6 @@ def _oldest_unanswered(drafts: list[_Draft], name: str | None) -> _Call | None:
                 return call
         return None
     return None
-
-
-def _arguments(raw: Any) -> Any:
-    """Decoded JSON-string arguments; the raw string when not valid JSON; ``{}`` if absent."""
-    if raw is None:
-        return {}
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except (ValueError, RecursionError):
-            return raw
-    return raw
 
 
 def _content(value: Any) -> str | None:
@@ -449,17 +403,7 @@ def _content(value: Any) -> str | None:
             if isinstance(part, dict) and isinstance(part.get("text"), str)
         ]
         return "\n".join(texts) if texts else None
-    try:
-        return json.dumps(value, sort_keys=True, default=str)
-    except (ValueError, RecursionError):
-        return f"<unprintable {type(value).__name__}>"
-
-
-def _reward(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
+    return text_of(value)
 
 
 IMPORTER: Final = ChatImporter()

@@ -26,17 +26,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from loopwatch.replay.importers import Document
-from loopwatch.replay.importers._numbers import check_fits
-from loopwatch.replay.trajectory import (
-    FAILURE,
-    SUCCESS,
-    UNKNOWN,
-    ImportProblem,
-    Step,
-    ToolCall,
-    Trajectory,
-)
+from ..trajectory import FAILURE, SUCCESS, UNKNOWN, ImportProblem, Step, ToolCall, Trajectory
+from . import Document
+from ._numbers import check_fits
 
 __all__ = ["FORMAT", "IMPORTER", "NAME", "write_trajectories"]
 

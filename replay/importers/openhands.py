@@ -58,17 +58,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Final
 
-from loopwatch.replay.importers import Document
-from loopwatch.replay.importers._numbers import check_fits
-from loopwatch.replay.trajectory import (
+from ..trajectory import (
     AGENT,
     ENVIRONMENT,
-    FAILURE,
-    SUCCESS,
-    UNKNOWN,
     USER,
     Actor,
     DecisionKindName,
@@ -79,6 +73,9 @@ from loopwatch.replay.trajectory import (
     ToolCall,
     Trajectory,
 )
+from . import Document
+from ._fields import Malformed, int_or_none, iso_seconds, outcome_of
+from ._numbers import check_fits
 
 __all__ = ["BOOKKEEPING_KEYS", "IMPORTER", "OpenHandsImporter"]
 
@@ -107,10 +104,6 @@ _SKIPPED_OBSERVATIONS: Final = frozenset({"null", "agent_state_changed", "recall
 _ERROR_PREFIX: Final = "ERROR:"
 _MAX_ITERATIONS = re.compile(r"maximum iteration", re.IGNORECASE)
 _SAMPLE_EVENTS: Final = 20
-
-
-class _Malformed(ValueError):
-    pass
 
 
 class OpenHandsImporter:
@@ -143,7 +136,7 @@ class OpenHandsImporter:
                 )
             try:
                 yield _build(source, doc.path.stem, data, {}, line=None)
-            except _Malformed as exc:
+            except Malformed as exc:
                 yield ImportProblem(source, "file", str(exc))
             return
         if isinstance(data, dict):
@@ -171,7 +164,7 @@ class OpenHandsImporter:
             seen.add(run_id)
             try:
                 yield _build(source, run_id, history, record, line=number)
-            except _Malformed as exc:
+            except Malformed as exc:
                 yield ImportProblem(source, where, str(exc))
 
 
@@ -232,7 +225,7 @@ def _build(
     trailing_state: str | None = None
     for position, event in enumerate(history):
         if not isinstance(event, dict):
-            raise _Malformed(f"history[{position}]: event is {type(event).__name__}, not an object")
+            raise Malformed(f"history[{position}]: event is {type(event).__name__}, not an object")
         action = event.get("action")
         observation = event.get("observation")
         if isinstance(observation, str):
@@ -355,7 +348,7 @@ def _build(
     if error_text is not None:
         extra["error"] = error_text
     if run_metadata.get("max_iterations") is not None:
-        extra["max_iterations"] = _int(run_metadata.get("max_iterations"))
+        extra["max_iterations"] = int_or_none(run_metadata.get("max_iterations"))
     return Trajectory(
         source=source,
         run_id=run_id,
@@ -392,11 +385,9 @@ def _outcome(record: Mapping[str, Any]) -> Outcome:
             result.get("resolved"),
         ):
             if isinstance(verdict, bool):
-                return SUCCESS if verdict else FAILURE
+                return outcome_of(verdict)
     success = record.get("success")
-    if isinstance(success, bool):
-        return SUCCESS if success else FAILURE
-    return UNKNOWN
+    return outcome_of(success if isinstance(success, bool) else None)
 
 
 def _state(event: Mapping[str, Any]) -> str | None:
@@ -410,10 +401,10 @@ def _exit_code(event: Mapping[str, Any]) -> int | None:
     if isinstance(extras, Mapping):
         meta = extras.get("metadata")
         if isinstance(meta, Mapping) and meta.get("exit_code") is not None:
-            return _int(meta.get("exit_code"))
+            return int_or_none(meta.get("exit_code"))
         if extras.get("exit_code") is not None:
-            return _int(extras.get("exit_code"))
-    return _int(event.get("exit_code"))
+            return int_or_none(extras.get("exit_code"))
+    return int_or_none(event.get("exit_code"))
 
 
 def _timestamp(value: Any) -> float | None:
@@ -424,15 +415,7 @@ def _timestamp(value: Any) -> float | None:
             return float(value)
         except OverflowError:
             return None
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+    return iso_seconds(value)
 
 
 def _text(value: Any) -> str:
@@ -442,22 +425,9 @@ def _text(value: Any) -> str:
 def _tokens(value: Any, where: str) -> int | None:
     """A token count (a number or a numeric string); one too large for a float makes
     the run unreadable (the guard adds counts up as floats)."""
-    count = _int(value)
-    check_fits(count, where, error=_Malformed)
+    count = int_or_none(value)
+    check_fits(count, where, error=Malformed)
     return count
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return None
-    return None
 
 
 IMPORTER: Final = OpenHandsImporter()

@@ -55,22 +55,26 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from loopwatch.instrumentation import StopReason
 from loopwatch.instrumentation import _semconv as sc
 from loopwatch.replay.importers import Document
-from loopwatch.replay.importers._calls import OpenCalls
+from loopwatch.replay.importers._calls import CallDraft, OpenCalls
+from loopwatch.replay.importers._fields import (
+    Malformed,
+    finite_float,
+    json_or_text,
+    outcome_of,
+    text_of,
+)
 from loopwatch.replay.importers._numbers import check_fits, describe_int
 from loopwatch.replay.trajectory import (
     AGENT,
-    FAILURE,
-    SUCCESS,
-    UNKNOWN,
     DecisionKindName,
     ImportProblem,
     Outcome,
@@ -80,9 +84,6 @@ from loopwatch.replay.trajectory import (
 )
 
 __all__ = ["IMPORTER", "OtlpJsonImporter"]
-
-COMPLETED: Final = "completed"
-"""The loopwatch stop reason of a run that ended with a verified final answer."""
 
 _DECISIONS: Final = frozenset({"tool", "final", "refusal", "message"})
 _MODEL_OPERATIONS: Final = frozenset({sc.OP_CHAT, "text_completion", "generate_content"})
@@ -105,10 +106,6 @@ _AGENT_SPAN: Final = 1
 _MODEL_SPAN: Final = 2
 _TOOL_SPAN: Final = 3
 _OTHER_SPAN: Final = 0
-
-
-class _Malformed(ValueError):
-    """One span (or request line) cannot be read."""
 
 
 @dataclass(slots=True)
@@ -203,13 +200,13 @@ def _spans(request: Any, prefix: str) -> Iterator[_Span | tuple[str, str]]:
         where_rs = f"{prefix}resourceSpans[{i}]"
         try:
             if not isinstance(resource_spans, dict):
-                raise _Malformed("not an object")
+                raise Malformed("not an object")
             resource = resource_spans.get("resource") or {}
             if not isinstance(resource, dict):
-                raise _Malformed("'resource' is not an object")
+                raise Malformed("'resource' is not an object")
             resource_attrs = _attributes(resource.get("attributes"))
             scope_spans = _list(resource_spans.get("scopeSpans"), "scopeSpans")
-        except _Malformed as exc:
+        except Malformed as exc:
             yield (where_rs, str(exc))
             continue
         for j, scope in enumerate(scope_spans):
@@ -219,14 +216,14 @@ def _spans(request: Any, prefix: str) -> Iterator[_Span | tuple[str, str]]:
                 continue
             try:
                 spans = _list(scope.get("spans"), "spans")
-            except _Malformed as exc:
+            except Malformed as exc:
                 yield (where_ss, str(exc))
                 continue
             for k, raw in enumerate(spans):
                 where = f"{where_ss}.spans[{k}]"
                 try:
                     yield _span(raw, where, order, resource_attrs)
-                except _Malformed as exc:
+                except Malformed as exc:
                     yield (where, str(exc))
                 order += 1
 
@@ -235,16 +232,16 @@ def _list(value: Any, name: str) -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _Malformed(f"'{name}' is not a list")
+        raise Malformed(f"'{name}' is not a list")
     return value
 
 
 def _span(raw: Any, where: str, order: int, resource: dict[str, Any]) -> _Span:
     if not isinstance(raw, dict):
-        raise _Malformed("not an object")
+        raise Malformed("not an object")
     trace_id = raw.get("traceId")
     if not isinstance(trace_id, str) or not trace_id:
-        raise _Malformed("no traceId")
+        raise Malformed("no traceId")
     span_id = raw.get("spanId")
     name = raw.get("name")
     status = raw.get("status")
@@ -280,15 +277,15 @@ def _attributes(raw: Any) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, list):
-        raise _Malformed("'attributes' is not a list")
+        raise Malformed("'attributes' is not a list")
     attrs: dict[str, Any] = {}
     for index, item in enumerate(raw):
         if not isinstance(item, dict) or not isinstance(item.get("key"), str):
-            raise _Malformed(f"attributes[{index}] is not a {{key, value}} pair")
+            raise Malformed(f"attributes[{index}] is not a {{key, value}} pair")
         try:
             attrs[item["key"]] = _value(item.get("value"), 0)
-        except _Malformed as exc:
-            raise _Malformed(f"attributes[{index}] ({item['key']}): {exc}") from None
+        except Malformed as exc:
+            raise Malformed(f"attributes[{index}] ({item['key']}): {exc}") from None
     return attrs
 
 
@@ -312,14 +309,14 @@ def _value(raw: Any, depth: int) -> Any:
         if not isinstance(value, int) or isinstance(value, bool):
             return None
         if not _MIN_INT64 <= value <= _MAX_INT64:
-            raise _Malformed(f"intValue outside the 64-bit range, got {describe_int(value)}")
+            raise Malformed(f"intValue outside the 64-bit range, got {describe_int(value)}")
         return value
     if "doubleValue" in raw:
         value = raw["doubleValue"]
         if isinstance(value, bool):
             return None
         if isinstance(value, int | float):
-            check_fits(value, "doubleValue", error=_Malformed)
+            check_fits(value, "doubleValue", error=Malformed)
             return float(value)
         return float(value) if value in ("NaN", "Infinity", "-Infinity") else None
     if "arrayValue" in raw:
@@ -409,7 +406,7 @@ def _loopwatch_run(
                 timestamp=first.start if first else None,
                 input_tokens=_int(attrs.get(sc.GEN_AI_USAGE_INPUT_TOKENS)),
                 output_tokens=_int(attrs.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)),
-                cost_usd=_float(attrs.get(sc.LW_COST_USD)),
+                cost_usd=finite_float(attrs.get(sc.LW_COST_USD)),
             )
         )
     stop = None
@@ -452,12 +449,12 @@ def _loopwatch_run(
 
 def _loopwatch_call(span: _Span) -> ToolCall:
     attrs = span.attrs
-    arguments: Any = _json_or_text(attrs.get(sc.GEN_AI_TOOL_CALL_ARGUMENTS))
+    arguments: Any = json_or_text(attrs.get(sc.GEN_AI_TOOL_CALL_ARGUMENTS))
     if arguments is None:
         fingerprint = _str(attrs.get(sc.LW_ACTION_FINGERPRINT))
         arguments = {sc.LW_ACTION_FINGERPRINT: fingerprint} if fingerprint else {}
     outcome = attrs.get(sc.LW_TOOL_OUTCOME)
-    observation = _text(attrs.get(sc.GEN_AI_TOOL_CALL_RESULT))
+    observation = text_of(attrs.get(sc.GEN_AI_TOOL_CALL_RESULT))
     if observation is None and outcome != sc.OUTCOME_BLOCKED:
         digest = _str(attrs.get(sc.LW_OBSERVATION_DIGEST))
         observation = f"{sc.LW_OBSERVATION_DIGEST}={digest}" if digest else None
@@ -476,32 +473,20 @@ def _loopwatch_call(span: _Span) -> ToolCall:
 
 
 @dataclass
-class _Call:
-    name: str
-    arguments: Any
-    call_id: str | None
-    observation: str | None = None
-    error: bool = False
-    answered: bool = False
-    started_at: float | None = None
-    ended_at: float | None = None
-
-
-@dataclass
 class _Draft:
     model_call: bool
     text: str | None
     timestamp: float | None
     input_tokens: int | None = None
     output_tokens: int | None = None
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[CallDraft] = field(default_factory=list)
 
 
 def _third_party_run(
     source: str, trace_id: str, spans: list[_Span]
 ) -> Iterator[Trajectory | ImportProblem]:
     drafts: list[_Draft] = []
-    by_id: OpenCalls[_Call] = OpenCalls()
+    by_id: OpenCalls[CallDraft] = OpenCalls()
     agent: str | None = None
     stop: str | None = None
     for span in spans:
@@ -530,12 +515,7 @@ def _third_party_run(
             actor=AGENT,
             decision=_third_party_decision(d, is_last=d is last and not failed),
             text=d.text,
-            tool_calls=tuple(
-                ToolCall(
-                    c.name, c.arguments, c.observation, c.error, c.call_id, c.started_at, c.ended_at
-                )
-                for c in d.calls
-            ),
+            tool_calls=tuple(c.recorded() for c in d.calls),
             timestamp=d.timestamp,
             input_tokens=d.input_tokens,
             output_tokens=d.output_tokens,
@@ -597,7 +577,7 @@ def _model_step(span: _Span) -> tuple[_Draft, str | None]:
     )
     problem: str | None = None
     if sc.GEN_AI_OUTPUT_MESSAGES in attrs:
-        messages = _json_or_text(attrs[sc.GEN_AI_OUTPUT_MESSAGES])
+        messages = json_or_text(attrs[sc.GEN_AI_OUTPUT_MESSAGES])
         if isinstance(messages, list):
             _genai_output(messages, draft)
         else:
@@ -623,7 +603,9 @@ def _genai_output(messages: list[Any], draft: _Draft) -> None:
                 name = part.get("name")
                 if isinstance(name, str) and name:
                     draft.calls.append(
-                        _Call(name, _arguments(part.get("arguments")), _str(part.get("id")) or None)
+                        CallDraft(
+                            name, _arguments(part.get("arguments")), _str(part.get("id")) or None
+                        )
                     )
             elif kind == "text" and isinstance(part.get("content"), str):
                 texts.append(part["content"])
@@ -650,14 +632,16 @@ def _openinference_output(attrs: Mapping[str, Any], draft: _Draft) -> None:
         name = fields.get("function.name")
         if isinstance(name, str) and name:
             call_id = _str(fields.get("id")) or None
-            draft.calls.append(_Call(name, _arguments(fields.get("function.arguments")), call_id))
+            draft.calls.append(
+                CallDraft(name, _arguments(fields.get("function.arguments")), call_id)
+            )
     if texts:
         draft.text = "\n".join(texts[i] for i in sorted(texts))
 
 
 def _openai_response(raw: Any, draft: _Draft) -> None:
     """Tool calls from an OpenAI Chat Completions response body in ``output.value``."""
-    body = _json_or_text(raw)
+    body = json_or_text(raw)
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return
@@ -672,10 +656,10 @@ def _openai_response(raw: Any, draft: _Draft) -> None:
         name = function.get("name") if isinstance(function, dict) else None
         if isinstance(function, dict) and isinstance(name, str) and name:
             call_id = _str(item.get("id")) or None
-            draft.calls.append(_Call(name, _arguments(function.get("arguments")), call_id))
+            draft.calls.append(CallDraft(name, _arguments(function.get("arguments")), call_id))
 
 
-def _tool_result(span: _Span, drafts: list[_Draft], by_id: OpenCalls[_Call]) -> None:
+def _tool_result(span: _Span, drafts: list[_Draft], by_id: OpenCalls[CallDraft]) -> None:
     attrs = span.attrs
     name = _tool_name(span)
     call_id = _str(attrs.get(sc.GEN_AI_TOOL_CALL_ID)) or _str(
@@ -687,14 +671,14 @@ def _tool_result(span: _Span, drafts: list[_Draft], by_id: OpenCalls[_Call]) -> 
     if call is None and drafts and drafts[-1].model_call:
         call = next((c for c in drafts[-1].calls if not c.answered and c.name == name), None)
     if call is None:
-        arguments = _json_or_text(attrs.get(sc.GEN_AI_TOOL_CALL_ARGUMENTS))
+        arguments = json_or_text(attrs.get(sc.GEN_AI_TOOL_CALL_ARGUMENTS))
         if arguments is None:
-            arguments = _json_or_text(attrs.get(sc.OPENINFERENCE_INPUT_VALUE))
-        call = _Call(name, {} if arguments is None else arguments, call_id or None)
+            arguments = json_or_text(attrs.get(sc.OPENINFERENCE_INPUT_VALUE))
+        call = CallDraft(name, {} if arguments is None else arguments, call_id or None)
         drafts.append(_Draft(model_call=False, text=None, timestamp=span.start, calls=[call]))
-    result = _text(attrs.get(sc.GEN_AI_TOOL_CALL_RESULT))
+    result = text_of(attrs.get(sc.GEN_AI_TOOL_CALL_RESULT))
     if result is None:
-        result = _text(attrs.get(sc.OPENINFERENCE_OUTPUT_VALUE))
+        result = text_of(attrs.get(sc.OPENINFERENCE_OUTPUT_VALUE))
     call.answered = True
     call.observation = result
     call.error = span.error or attrs.get(sc.ERROR_TYPE) is not None
@@ -740,39 +724,18 @@ def _service_name(spans: list[_Span]) -> str:
 
 
 def _outcome(stop: str | None) -> Outcome:
-    if stop is None:
-        return UNKNOWN
-    return SUCCESS if stop == COMPLETED else FAILURE
+    return outcome_of(None if stop is None else stop == StopReason.COMPLETED)
 
 
 def _arguments(raw: Any) -> Any:
     if raw is None:
         return {}
-    decoded = _json_or_text(raw)
+    decoded = json_or_text(raw)
     return {} if decoded is None else decoded
-
-
-def _json_or_text(value: Any) -> Any:
-    """A JSON string decoded (the raw string when it is not JSON); other values as is."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except (ValueError, RecursionError):
-            return value
-    return value
 
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def _text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, sort_keys=True, default=str)
-    except (ValueError, RecursionError):
-        return f"<unprintable {type(value).__name__}>"
 
 
 def _int(value: Any) -> int | None:
@@ -783,13 +746,6 @@ def _int(value: Any) -> int | None:
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return int(value)
     return None
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
 
 
 IMPORTER: Final = OtlpJsonImporter()

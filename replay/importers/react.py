@@ -46,20 +46,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from loopwatch.replay.importers import Document
-from loopwatch.replay.trajectory import (
-    AGENT,
-    FAILURE,
-    SUCCESS,
-    UNKNOWN,
-    USER,
-    ImportProblem,
-    Outcome,
-    Step,
-    StopKind,
-    ToolCall,
-    Trajectory,
-)
+from ..trajectory import AGENT, USER, ImportProblem, Step, StopKind, ToolCall, Trajectory
+from . import Document
+from ._fields import outcome_of
 
 __all__ = ["IMPORTER", "ReactImporter", "parse_action"]
 
@@ -82,11 +71,7 @@ _ERROR_PREFIXES: Final = (
     "Invalid Action",
 )
 _ARGUMENT_KEYS: Final = {"Search": "entity", "Lookup": "keyword"}
-_OUTCOMES: Final[dict[str, Outcome]] = {
-    "CORRECT": SUCCESS,
-    "INCORRECT": FAILURE,
-    "HALTED": FAILURE,
-}
+_PASSED: Final = {"CORRECT": True, "INCORRECT": False, "HALTED": False}
 FINISH: Final = "Finish"
 
 
@@ -296,7 +281,7 @@ class ReactImporter:
             run_id=run_id,
             format=ReactImporter.name,
             steps=tuple(steps),
-            recorded_outcome=_OUTCOMES.get(block.section or "", UNKNOWN),
+            recorded_outcome=outcome_of(_PASSED.get(block.section or "")),
             recorded_stop=stop,
             recorded_stop_kind=stop_kind,
             agent="react",

@@ -45,29 +45,32 @@ partial run would replay as a different run. The other simulations are still rea
 
 from __future__ import annotations
 
-import json
-import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any, Final
 
-from loopwatch.replay.importers import Document
-from loopwatch.replay.importers._calls import OpenCalls
-from loopwatch.replay.importers._numbers import check_fits
-from loopwatch.replay.trajectory import (
+from ..trajectory import (
     AGENT,
-    FAILURE,
-    SUCCESS,
-    UNKNOWN,
     USER,
+    Actor,
+    DecisionKindName,
     ImportProblem,
-    Outcome,
     Step,
     ToolCall,
     Trajectory,
 )
+from . import Document
+from ._calls import OpenCalls
+from ._fields import (
+    Malformed,
+    finite_float,
+    iso_seconds,
+    recorded_arguments,
+    reward_outcome,
+    text_of,
+)
+from ._numbers import check_fits
 
 __all__ = ["IMPORTER", "Tau2Importer"]
 
@@ -75,18 +78,8 @@ NORMAL_STOPS: Final = frozenset({"user_stop", "agent_stop"})
 """tau2 ``termination_reason`` values that mean the conversation ended by itself."""
 
 
-class _Malformed(ValueError):
-    """One simulation cannot be read; the message says where inside it."""
-
-
 class Tau2Importer:
-    """Reads tau2-bench results files (see the module docstring for the mapping).
-
-    Example::
-
-        doc = Document(path=Path("results.json"), text=Path("results.json").read_text())
-        runs = [t for t in IMPORTER.read(doc) if isinstance(t, Trajectory)]
-    """
+    """Reads tau2-bench results files (see the module docstring for the mapping)."""
 
     name = "tau2"
 
@@ -118,7 +111,7 @@ class Tau2Importer:
             record = f"simulations[{index}]"
             try:
                 run = _trajectory(sim, source, agent=agent, model=model, domain=domain, pairs=pairs)
-            except _Malformed as exc:
+            except Malformed as exc:
                 yield ImportProblem(source, record, str(exc))
                 continue
             if run.run_id in seen:  # a repeated simulation id as well
@@ -159,10 +152,10 @@ def _trajectory(
     pairs: Counter[tuple[str, str]],
 ) -> Trajectory:
     if not isinstance(sim, dict):
-        raise _Malformed(f"a simulation must be an object, got {type(sim).__name__}")
+        raise Malformed(f"a simulation must be an object, got {type(sim).__name__}")
     messages = sim.get("messages")
     if not isinstance(messages, list):
-        raise _Malformed("'messages' is missing or not a list")
+        raise Malformed("'messages' is missing or not a list")
     task_id, trial = _pair(sim)
     run_id = f"task={task_id}/trial={trial}"
     if pairs[(task_id, trial)] > 1:
@@ -171,9 +164,6 @@ def _trajectory(
     stop = sim.get("termination_reason")
     stop = stop if isinstance(stop, str) and stop else None
     reward = _reward(sim.get("reward_info"))
-    outcome: Outcome = UNKNOWN
-    if reward is not None:
-        outcome = SUCCESS if reward == 1.0 else FAILURE
 
     steps = _steps(messages, ended_normally=stop in NORMAL_STOPS)
     metadata: dict[str, Any] = {"task_id": task_id, "trial": sim.get("trial")}
@@ -182,14 +172,12 @@ def _trajectory(
             metadata["simulation_id" if key == "id" else key] = sim[key]
     if domain:
         metadata["domain"] = domain
-    if reward is not None:
-        metadata["reward"] = reward
     return Trajectory(
         source=source,
         run_id=run_id,
         format=IMPORTER.name,
         steps=tuple(steps),
-        recorded_outcome=outcome,
+        recorded_outcome=reward_outcome(reward, metadata),
         recorded_stop=stop,
         recorded_stop_kind="explicit" if stop else "inferred",
         agent=agent,
@@ -202,10 +190,8 @@ def _reward(reward_info: Any) -> float | None:
     if not isinstance(reward_info, dict):
         return None
     reward = reward_info.get("reward")
-    check_fits(reward, "reward_info.reward", error=_Malformed)
-    if isinstance(reward, bool) or not isinstance(reward, int | float):
-        return None
-    return float(reward) if math.isfinite(reward) else None
+    check_fits(reward, "reward_info.reward", error=Malformed)
+    return finite_float(reward)
 
 
 def _steps(messages: list[Any], *, ended_normally: bool) -> list[Step]:
@@ -219,7 +205,7 @@ def _steps(messages: list[Any], *, ended_normally: bool) -> list[Step]:
     last_agent = -1
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise _Malformed(f"messages[{index}] is not an object")
+            raise Malformed(f"messages[{index}] is not an object")
         if message.get("role") == "assistant":
             last_agent = index
     drafts: list[tuple[int, dict[str, Any], float | None, list[dict[str, Any]]]] = []
@@ -230,27 +216,29 @@ def _steps(messages: list[Any], *, ended_normally: bool) -> list[Step]:
         if role == "tool":
             call_id = message.get("id")
             if not isinstance(call_id, str) or not call_id:
-                raise _Malformed(f"{where}: tool result has no 'id'")
+                raise Malformed(f"{where}: tool result has no 'id'")
             call = open_calls.answer(call_id)
             if call is None:
-                raise _Malformed(
+                raise Malformed(
                     f"{where}: tool result id {call_id!r} matches no earlier call awaiting a result"
                 )
-            call["observation"] = _text(message.get("content"))
+            call["observation"] = text_of(message.get("content"))
             call["error"] = message.get("error") is True
-            call["ended_at"] = _timestamp(message.get("timestamp"))
+            call["ended_at"] = iso_seconds(message.get("timestamp"))
             continue
         if role == "system":
             continue
         if role not in ("assistant", "user"):
-            raise _Malformed(f"{where}: unknown role {role!r}")
-        timestamp = _timestamp(message.get("timestamp"))
+            raise Malformed(f"{where}: unknown role {role!r}")
+        timestamp = iso_seconds(message.get("timestamp"))
         calls = _tool_calls(message.get("tool_calls"), where, timestamp)
         open_calls.begin_turn()
         for call in calls:
             open_calls.add(call["call_id"], call)
         drafts.append((index, message, timestamp, calls))
     steps: list[Step] = []
+    decision: DecisionKindName
+    actor: Actor
     for index, message, timestamp, calls in drafts:
         where = f"messages[{index}]"
         if message.get("role") == "assistant":
@@ -264,18 +252,18 @@ def _steps(messages: list[Any], *, ended_normally: bool) -> list[Step]:
         else:
             decision, actor = "message", USER
         input_tokens, output_tokens = _usage(message.get("usage"), where)
-        check_fits(message.get("cost"), f"{where}.cost", error=_Malformed)
+        check_fits(message.get("cost"), f"{where}.cost", error=Malformed)
         steps.append(
             Step(
                 index=len(steps),
                 actor=actor,
                 decision=decision,
-                text=_text(message.get("content")),
+                text=text_of(message.get("content")),
                 tool_calls=tuple(ToolCall(**call) for call in calls),
                 timestamp=timestamp,
                 input_tokens=input_tokens,
                 output_tokens=output_tokens,
-                cost_usd=_number(message.get("cost")),
+                cost_usd=finite_float(message.get("cost")),
             )
         )
     return steps
@@ -286,19 +274,19 @@ def _tool_calls(raw: Any, where: str, timestamp: float | None) -> list[dict[str,
     if raw is None:
         return []
     if not isinstance(raw, list):
-        raise _Malformed(f"{where}: 'tool_calls' is not a list")
+        raise Malformed(f"{where}: 'tool_calls' is not a list")
     calls: list[dict[str, Any]] = []
     for position, call in enumerate(raw):
         if not isinstance(call, dict):
-            raise _Malformed(f"{where}: tool_calls[{position}] is not an object")
+            raise Malformed(f"{where}: tool_calls[{position}] is not an object")
         name = call.get("name")
         if not isinstance(name, str) or not name:
-            raise _Malformed(f"{where}: tool_calls[{position}] has no name")
+            raise Malformed(f"{where}: tool_calls[{position}] has no name")
         call_id = call.get("id")
         calls.append(
             {
                 "name": name,
-                "arguments": _arguments(call.get("arguments")),
+                "arguments": recorded_arguments(call.get("arguments")),
                 "call_id": call_id if isinstance(call_id, str) and call_id else None,
                 "started_at": timestamp,
             }
@@ -306,24 +294,11 @@ def _tool_calls(raw: Any, where: str, timestamp: float | None) -> list[dict[str,
     return calls
 
 
-def _arguments(raw: Any) -> Any:
-    """Arguments as recorded: a dict stays a dict; a JSON string is decoded when it can be,
-    else kept as the raw string; a missing value is ``{}``."""
-    if raw is None:
-        return {}
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except (ValueError, RecursionError):
-            return raw
-    return raw
-
-
 def _usage(usage: Any, where: str) -> tuple[int | None, int | None]:
     if not isinstance(usage, dict):
         return None, None
     for key in ("prompt_tokens", "completion_tokens"):
-        check_fits(usage.get(key), f"{where}.usage.{key}", error=_Malformed)
+        check_fits(usage.get(key), f"{where}.usage.{key}", error=Malformed)
     return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
 
 
@@ -331,35 +306,6 @@ def _count(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None
     return value
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
-def _text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, sort_keys=True, default=str)
-    except (ValueError, RecursionError):
-        return f"<unprintable {type(value).__name__}>"
-
-
-def _timestamp(value: Any) -> float | None:
-    """Unix seconds from an ISO 8601 string (no zone means UTC); ``None`` if unreadable."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=UTC)
-        return parsed.timestamp()
-    except (ValueError, OverflowError):
-        return None
 
 
 IMPORTER: Final = Tau2Importer()

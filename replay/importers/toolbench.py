@@ -56,21 +56,19 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from loopwatch.replay.importers import Document
-from loopwatch.replay.trajectory import (
+from ..trajectory import (
     AGENT,
     FAILURE,
-    SUCCESS,
-    UNKNOWN,
     USER,
     DecisionKindName,
     ImportProblem,
-    Outcome,
     Step,
     StopKind,
     ToolCall,
     Trajectory,
 )
+from . import Document
+from ._fields import int_or_none, outcome_of
 
 __all__ = ["IMPORTER", "ToolBenchImporter"]
 
@@ -123,7 +121,7 @@ class ToolBenchImporter:
         generation = generation if isinstance(generation, Mapping) else {}
         forward = data.get("forward_args")
         forward = forward if isinstance(forward, Mapping) else {}
-        max_step = _as_int(forward.get("single_chain_max_step"))
+        max_step = int_or_none(forward.get("single_chain_max_step"))
         win = data.get("win")
         common: dict[str, Any] = {
             "query": generation.get("query"),
@@ -269,7 +267,7 @@ def _trajectory(
             Step(index=len(steps), actor=AGENT, decision="message", text="\n\n".join(thoughts))
         )
     leaf = path[-1]
-    depth = _as_int(leaf.get("depth"))
+    depth = int_or_none(leaf.get("depth"))
     stop: str | None
     stop_kind: StopKind = "explicit"
     if finish is not None:
@@ -280,15 +278,13 @@ def _trajectory(
         stop = "pruned"
     else:
         stop, stop_kind = None, "inferred"
-    outcome: Outcome = FAILURE
-    if finish == GIVE_ANSWER:
-        outcome = SUCCESS if win is True else (FAILURE if win is False else UNKNOWN)
+    verdict = win if finish == GIVE_ANSWER and isinstance(win, bool) else None
     return Trajectory(
         source=source,
         run_id=run_id,
         format=ToolBenchImporter.name,
         steps=tuple(steps),
-        recorded_outcome=outcome,
+        recorded_outcome=outcome_of(verdict) if finish == GIVE_ANSWER else FAILURE,
         recorded_stop=stop,
         recorded_stop_kind=stop_kind,
         agent="toolbench-dfsdt",
@@ -307,7 +303,7 @@ def _tool_step(index: int, thoughts: list[str], name: str, node: Mapping[str, An
             name=name,
             arguments=_decode_arguments(raw),
             observation=observation,
-            error=_is_error(observation, _as_int(node.get("observation_code"))),
+            error=_is_error(observation, int_or_none(node.get("observation_code"))),
         )
     return Step(
         index=index,
@@ -352,16 +348,6 @@ def _final_text(node: Mapping[str, Any] | None) -> str | None:
     decoded = _decode_arguments(node.get("description", ""))
     if isinstance(decoded, Mapping) and isinstance(decoded.get("final_answer"), str):
         return str(decoded["final_answer"])
-    return None
-
-
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
     return None
 
 

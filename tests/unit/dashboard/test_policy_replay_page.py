@@ -19,8 +19,8 @@ from loopwatch.replay.engine import (
     load_policy_spec,
     replay,
     summarize,
-    trajectory_from_stored,
 )
+from loopwatch.replay.importers.stored import trajectory_from_stored
 from streamlit.testing.v1 import AppTest
 
 from tests.integration.services import free_port

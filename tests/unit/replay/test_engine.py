@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -23,8 +24,8 @@ from loopwatch.replay.engine import (
     replay,
     replay_run,
     summarize,
-    trajectory_from_stored,
 )
+from loopwatch.replay.importers.stored import trajectory_from_stored
 from loopwatch.replay.trajectory import FAILURE, SUCCESS, Step, ToolCall, Trajectory
 
 # Every limit out of the way except the ones a test sets.
@@ -526,15 +527,30 @@ def test_trajectory_from_stored_with_content_and_blocked_call() -> None:
     assert trajectory_from_stored("run-3", [], stop_reason=None).recorded_outcome == "unknown"
 
 
-def test_engine_all_names_exist() -> None:
-    from loopwatch.replay import engine
-
-    assert all(hasattr(engine, name) for name in engine.__all__)
-    public = {n for n in vars(engine) if not n.startswith("_") and callable(getattr(engine, n))}
+@pytest.mark.parametrize(
+    "name",
+    [
+        "engine",
+        "loops",
+        "results",
+        "policy_choice",
+        "recorded",
+        "demo",
+        "export",
+        "examples",
+        "importers._fields",
+        "importers._calls",
+        "importers.stored",
+    ],
+)
+def test_all_names_exist(name: str) -> None:
+    module = importlib.import_module(f"loopwatch.replay.{name}")
+    assert all(hasattr(module, n) for n in module.__all__)
+    public = {n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n))}
     defined_here = {
-        n for n in public if getattr(getattr(engine, n), "__module__", "") == engine.__name__
+        n for n in public if getattr(getattr(module, n), "__module__", "") == module.__name__
     }
-    assert defined_here <= set(engine.__all__)
+    assert defined_here <= set(module.__all__)
 
 
 @pytest.mark.parametrize(
