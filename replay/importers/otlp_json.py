@@ -300,18 +300,8 @@ def _loopwatch_run(
         observed = genai.attr_str(stop_span.attributes, sc.LW_OBSERVE_STOP_REASON)
         if observed:
             metadata[sc.LW_OBSERVE_STOP_REASON] = observed
-    return Trajectory(
-        source=source,
-        run_id=run_id,
-        format=IMPORTER.name,
-        steps=tuple(out),
-        recorded_outcome=_outcome(stop),
-        recorded_stop=stop,
-        recorded_stop_kind="explicit" if stop else "inferred",
-        agent=agent or _service_name(spans),
-        model=model,
-        metadata=metadata,
-    )
+    agent = agent or _service_name(spans)
+    return _trajectory(source, run_id, out, stop, agent=agent, model=model, metadata=metadata)
 
 
 def _loopwatch_call(span: SpanRecord) -> ToolCall:
@@ -408,17 +398,9 @@ def _third_party_run(
         for i, d in enumerate(drafts)
     ]
     agent = agent or _first(spans, sc.OPENLLMETRY_WORKFLOW_NAME) or _service_name(spans)
-    yield Trajectory(
-        source=source,
-        run_id=trace_id,
-        format=IMPORTER.name,
-        steps=tuple(steps),
-        recorded_outcome=_outcome(stop),
-        recorded_stop=stop,
-        recorded_stop_kind="explicit" if stop else "inferred",
-        agent=agent,
-        model=_model(spans),
-        metadata={"trace_id": trace_id},
+    metadata = {"trace_id": trace_id}
+    yield _trajectory(
+        source, trace_id, steps, stop, agent=agent, model=_model(spans), metadata=metadata
     )
 
 
@@ -568,10 +550,31 @@ def _service_name(spans: list[SpanRecord]) -> str:
     return "otlp"
 
 
-def _outcome(stop: str | None) -> Outcome:
-    if stop is None:
-        return UNKNOWN
-    return SUCCESS if stop == COMPLETED else FAILURE
+def _trajectory(
+    source: str,
+    run_id: str,
+    steps: list[Step],
+    stop: str | None,
+    *,
+    agent: str,
+    model: str | None,
+    metadata: dict[str, Any],
+) -> Trajectory:
+    """A run with its recorded stop: ``completed`` is a success, any other stop a failure
+    (no verified answer), no stop unknown (and the stop kind inferred)."""
+    outcome: Outcome = UNKNOWN if stop is None else SUCCESS if stop == COMPLETED else FAILURE
+    return Trajectory(
+        source=source,
+        run_id=run_id,
+        format=IMPORTER.name,
+        steps=tuple(steps),
+        recorded_outcome=outcome,
+        recorded_stop=stop,
+        recorded_stop_kind="explicit" if stop else "inferred",
+        agent=agent,
+        model=model,
+        metadata=metadata,
+    )
 
 
 def _id(value: Any) -> str | None:
