@@ -414,7 +414,12 @@ def _pb_value(value: AnyValue, which: str | None = None) -> AttrValue:
     return None
 
 
-def decode_json(body: bytes, *, transport: str = TRANSPORT_HTTP_JSON) -> SpanBatch:
+def decode_json(
+    body: bytes,
+    *,
+    transport: str = TRANSPORT_HTTP_JSON,
+    rejected_at: list[tuple[str, str]] | None = None,
+) -> SpanBatch:
     """Decode an OTLP/JSON ``ExportTraceServiceRequest``.
 
     Follows the OTLP specification, "JSON Protobuf Encoding": hex ids (any case, stored
@@ -425,6 +430,9 @@ def decode_json(body: bytes, *, transport: str = TRANSPORT_HTTP_JSON) -> SpanBat
     Args:
         body: the JSON document (UTF-8, -16 or -32; already decompressed).
         transport: the batch's transport label.
+        rejected_at: when given, each refusal is appended as ``(where, message)``, where
+            is ``resourceSpans[i]``, ``resourceSpans[i].scopeSpans[j]`` or
+            ``resourceSpans[i].scopeSpans[j].spans[k]`` (``loopwatch replay`` names it).
 
     Returns:
         A batch of the accepted spans; refused spans are counted in
@@ -455,7 +463,9 @@ def decode_json(body: bytes, *, transport: str = TRANSPORT_HTTP_JSON) -> SpanBat
     ):
         document = _without_lone_surrogates(document)
     batch = SpanBatch(spans=[], transport=transport)
-    for resource_spans in _json_objects(document.get("resourceSpans"), "resourceSpans"):
+    located = [] if rejected_at is None else rejected_at
+    resources = _json_objects(document.get("resourceSpans"), "resourceSpans")
+    for i, resource_spans in enumerate(resources):
         scope_list = [
             (scope_spans, _json_objects(scope_spans.get("spans"), "spans"))
             for scope_spans in _json_objects(resource_spans.get("scopeSpans"), "scopeSpans")
@@ -464,18 +474,22 @@ def decode_json(body: bytes, *, transport: str = TRANSPORT_HTTP_JSON) -> SpanBat
             resource = _json_resource(resource_spans)
         except _Rejected:
             batch.reject(sum(len(spans) for _, spans in scope_list), MSG_MALFORMED_RESOURCE)
+            located.append((f"resourceSpans[{i}]", MSG_MALFORMED_RESOURCE))
             continue
-        for scope_spans, spans in scope_list:
+        for j, (scope_spans, spans) in enumerate(scope_list):
             try:
                 scope = _json_scope(scope_spans.get("scope"))
             except _Rejected:
                 batch.reject(len(spans), MSG_MALFORMED_RESOURCE)
+                located.append((f"resourceSpans[{i}].scopeSpans[{j}]", MSG_MALFORMED_RESOURCE))
                 continue
-            for span in spans:
+            for k, span in enumerate(spans):
                 try:
                     batch.spans.append(_json_span(span, resource, scope))
                 except _Rejected as exc:
                     batch.reject(1, exc.message)
+                    where = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
+                    located.append((where, exc.message))
     return batch
 
 
@@ -723,7 +737,10 @@ def _json_double_value(raw: Any, depth: int) -> AttrValue:
     if kind is float:
         return raw  # type: ignore[no-any-return]
     if kind is int:
-        return float(raw)
+        try:
+            return float(raw)
+        except OverflowError:  # past the largest double: JSON allows any digits
+            raise _Rejected(MSG_MALFORMED_ATTRIBUTES) from None
     if kind is str:
         special = _SPECIAL_FLOATS.get(raw)
         if special is not None:

@@ -64,17 +64,36 @@ work is constant; :meth:`MapStage.process` is thread-safe (one lock per call).
 
 from __future__ import annotations
 
-import json
-import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Final
 
 from loopwatch.instrumentation import _semconv as sc
-from loopwatch.instrumentation.guard import MAX_REPORTED_TOKENS
 
-from .records import STATUS_ERROR, Attributes, AttrValue, SpanBatch, SpanRecord, pickled_as_tuple
+from .genai import ROLE_AGENT as _AGENT
+from .genai import ROLE_MODEL as _MODEL
+from .genai import ROLE_OTHER as _OTHER
+from .genai import ROLE_TOOL as _TOOL
+from .genai import (
+    agent_name,
+    input_tokens,
+    output_tokens,
+    span_subject,
+    tool_arguments,
+    tool_call_id,
+    tool_failed,
+    tool_name,
+    tool_result,
+)
+from .genai import attr_bool as _bool
+from .genai import attr_float as _float
+from .genai import attr_int as _int
+from .genai import attr_str as _str
+from .genai import attr_text as _text
+from .genai import span_role as _third_party_kind
+from .genai import tokens as _tokens
+from .records import STATUS_ERROR, Attributes, SpanBatch, SpanRecord, pickled_as_tuple
 
 __all__ = [
     "KIND_DECISION",
@@ -103,6 +122,7 @@ __all__ = [
     "StopRow",
     "premap",
     "refuse_unmappable",
+    "unmappable_reason",
 ]
 
 SOURCE_LOOPWATCH: Final = "loopwatch"
@@ -137,16 +157,7 @@ STOP_ORIGINS: Final = {STOP_ORIGIN_INFERRED: 0, STOP_ORIGIN_RUN_SPAN: 1, STOP_OR
 """Stop origins and their precedence (higher wins): a ``stop`` span, then the stop
 attributes on a loopwatch run span, then a stop inferred from a run or root span's end."""
 
-# OpenLLMetry's request-type attribute is not a GenAI semantic-conventions name; it is
-# read only to recognise model calls. It belongs in ``_semconv`` with the other names.
-_LLM_REQUEST_TYPE: Final = "llm.request.type"
-_LLM_REQUEST_TYPES: Final = frozenset({"chat", "completion"})
-_MODEL_OPERATIONS: Final = frozenset({sc.OP_CHAT, "text_completion", "generate_content"})
-_OI_AGENT: Final = "AGENT"
-_OI_TOOL: Final = "TOOL"
-_OI_LLM: Final = "LLM"
 _RUN_NAME_PREFIX: Final = sc.SPAN_RUN.split("{", 1)[0]
-_TOOL_NAME_PREFIX: Final = sc.SPAN_TOOL.split("{", 1)[0]
 _MAX_ANCESTRY_DEPTH: Final = 256
 
 
@@ -612,37 +623,6 @@ class MapStage:
         return unmapped
 
 
-_AGENT: Final = 1
-_TOOL: Final = 2
-_MODEL: Final = 3
-_OTHER: Final = 0
-
-
-def _third_party_kind(attrs: Attributes) -> int:
-    op = attrs.get(sc.GEN_AI_OPERATION_NAME)
-    if op == sc.OP_INVOKE_AGENT:
-        return _AGENT
-    if op == sc.OP_EXECUTE_TOOL:
-        return _TOOL
-    # Attribute values may be lists or maps (unhashable): test set membership on strings
-    # only (a kvlist gen_ai.operation.name raised TypeError, answered 503 forever).
-    if isinstance(op, str) and op in _MODEL_OPERATIONS:
-        return _MODEL
-    oi = attrs.get(sc.OPENINFERENCE_SPAN_KIND)
-    if isinstance(oi, str):
-        oi = oi.upper()
-        if oi == _OI_AGENT:
-            return _AGENT
-        if oi == _OI_TOOL:
-            return _TOOL
-        if oi == _OI_LLM:
-            return _MODEL
-    request_type = attrs.get(_LLM_REQUEST_TYPE)
-    if isinstance(request_type, str) and request_type in _LLM_REQUEST_TYPES:
-        return _MODEL
-    return _OTHER
-
-
 def _third_party_source(attrs: Attributes) -> str:
     return SOURCE_OPENINFERENCE if sc.OPENINFERENCE_SPAN_KIND in attrs else SOURCE_GENAI
 
@@ -660,14 +640,13 @@ def _resolve(state: _TraceState, parent_span_id: str) -> str | None:
 
 def _agent_run_row(span: SpanRecord, run_id: str, source: str, parent_run_id: str | None) -> RunRow:
     attrs = span.attributes
-    agent = _str(attrs, sc.GEN_AI_AGENT_NAME) or _strip_prefix(span.name, _RUN_NAME_PREFIX)
     return RunRow(
         run_id=run_id,
         trace_id=span.trace_id,
         span_id=span.span_id,
         source=source,
         is_run_span=True,
-        agent=agent or None,
+        agent=agent_name(span),
         agent_id=_str(attrs, sc.GEN_AI_AGENT_ID),
         conversation_id=_str(attrs, sc.GEN_AI_CONVERSATION_ID),
         parent_run_id=parent_run_id,
@@ -704,40 +683,13 @@ def _third_party_decision(span: SpanRecord, run_id: str, source: str, step: int)
         end_unix_nano=span.end_unix_nano,
         status_code=span.status_code,
         error_type=_str(attrs, sc.ERROR_TYPE),
-        input_tokens=_tokens(
-            attrs, sc.GEN_AI_USAGE_INPUT_TOKENS, sc.OPENINFERENCE_LLM_TOKEN_COUNT_PROMPT
-        ),
-        output_tokens=_tokens(
-            attrs, sc.GEN_AI_USAGE_OUTPUT_TOKENS, sc.OPENINFERENCE_LLM_TOKEN_COUNT_COMPLETION
-        ),
+        input_tokens=input_tokens(attrs),
+        output_tokens=output_tokens(attrs),
     )
-
-
-def _tokens(attrs: Attributes, key: str, fallback: str | None = None) -> int | None:
-    """A token count in ``0..MAX_REPORTED_TOKENS``, as the guard counts reports (``key``,
-    else ``fallback``). Unbounded, two int64 counts summed into ``runs.tokens`` overflowed
-    it: the commit failed, and the request was refused on every retry (a poison batch)."""
-    value = _int(attrs, key)
-    if value is None and fallback is not None:
-        value = _int(attrs, fallback)
-    return None if value is None else min(max(value, 0), MAX_REPORTED_TOKENS)
 
 
 def _third_party_tool(span: SpanRecord, run_id: str, source: str, step: int) -> StepRow:
     attrs = span.attributes
-    tool = (
-        _str(attrs, sc.GEN_AI_TOOL_NAME)
-        or _str(attrs, sc.OPENINFERENCE_TOOL_NAME)
-        or _strip_prefix(span.name, _TOOL_NAME_PREFIX)
-    )
-    arguments = _text(attrs, sc.GEN_AI_TOOL_CALL_ARGUMENTS)
-    if arguments is None:
-        arguments = _text(attrs, sc.OPENINFERENCE_INPUT_VALUE)
-    result = _text(attrs, sc.GEN_AI_TOOL_CALL_RESULT)
-    if result is None:
-        result = _text(attrs, sc.OPENINFERENCE_OUTPUT_VALUE)
-    error_type = _str(attrs, sc.ERROR_TYPE)
-    failed = span.status_code == STATUS_ERROR or error_type is not None
     return StepRow(
         trace_id=span.trace_id,
         span_id=span.span_id,
@@ -748,17 +700,17 @@ def _third_party_tool(span: SpanRecord, run_id: str, source: str, step: int) -> 
         start_unix_nano=span.start_unix_nano,
         end_unix_nano=span.end_unix_nano,
         status_code=span.status_code,
-        tool=tool or None,
-        tool_call_id=_str(attrs, sc.GEN_AI_TOOL_CALL_ID),
-        outcome=sc.OUTCOME_ERROR if failed else sc.OUTCOME_OK,
-        error_type=error_type,
+        tool=tool_name(span),
+        tool_call_id=tool_call_id(attrs),
+        outcome=sc.OUTCOME_ERROR if tool_failed(span) else sc.OUTCOME_OK,
+        error_type=_str(attrs, sc.ERROR_TYPE),
         agent=_str(attrs, sc.GEN_AI_AGENT_NAME),
-        arguments=arguments,
-        result=result,
+        arguments=tool_arguments(attrs),
+        result=tool_result(attrs),
     )
 
 
-def _loopwatch_problem(attrs: Attributes) -> str | None:
+def unmappable_reason(attrs: Attributes) -> str | None:
     """Why a loopwatch span (it carries ``loopwatch.event`` or ``loopwatch.run.id``) can
     not become a row, or ``None``; what :func:`_map_loopwatch` would drop."""
     run_id = _str(attrs, sc.LW_RUN_ID)
@@ -796,7 +748,7 @@ def refuse_unmappable(batch: SpanBatch) -> None:
     for index, span in enumerate(spans):
         attrs = span.attributes
         if sc.LW_EVENT in attrs or sc.LW_RUN_ID in attrs:
-            problem = _loopwatch_problem(attrs)
+            problem = unmappable_reason(attrs)
             if problem is not None:
                 refused.add(index)
                 batch.reject(1, problem)
@@ -835,7 +787,7 @@ def _lw_run(span: SpanRecord, run_id: str) -> RunRow:
         span_id=span.span_id,
         source=SOURCE_LOOPWATCH,
         is_run_span=True,
-        agent=_str(attrs, sc.GEN_AI_AGENT_NAME) or _strip_prefix(span.name, _RUN_NAME_PREFIX),
+        agent=_str(attrs, sc.GEN_AI_AGENT_NAME) or span_subject(span.name, _RUN_NAME_PREFIX),
         agent_id=_str(attrs, sc.GEN_AI_AGENT_ID),
         conversation_id=_str(attrs, sc.GEN_AI_CONVERSATION_ID),
         parent_run_id=_str(attrs, sc.LW_PARENT_RUN_ID),
@@ -919,82 +871,3 @@ def _lw_stop(span: SpanRecord, run_id: str, origin: str) -> StopRow:
         observe_evidence=_text(attrs, sc.LW_OBSERVE_STOP_EVIDENCE),
         agent=_str(attrs, sc.GEN_AI_AGENT_NAME),
     )
-
-
-def _strip_prefix(name: str, prefix: str) -> str:
-    return name[len(prefix) :].strip() if name.startswith(prefix) else name
-
-
-def _str(attrs: Attributes, key: str) -> str | None:
-    value = attrs.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bool | int | float):
-        return str(value).lower() if isinstance(value, bool) else str(value)
-    return _dumps(value)
-
-
-def _text(attrs: Attributes, key: str) -> str | None:
-    value = attrs.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    return _dumps(value)
-
-
-def _dumps(value: AttrValue) -> str:
-    if isinstance(value, bytes):
-        return value.hex()
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=_json_default)
-
-
-def _json_default(value: object) -> str:
-    return value.hex() if isinstance(value, bytes) else str(value)
-
-
-_INT64_MIN: Final = -(2**63)
-_INT64_MAX: Final = 2**63 - 1
-
-
-def _int(attrs: Attributes, key: str) -> int | None:
-    """An int64 attribute; anything else (out of range, non-finite, not a number) is None,
-    so one hostile value cannot fail the whole batch's commit."""
-    value = attrs.get(key)
-    if isinstance(value, bool):
-        return None
-    result: int | None = None
-    if isinstance(value, int):
-        result = value
-    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        result = int(value)
-    elif isinstance(value, str):
-        try:
-            result = int(value)
-        except ValueError:
-            return None
-    if result is None or not _INT64_MIN <= result <= _INT64_MAX:
-        return None
-    return result
-
-
-def _float(attrs: Attributes, key: str) -> float | None:
-    value = attrs.get(key)
-    if isinstance(value, bool):
-        return None
-    number: float | None = None
-    if isinstance(value, int | float):
-        number = float(value) if abs(value) < 1e308 else None
-    elif isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-    return number if number is not None and math.isfinite(number) else None
-
-
-def _bool(attrs: Attributes, key: str) -> bool | None:
-    value = attrs.get(key)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    return None

@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from loopwatch.collector.decode import (
     MAX_VALUE_DEPTH,
     MSG_LINK_ID,
+    MSG_MALFORMED_ATTRIBUTES,
+    MSG_MALFORMED_RESOURCE,
     MSG_PARENT_SPAN_ID,
     MSG_SPAN_ID,
     MSG_TRACE_ID,
@@ -376,6 +378,11 @@ JSON_BAD_SPANS = [
     ("huge digit string", {"startTimeUnixNano": "9" * 5000}, None),
     ("name not a string", {"name": 7}, None),
     ("int value over int64", {"attributes": [{"key": "k", "value": {"intValue": 2**63}}]}, None),
+    (
+        "double value past the largest float",
+        {"attributes": [{"key": "k", "value": {"doubleValue": 10**400}}]},
+        MSG_MALFORMED_ATTRIBUTES,
+    ),
     ("bool value as string", {"attributes": [{"key": "k", "value": {"boolValue": "true"}}]}, None),
     ("bytes not base64", {"attributes": [{"key": "k", "value": {"bytesValue": "%%%"}}]}, None),
     ("attributes not a list", {"attributes": {"k": "v"}}, None),
@@ -407,6 +414,22 @@ def test_json_malformed_resource_rejects_its_spans() -> None:
     )
     batch = decode_json(body)
     assert (batch.spans, batch.rejected_spans) == ([], 2)
+
+
+def test_json_refusals_can_be_located() -> None:
+    # What ``loopwatch replay`` names in its problems: the refused subtree's place.
+    bad_resource = {"resource": {"attributes": [{"key": 1}]}, "scopeSpans": [{"spans": []}]}
+    good = {"scopeSpans": [{"spans": [_json_span(traceId="x"), _json_span()]}]}
+    bad_scope = {"scopeSpans": [{"scope": "x", "spans": [_json_span()]}]}
+    body = json.dumps({"resourceSpans": [bad_resource, good, bad_scope]}).encode()
+    located: list[tuple[str, str]] = []
+    batch = decode_json(body, rejected_at=located)
+    assert [s.span_id for s in batch.spans] == [SPAN_ID]
+    assert located == [
+        ("resourceSpans[0]", MSG_MALFORMED_RESOURCE),
+        ("resourceSpans[1].scopeSpans[0].spans[0]", MSG_TRACE_ID),
+        ("resourceSpans[2].scopeSpans[0]", MSG_MALFORMED_RESOURCE),
+    ]
 
 
 JSON_UNDECODABLE = [

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from loopwatch.collector.events import (
-    _LLM_REQUEST_TYPE,
     KIND_DECISION,
     KIND_TOOL_RESULT,
     SOURCE_GENAI,
@@ -402,8 +401,12 @@ def test_openinference_spans() -> None:
 
 def test_openllmetry_request_type_is_a_model_call() -> None:
     root = make_span("workflow", {}, start=0, end=9)
-    llm = make_span("openai.chat", {_LLM_REQUEST_TYPE: "chat"}, parent=root.span_id, start=1)
-    embed = make_span("openai.embeddings", {_LLM_REQUEST_TYPE: "embedding"}, parent=root.span_id)
+    llm = make_span(
+        "openai.chat", {sc.OPENLLMETRY_REQUEST_TYPE: "chat"}, parent=root.span_id, start=1
+    )
+    embed = make_span(
+        "openai.embeddings", {sc.OPENLLMETRY_REQUEST_TYPE: "embedding"}, parent=root.span_id
+    )
     out = mapped(root, llm, embed)
     assert [s.kind for s in out.steps] == [KIND_DECISION]
     assert {r.run_id for r in out.runs} == {TRACE}

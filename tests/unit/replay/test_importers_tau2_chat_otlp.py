@@ -6,6 +6,8 @@ import atexit
 import base64
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -16,6 +18,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loopwatch.collector.decode import MSG_MALFORMED_ATTRIBUTES, MSG_TRACE_ID
+from loopwatch.collector.events import MSG_NO_RUN_ID
 from loopwatch.replay.importers import Document, Importer, detect, iter_files, read_file
 from loopwatch.replay.importers.chat import IMPORTER as CHAT
 from loopwatch.replay.importers.otlp_json import IMPORTER as OTLP
@@ -257,9 +261,9 @@ FIXTURE_CASES = [
         "otlp_json",
         ["5b8efff798038103d269b633813fc60c"],
         [
-            ("resourceSpans[0].scopeSpans[0].spans[8]", "no traceId"),
-            ("resourceSpans[0].scopeSpans[0].spans[9]", "'attributes' is not a list"),
-            ("resourceSpans[2]", "not an object"),
+            # The collector's decoder refuses these spans, with its messages.
+            ("resourceSpans[0].scopeSpans[0].spans[8]", "invalid trace id"),
+            ("resourceSpans[0].scopeSpans[0].spans[9]", "malformed attributes"),
             ("trace 0af7651916cd43dd8448eb211c80319c", "no model-call, tool or agent step"),
         ],
     ),
@@ -473,6 +477,52 @@ def test_loopwatch_spans_round_trip(tmp_path: Path) -> None:
     assert len({c.arguments_json() for c in calls}) == 1
     assert calls[0].observation is not None
     assert calls[0].observation == calls[1].observation
+
+
+def test_otlp_json_is_read_as_the_collector_reads_it(tmp_path: Path) -> None:
+    # One reader: a request the collector refuses whole (400) is one problem, and a
+    # loopwatch span no row could be made of is refused, named by its span id.
+    good = json.loads(_fixture("otlp_json/genai_agent.json").read_text(encoding="utf-8"))
+    refused = {"resourceSpans": [*good["resourceSpans"], "not a resourceSpans object"]}
+    orphan_span = {
+        "traceId": "1" * 32,
+        "spanId": "2" * 16,
+        "name": "decide x",
+        "attributes": [{"key": "loopwatch.event", "value": {"stringValue": "decision"}}],
+    }
+    orphan = {"resourceSpans": [{"scopeSpans": [{"spans": [orphan_span]}]}]}
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (refused, good, orphan)), encoding="utf-8")
+    result = read_file(path)
+    assert [r.run_id for r in result.trajectories] == ["5b8efff798038103d269b633813fc60c"]
+    assert [(p.record, p.message) for p in result.problems] == [
+        ("line 1", "cannot decode json body: resourceSpans is not an array of objects"),
+        ("line 2: resourceSpans[0].scopeSpans[0].spans[8]", MSG_TRACE_ID),
+        ("line 2: resourceSpans[0].scopeSpans[0].spans[9]", MSG_MALFORMED_ATTRIBUTES),
+        ("line 3: span 2222222222222222", MSG_NO_RUN_ID),
+        ("trace 0af7651916cd43dd8448eb211c80319c", "no model-call, tool or agent step spans"),
+    ]
+
+
+def test_otlp_json_without_the_collector_extra_names_it() -> None:
+    # The collector's decoder needs protobuf (the collector extra); other formats do not.
+    script = (
+        "import sys\n"
+        "sys.modules['google.protobuf'] = sys.modules['opentelemetry.proto'] = None\n"
+        "from loopwatch.replay.importers import read_file\n"
+        f"otlp = read_file({str(_fixture('otlp_json/genai_agent.json'))!r})\n"
+        "print([(p.record, p.message) for p in otlp.problems], otlp.trajectories)\n"
+        f"chat = read_file({str(_fixture('chat/messages.json'))!r})\n"
+        "print([r.run_id for r in chat.trajectories])\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    otlp, chat = run.stdout.splitlines()
+    assert otlp.startswith("[('file', \"reading OTLP/JSON needs the collector extra: ")
+    assert "pip install 'loopwatch[collector]'" in otlp and otlp.endswith("] []")
+    assert chat == "['messages']"
 
 
 # --- fuzzing: random and mutated documents never raise ------------------------------------
