@@ -58,7 +58,6 @@ formats need no extra).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -71,6 +70,7 @@ from loopwatch.collector.records import STATUS_ERROR, Attributes, SpanBatch, Spa
 from loopwatch.instrumentation import _semconv as sc
 from loopwatch.replay.importers import Document
 from loopwatch.replay.importers._calls import OpenCalls
+from loopwatch.replay.importers._fields import json_or_text
 from loopwatch.replay.trajectory import (
     AGENT,
     FAILURE,
@@ -306,7 +306,7 @@ def _loopwatch_run(
 
 def _loopwatch_call(span: SpanRecord) -> ToolCall:
     attrs = span.attributes
-    arguments: Any = _json_or_text(genai.attr_text(attrs, sc.GEN_AI_TOOL_CALL_ARGUMENTS))
+    arguments: Any = json_or_text(genai.attr_text(attrs, sc.GEN_AI_TOOL_CALL_ARGUMENTS))
     if arguments is None:
         fingerprint = genai.attr_str(attrs, sc.LW_ACTION_FINGERPRINT)
         arguments = {sc.LW_ACTION_FINGERPRINT: fingerprint} if fingerprint else {}
@@ -421,7 +421,7 @@ def _model_step(span: SpanRecord) -> tuple[_Draft, str | None]:
     )
     problem: str | None = None
     if sc.GEN_AI_OUTPUT_MESSAGES in attrs:
-        messages = _json_or_text(genai.attr_text(attrs, sc.GEN_AI_OUTPUT_MESSAGES))
+        messages = json_or_text(genai.attr_text(attrs, sc.GEN_AI_OUTPUT_MESSAGES))
         if isinstance(messages, list):
             _genai_output(messages, draft)
         else:
@@ -483,7 +483,7 @@ def _openinference_output(attrs: Attributes, draft: _Draft) -> None:
 
 def _openai_response(raw: str | None, draft: _Draft) -> None:
     """Tool calls from an OpenAI Chat Completions response body in ``output.value``."""
-    body = _json_or_text(raw)
+    body = json_or_text(raw)
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return
@@ -511,7 +511,7 @@ def _tool_result(span: SpanRecord, drafts: list[_Draft], by_id: OpenCalls[_Call]
     if call is None and drafts and drafts[-1].model_call:
         call = next((c for c in drafts[-1].calls if not c.answered and c.name == name), None)
     if call is None:
-        arguments = _json_or_text(genai.tool_arguments(attrs))
+        arguments = json_or_text(genai.tool_arguments(attrs))
         call = _Call(name, {} if arguments is None else arguments, call_id)
         start = _seconds(span.start_unix_nano)
         drafts.append(_Draft(model_call=False, text=None, timestamp=start, calls=[call]))
@@ -584,18 +584,8 @@ def _id(value: Any) -> str | None:
 def _arguments(raw: Any) -> Any:
     if raw is None:
         return {}
-    decoded = _json_or_text(raw)
+    decoded = json_or_text(raw)
     return {} if decoded is None else decoded
-
-
-def _json_or_text(value: Any) -> Any:
-    """A JSON string decoded (the raw string when it is not JSON); other values as is."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except (ValueError, RecursionError):
-            return value
-    return value
 
 
 IMPORTER: Final = OtlpJsonImporter()
