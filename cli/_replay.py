@@ -321,8 +321,8 @@ def replay(
             one = read_file(path, format=input_format)
             loaded.trajectories.extend(one.trajectories)
             loaded.problems.extend(one.problems)
-    for problem in loaded.problems:
-        click.echo(f"loopwatch replay: {_printable(str(problem))}", err=True)
+    for import_problem in loaded.problems:
+        click.echo(f"loopwatch replay: {_printable(str(import_problem))}", err=True)
     runs = loaded.trajectories
     if not runs:
         if not files:

@@ -60,12 +60,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from loopwatch.instrumentation import Decision, Outcome, Policy, Run, ToolFailure
 from loopwatch.instrumentation.testing import FakeClock, ScriptedModel
 
-from .examples import EXAMPLES_DIR, record_examples
 from .export import (
     DEFAULT_OTLP_URL,
     CollectorUnreachable,
@@ -79,6 +78,7 @@ from .importers.native import FORMAT, write_trajectories
 from .importers.native import NAME as NATIVE_FORMAT_NAME
 from .policy_choice import DEFAULT_POLICY_FILE, recorded_policy, resolve_policy
 from .recorded import classify_recorded_error, decoded_observation, recorded_decision
+from .shipped_examples import EXAMPLES_DIR, record_examples
 from .trajectory import AGENT, FAILURE, SUCCESS, ImportProblem, Step, ToolCall, Trajectory
 
 __all__ = [
@@ -266,7 +266,9 @@ def replay_trajectory(
     recorded = settings.get("policy")
     if isinstance(recorded, Mapping) and not policy_override:
         policy = recorded_policy(recorded, f"{trajectory.source}: {trajectory.run_id}")
-    mode = "observe" if settings.get("mode") == "observe" else "enforce"
+    mode: Literal["enforce", "observe"] = (
+        "observe" if settings.get("mode") == "observe" else "enforce"
+    )
     goal: Callable[[Any], bool] | None = None
     if trajectory.recorded_outcome in (SUCCESS, FAILURE):
         passed = trajectory.recorded_outcome == SUCCESS

@@ -10,7 +10,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff"
 ruff check .
 echo "== mypy"
-mypy instrumentation collector cli replay dashboard
+bash scripts/typecheck.sh
 echo "== pytest"
 mkdir -p test-artifacts
 LOOPWATCH_BENCH=${LOOPWATCH_BENCH:-smoke} python -m pytest "$@"

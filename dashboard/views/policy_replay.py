@@ -175,9 +175,9 @@ def _runs_frame(results: list[ReplayResult], labels: list[str]) -> pd.DataFrame:
             "loop onset": first.loop.onset_step if first.loop is not None else None,
         }
         for label in labels:
-            r = by_label.get(label)
-            row[label] = _verdict(r)
-            row[f"calls saved ({label})"] = r.calls_saved if r is not None else 0
+            found = by_label.get(label)
+            row[label] = _verdict(found)
+            row[f"calls saved ({label})"] = found.calls_saved if found is not None else 0
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -213,8 +213,8 @@ if steps:
                     facts.append(f"failure class {ui.code_md(call.failure_class)}")
                 facts.append("progress" if call.progress else "no progress")
                 st.markdown(f"**{ui.escape_md(call.tool)}**: " + ", ".join(facts))
-                for label, value in (("arguments", call.arguments), ("result", call.result)):
-                    folded = runview.fold(value)
+                for label, content in (("arguments", call.arguments), ("result", call.result)):
+                    folded = runview.fold(content)
                     if not folded.full:
                         st.caption(f"{label}: not captured")
                     elif folded.folded:

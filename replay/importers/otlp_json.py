@@ -151,12 +151,14 @@ class OtlpJsonImporter:
         seen: set[str] = set()
         for trace_id, spans in traces.items():
             for found in _trace_runs(source, trace_id, spans):
-                out = found
-                if isinstance(found, Trajectory):
-                    if found.run_id in seen:  # one loopwatch run id in two traces
-                        out = replace(found, run_id=f"{found.run_id}/trace={trace_id}")
-                    seen.add(out.run_id)
-                yield out
+                yield _unique(found, seen, trace_id) if isinstance(found, Trajectory) else found
+
+
+def _unique(found: Trajectory, seen: set[str], trace_id: str) -> Trajectory:
+    if found.run_id in seen:  # one loopwatch run id in two traces
+        found = replace(found, run_id=f"{found.run_id}/trace={trace_id}")
+    seen.add(found.run_id)
+    return found
 
 
 def _decode(text: str) -> tuple[SpanBatch, list[tuple[str, str]]]:

@@ -86,7 +86,7 @@ def test_shipped_example_files_are_current(tmp_path: Path) -> None:
     assert sorted(p.name for p in written) == shipped
     for path in written:
         assert path.read_text() == (demo.EXAMPLES_DIR / path.name).read_text(), (
-            f"{path.name} differs: run `python -m loopwatch.replay.examples record-examples`"
+            f"{path.name} differs: run `python -m loopwatch.replay.shipped_examples record-examples`"
         )
 
 

@@ -3,7 +3,7 @@
 
 Each run carries the policy it was recorded under (``metadata.replay.policy``) and its
 expected stop, so ``loopwatch demo`` replays it to that stop. Rewrite the files with
-``python -m loopwatch.replay.examples record-examples [DIR]``.
+``python -m loopwatch.replay.shipped_examples record-examples [DIR]``.
 """
 
 from __future__ import annotations
@@ -13,14 +13,24 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from loopwatch.instrumentation import Run, ToolFailure
 from loopwatch.instrumentation.testing import FakeClock, ScriptedModel
 
 from .importers.native import write_trajectories
 from .policy_choice import policy_table
-from .trajectory import AGENT, FAILURE, SUCCESS, UNKNOWN, USER, Step, ToolCall, Trajectory
+from .trajectory import (
+    AGENT,
+    FAILURE,
+    SUCCESS,
+    UNKNOWN,
+    USER,
+    DecisionKindName,
+    Step,
+    ToolCall,
+    Trajectory,
+)
 
 __all__ = ["EXAMPLES_DIR", "record_examples"]
 
@@ -98,7 +108,7 @@ def _record(example: Any, number: int) -> Trajectory:
                         ended_at=_EPOCH + clock(),
                     )
                 )
-            kind = decision.type.value
+            kind: DecisionKindName = cast(Any, decision.type.value)  # a DecisionType value
             text = decision.text if kind != "final" else str(decision.answer)
             steps.append(
                 Step(
@@ -182,9 +192,10 @@ def _hand_made(first: int) -> list[tuple[str, Trajectory]]:
 
 
 def _examples_main(argv: Sequence[str]) -> int:
-    """``python -m loopwatch.replay.examples record-examples [DIR]``: rewrite the example files."""
+    """``python -m loopwatch.replay.shipped_examples record-examples [DIR]``: rewrite them."""
     if not argv or argv[0] != "record-examples":
-        print("usage: python -m loopwatch.replay.examples record-examples [DIR]", file=sys.stderr)
+        usage = "usage: python -m loopwatch.replay.shipped_examples record-examples [DIR]"
+        print(usage, file=sys.stderr)
         return 2
     for path in record_examples(argv[1] if len(argv) > 1 else EXAMPLES_DIR):
         print(path)
