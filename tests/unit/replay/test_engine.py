@@ -537,7 +537,7 @@ def test_trajectory_from_stored_with_content_and_blocked_call() -> None:
         "recorded",
         "demo",
         "export",
-        "examples",
+        "shipped_examples",
         "importers._fields",
         "importers._calls",
         "importers.stored",
