@@ -16,6 +16,7 @@ installed the spans are no-ops and the guard still works. Entry points:
 
 from __future__ import annotations
 
+from .decorators import agent, decision, tool
 from .errors import LoopwatchError, PolicyError, PolicyProblem, RunStateError, StopRun
 from .failures import FailureClass, ToolFailure, classify_exception
 from .guard import (
@@ -41,7 +42,7 @@ from .policy import (
     load_policies,
     load_policy,
 )
-from .run import Run, agent, current_run, decision, tool
+from .runs import Run, current_run
 
 __version__ = "0.1.0"
 

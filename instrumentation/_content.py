@@ -110,7 +110,7 @@ def capture_json(value: Any, *, max_chars: int = MAX_CAPTURE_CHARS) -> str:
     Never longer than ``max_chars``: strings are shortened first; if that is not enough the
     value is replaced by ``{"truncated": true, "preview": ...}`` (still valid JSON).
     """
-    # Plain objects by identity, as before they were observed by state: their private
+    # Plain objects by identity, not by state: their private
     # fields (a session's auth, a client's cookies) are not content to export.
     canon = canonicalize(value, objects="identity")
     # Scrub before the final cut: a secret or canary that straddles a cut would otherwise

@@ -29,7 +29,7 @@ from ..failures import FailureClass, ToolFailure
 from ..guard import Decision, ToolCall
 
 if TYPE_CHECKING:
-    from ..run import Run
+    from ..runs import Run
 
 __all__ = [
     "ConstantTool",

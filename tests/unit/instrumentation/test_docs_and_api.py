@@ -59,7 +59,9 @@ def test_policy_doc_lists_every_limit() -> None:
         "loopwatch.instrumentation.testing",
         "loopwatch.instrumentation.guard",
         "loopwatch.instrumentation.policy",
-        "loopwatch.instrumentation.run",
+        "loopwatch.instrumentation.runs",
+        "loopwatch.instrumentation.decorators",
+        "loopwatch.instrumentation.outcomes",
         "loopwatch.instrumentation.errors",
     ],
 )
