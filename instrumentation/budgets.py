@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from .outcomes import Dimension, Evidence, Stop, StopReason, Usage, make_stop
+from .outcomes import Basis, Dimension, Evidence, Stop, StopReason, Usage, make_stop
 from .policy import Policy
 
 __all__ = [
@@ -167,10 +167,13 @@ class Budget:
         """
         limit = self.policy.max_elapsed_seconds
         if elapsed >= limit:
-            return _deadline(step, limit, elapsed, "run")
+            return _spent(step, Dimension.ELAPSED_SECONDS, limit, elapsed, "observed")
         parent = self.parent
         if parent is not None and parent.remaining(parent.elapsed()) <= 0:
-            return _deadline(step, parent.policy.max_elapsed_seconds, parent.elapsed(), "parent")
+            limit = parent.policy.max_elapsed_seconds
+            return _spent(
+                step, Dimension.ELAPSED_SECONDS, limit, parent.elapsed(), "observed", scope="parent"
+            )
         return None
 
     def quick_deadline_stop(self, step: int, elapsed: float) -> Stop | None:
@@ -211,18 +214,22 @@ class Budget:
         ancestor's), with the estimates added to the projected totals."""
         p = self.policy
         if self.turns >= p.max_model_turns:
-            return _ceiling(step, Dimension.MODEL_TURNS, p.max_model_turns, self.turns + 1)
+            return _spent(
+                step, Dimension.MODEL_TURNS, p.max_model_turns, self.turns + 1, "projected"
+            )
         tokens = self.tokens()
         projected = tokens + (estimate_tokens or 0)
         if (estimate_tokens is not None and projected > p.max_tokens) or tokens >= p.max_tokens:
-            return _ceiling(step, Dimension.TOKENS, p.max_tokens, max(projected, tokens))
+            return _spent(step, Dimension.TOKENS, p.max_tokens, max(projected, tokens), "projected")
         if estimate_cost_usd is not None or self.cost > p.max_cost_usd - NEAR:
             cost = dollars(self.cost)
             projected_cost = dollars(self.cost + (estimate_cost_usd or 0.0))
             if (
                 estimate_cost_usd is not None and projected_cost > p.max_cost_usd
             ) or cost >= p.max_cost_usd:
-                return _ceiling(step, Dimension.COST, p.max_cost_usd, max(projected_cost, cost))
+                return _spent(
+                    step, Dimension.COST, p.max_cost_usd, max(projected_cost, cost), "projected"
+                )
         if self.parent is not None:
             needs: dict[Dimension, float] = {
                 Dimension.MODEL_TURNS: 1,
@@ -237,13 +244,23 @@ class Budget:
         ceilings, then an ancestor's (``blocked_by`` ``ceiling`` or ``parent``)."""
         p = self.policy
         if self.attempts >= p.max_tool_attempts:
-            stop = _ceiling(
-                step, Dimension.TOOL_ATTEMPTS, p.max_tool_attempts, self.attempts + 1, tool
+            stop = _spent(
+                step,
+                Dimension.TOOL_ATTEMPTS,
+                p.max_tool_attempts,
+                self.attempts + 1,
+                "projected",
+                tool=tool,
             )
             return stop, "ceiling"
         if self.successes >= p.max_tool_successes:
-            stop = _ceiling(
-                step, Dimension.TOOL_SUCCESSES, p.max_tool_successes, self.successes + 1, tool
+            stop = _spent(
+                step,
+                Dimension.TOOL_SUCCESSES,
+                p.max_tool_successes,
+                self.successes + 1,
+                "projected",
+                tool=tool,
             )
             return stop, "ceiling"
         if self.parent is not None:
@@ -272,15 +289,15 @@ class Budget:
         p = self.policy
         tokens = self.tokens()
         if tokens > p.max_tokens:
-            return _observed(step, Dimension.TOKENS, p.max_tokens, tokens, "run")
+            return _spent(step, Dimension.TOKENS, p.max_tokens, tokens, "observed")
         if dollars(self.cost) > p.max_cost_usd:
-            return _observed(step, Dimension.COST, p.max_cost_usd, dollars(self.cost), "run")
+            return _spent(step, Dimension.COST, p.max_cost_usd, dollars(self.cost), "observed")
         node = self.parent
         while node is not None:
             for dim in (Dimension.TOKENS, Dimension.COST):
                 used, limit = node.used_and_limit(dim)
                 if used > limit:
-                    return _observed(step, dim, limit, round(used, 6), "parent")
+                    return _spent(step, dim, limit, round(used, 6), "observed", scope="parent")
             node = node.parent
         return None
 
@@ -305,15 +322,7 @@ class Budget:
             for dim, amount in needs.items():
                 used, limit = node.used_and_limit(dim)
                 if used + amount > limit or (amount == 0 and used >= limit):
-                    return make_stop(
-                        StopReason.BUDGET_EXHAUSTED,
-                        step,
-                        dimension=dim,
-                        limit=limit,
-                        observed=used + amount,
-                        basis="projected",
-                        evidence=Evidence(detector="ceiling", scope="parent"),
-                    )
+                    return _spent(step, dim, limit, used + amount, "projected", scope="parent")
             node = node.parent
         return None
 
@@ -402,39 +411,24 @@ class Budget:
         )
 
 
-def _deadline(step: int, limit: float, elapsed: float, scope: str) -> Stop:
-    return make_stop(
-        StopReason.DEADLINE_EXCEEDED,
-        step,
-        dimension=Dimension.ELAPSED_SECONDS,
-        limit=limit,
-        observed=elapsed,
-        basis="observed",
-        evidence=Evidence(detector="deadline", scope=scope),
-    )
-
-
-def _ceiling(
-    step: int, dimension: Dimension, limit: float, would_be: float, tool: str | None = None
+def _spent(
+    step: int,
+    dimension: Dimension,
+    limit: float,
+    observed: float,
+    basis: Basis,
+    *,
+    scope: str = "run",
+    tool: str | None = None,
 ) -> Stop:
+    """A budget stop (``deadline_exceeded`` for the elapsed-seconds budget)."""
+    deadline = dimension is Dimension.ELAPSED_SECONDS
     return make_stop(
-        StopReason.BUDGET_EXHAUSTED,
+        StopReason.DEADLINE_EXCEEDED if deadline else StopReason.BUDGET_EXHAUSTED,
         step,
         dimension=dimension,
         limit=limit,
-        observed=would_be,
-        basis="projected",
-        evidence=Evidence(detector="ceiling", tool=tool),
-    )
-
-
-def _observed(step: int, dimension: Dimension, limit: float, used: float, scope: str) -> Stop:
-    return make_stop(
-        StopReason.BUDGET_EXHAUSTED,
-        step,
-        dimension=dimension,
-        limit=limit,
-        observed=used,
-        basis="observed",
-        evidence=Evidence(detector="ceiling", scope=scope),
+        observed=observed,
+        basis=basis,
+        evidence=Evidence(detector="deadline" if deadline else "ceiling", tool=tool, scope=scope),
     )

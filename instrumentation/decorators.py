@@ -131,8 +131,8 @@ def agent(
             if parent is None:
                 return Run(agent_name, resolved, mode=mode, goal_check=goal_check, **run_kwargs)
             if parent.stopped:
-                # Not a fresh root run: that escaped the stopped parent's budget and made
-                # calls after its stop. A child that ends as cancelled, making none.
+                # Not a fresh root run: one would escape the stopped parent's budget and
+                # make calls after its stop. A child that ends as cancelled makes none.
                 return parent._child_after_stop(
                     agent_name, resolved if policy is not None else None, goal_check, run_kwargs
                 )

@@ -439,8 +439,7 @@ class Run:
         spans of other instrumentations nest in it.
 
         Raises:
-            StopRun: the guard refused the call (enforce mode), or the decision ended the
-                run.
+            StopRun: the guard refused the call (enforce mode), or the decision ended it.
         """
         return _ModelCall(self, estimate_tokens, estimate_cost_usd)
 
@@ -492,8 +491,7 @@ class Run:
 
     def _after_result(self, record: ToolRecord) -> None:
         """A result that completed a loop (a cycle) ends the run in enforce mode."""
-        if record.verdict.stop is not None:
-            self._raise_if_stopped(record.verdict.stop)
+        self._raise_if_stopped(record.verdict.stop)
 
     def _invoker(
         self, name: str, args: dict[str, Any], fn: Callable[..., Any] | None
@@ -524,9 +522,8 @@ class Run:
             if ticket.blocked_by == "run_stopped":
                 self._raise_if_stopped(ticket.stop, refused=True)
             self._telemetry.blocked_tool(ticket, args_json, start_time=started)
-            if ticket.stop is not None:
-                self._raise_if_stopped(ticket.stop, refused=True)
-            if ticket.stop is None and ticket.blocked_by == "ceiling":
+            self._raise_if_stopped(ticket.stop, refused=True)
+            if ticket.blocked_by == "ceiling":
                 raise ToolFailure(
                     f"tool {name[:80]!r} refused for now: every tool-success slot left is "
                     "held by calls in flight",
@@ -573,9 +570,7 @@ class Run:
             The tool's result.
 
         Raises:
-            StopRun: the guard refused the call and ended the run (enforce mode).
-            ToolFailure: never dispatched: an unknown tool (class ``unknown_tool``), or
-                every tool-success slot left is held by calls in flight (``transient``).
+            StopRun / ToolFailure: refused, as for :meth:`tool_call`.
             TimeoutError: the call exceeded its timeout (the tool's own, capped by the
                 run's remaining wall clock); a result arriving later is discarded.
             TypeError: the tool returned an awaitable (an async function): recorded as
@@ -728,8 +723,7 @@ class _ModelCall(_SpanScope):
         verdict = run.guard.before_model_call(
             estimate_tokens=self._tokens, estimate_cost_usd=self._cost
         )
-        if not verdict.allowed:
-            run._raise_if_stopped(verdict.stop, refused=True)
+        run._raise_if_stopped(verdict.stop, refused=True)
         self._enter_span(run._telemetry.start_decision(start_time=started))
         return self
 
@@ -741,8 +735,7 @@ class _ModelCall(_SpanScope):
             )
             return
         run._telemetry.end_decision(self._span, self.decision)
-        if self.stop is not None:
-            run._raise_if_stopped(self.stop)
+        run._raise_if_stopped(self.stop)
 
     def record(self, decision: Decision) -> None:
         """Record the model's decision.
