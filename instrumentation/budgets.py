@@ -48,6 +48,12 @@ trace. Capped per report, a run's totals stay within range for 2**23 reports.
 """
 
 
+_ONE_TOOL_CALL: Final[Mapping[Dimension, float]] = {
+    Dimension.TOOL_ATTEMPTS: 1,
+    Dimension.TOOL_SUCCESSES: 1,
+}
+
+
 def dollars(amount: float) -> float:
     """``amount`` US dollars rounded to :data:`COST_DECIMALS`."""
     return round(amount, COST_DECIMALS)
@@ -243,32 +249,15 @@ class Budget:
         """``(stop, blocked_by)`` for a tool dispatch: this run's attempt and success
         ceilings, then an ancestor's (``blocked_by`` ``ceiling`` or ``parent``)."""
         p = self.policy
-        if self.attempts >= p.max_tool_attempts:
-            stop = _spent(
-                step,
-                Dimension.TOOL_ATTEMPTS,
-                p.max_tool_attempts,
-                self.attempts + 1,
-                "projected",
-                tool=tool,
-            )
-            return stop, "ceiling"
-        if self.successes >= p.max_tool_successes:
-            stop = _spent(
-                step,
-                Dimension.TOOL_SUCCESSES,
-                p.max_tool_successes,
-                self.successes + 1,
-                "projected",
-                tool=tool,
-            )
-            return stop, "ceiling"
+        if self.attempts >= p.max_tool_attempts or self.successes >= p.max_tool_successes:
+            for dim, used, limit in (
+                (Dimension.TOOL_ATTEMPTS, self.attempts, p.max_tool_attempts),
+                (Dimension.TOOL_SUCCESSES, self.successes, p.max_tool_successes),
+            ):
+                if used >= limit:
+                    return _spent(step, dim, limit, used + 1, "projected", tool=tool), "ceiling"
         if self.parent is not None:
-            needs: dict[Dimension, float] = {
-                Dimension.TOOL_ATTEMPTS: 1,
-                Dimension.TOOL_SUCCESSES: 1,
-            }
-            parent_stop = self.parent_block(step, needs)
+            parent_stop = self.parent_block(step, _ONE_TOOL_CALL)
             if parent_stop is not None:
                 return parent_stop, "parent"
         return None, None
