@@ -21,7 +21,7 @@ from typing import Any
 from opentelemetry.trace import TracerProvider
 
 from .failures import ToolFailure
-from .guard import Decision, Outcome, ToolCall
+from .outcomes import Decision, Outcome, ToolCall
 from .policy import Policy, ToolPolicy
 from .runs import Run
 from .testing import (
