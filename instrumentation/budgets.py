@@ -182,12 +182,6 @@ class Budget:
             )
         return None
 
-    def quick_deadline_stop(self, step: int, elapsed: float) -> Stop | None:
-        """:meth:`deadline_stop`, skipped when a root run is plainly within its deadline."""
-        if self.parent is None and elapsed < self.policy.max_elapsed_seconds:
-            return None
-        return self.deadline_stop(step, elapsed)
-
     # --------------------------------------------------------------- ceilings
 
     def tokens(self) -> int:

@@ -102,45 +102,22 @@ def _lookback(window: int, needed: int) -> int:
     return max(window, min(needed, MAX_LOOKBACK))
 
 
-class _LRU:
-    """A bounded mapping: inserting past ``capacity`` evicts the oldest key.
-
-    ``on_evict`` (optional) is called with each evicted key.
-    """
-
-    __slots__ = ("_capacity", "_data", "_on_evict")
+class _LRU(OrderedDict[Any, Any]):
+    """A bounded mapping: :meth:`set` past ``capacity`` evicts the oldest key (and calls
+    ``on_evict`` with it, if given)."""
 
     def __init__(self, capacity: int, on_evict: Callable[[Any], None] | None = None) -> None:
+        super().__init__()
         self._capacity = capacity
-        self._data: OrderedDict[Any, Any] = OrderedDict()
         self._on_evict = on_evict
 
-    def get(self, key: Any, default: Any = None) -> Any:
-        return self._data.get(key, default)
-
-    def __contains__(self, key: Any) -> bool:
-        return key in self._data
-
-    def __bool__(self) -> bool:
-        return bool(self._data)
-
-    def pop(self, key: Any) -> None:
-        self._data.pop(key, None)
-
     def set(self, key: Any, value: Any) -> None:
-        data = self._data
-        data[key] = value
-        data.move_to_end(key)
-        while len(data) > self._capacity:
-            old, _ = data.popitem(last=False)
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self._capacity:
+            old, _ = self.popitem(last=False)
             if self._on_evict is not None:
                 self._on_evict(old)
-
-    def items(self) -> list[tuple[Any, Any]]:
-        return list(self._data.items())
-
-    def __len__(self) -> int:
-        return len(self._data)
 
 
 @dataclass(slots=True)
@@ -262,10 +239,8 @@ class Detectors:
         return cached
 
     def retry_key(self, ts: ToolSettings, arguments: Mapping[str, Any], intent: str) -> str:
-        """The retry key of a call, or "" while no action has failed (it only matters
-        once some action has)."""
-        if not self.last_failure:
-            return ""
+        """The retry key of a call (the guard skips it while no action has failed: it
+        only matters once some action has)."""
         return intent if ts.write else ts.loose_key(arguments)
 
     def retry_check(
@@ -273,9 +248,7 @@ class Detectors:
     ) -> tuple[Stop | None, bool]:
         """``(stop, is_retry)``: a call after a failure of the same action is a retry,
         refused once the failure class's allowance is used up."""
-        failure: FailureClass | None = (
-            self.last_failure.get(ticket.retry_key) if ticket.retry_key else None
-        )
+        failure: FailureClass | None = self.last_failure.get(ticket.retry_key)
         if failure is None:
             return None, False
         allowance = retry_allowance(
@@ -385,28 +358,30 @@ class Detectors:
         episode (later isolated errors start afresh)."""
         if failure is None:
             if ticket.retry_key:
-                self.last_failure.pop(ticket.retry_key)
-                self.retries.pop(ticket.retry_key)
+                self.last_failure.pop(ticket.retry_key, None)
+                self.retries.pop(ticket.retry_key, None)
             return
         if not ticket.retry_key:
             ticket.retry_key = ts.loose_key(ticket.arguments or {})
         self.last_failure.set(ticket.retry_key, failure)
 
-    def success_progress(self, ticket: ToolTicket, ts: ToolSettings, obs: str, result: Any) -> bool:
-        """Whether a successful result is progress evidence (a new observation, or a
-        progress field moved); also notes a write's intent for duplicate checks."""
-        progress = obs not in self.seen
-        if ts.keep and self._progress_changed(ticket, result, ts.keep):
-            progress = True
-        if ts.write:
-            prior = list(self.writes.get(ticket.intent) or [])
-            if ticket.idempotency_key is None or all(k != ticket.idempotency_key for k, _ in prior):
-                prior.append((ticket.idempotency_key, ticket.step))
-            self.writes.set(ticket.intent, prior[-self.window :])
-        return progress
-
-    def record(self, ticket: ToolTicket, obs: str, progress: bool) -> None:
-        """Add a recorded call (result or error) to the window and the streak."""
+    def record(
+        self, ticket: ToolTicket, ts: ToolSettings, obs: str, result: Any, succeeded: bool
+    ) -> bool:
+        """Add a recorded call (result or error) to the window and the streak; returns
+        whether it is progress evidence: a success with an observation not seen before, or
+        a progress field moved. A successful write's intent is noted for duplicates."""
+        progress = False
+        if succeeded:
+            progress = obs not in self.seen
+            if ts.keep and self._progress_changed(ticket, result, ts.keep):
+                progress = True
+            if ts.write:
+                prior = list(self.writes.get(ticket.intent) or [])
+                key = ticket.idempotency_key
+                if key is None or all(k != key for k, _ in prior):
+                    prior.append((key, ticket.step))
+                self.writes.set(ticket.intent, prior[-self.window :])
         self.seen.set(obs, None)
         action = Action(ticket.fingerprint, obs, ticket.tool, ticket.step, progress)
         self.actions.append(action)
@@ -427,6 +402,7 @@ class Detectors:
             self.streak_all.clear()
             self.streak_all.append(ticket.step)
             self.streak_count = self.streak_all_count = 1
+        return progress
 
     def progress_noted(self) -> None:
         """Explicit progress evidence starts a new count of identical actions (the count

@@ -312,9 +312,10 @@ class Guard:
                 if not ended.allowed:
                     return ended
                 observed = ended.would_stop
-            stop = b.quick_deadline_stop(b.step, elapsed) or b.model_call_stop(
-                b.step, estimate_tokens, estimate_cost_usd
-            )
+            stop = None
+            if b.parent is not None or elapsed >= self.policy.max_elapsed_seconds:
+                stop = b.deadline_stop(b.step, elapsed)
+            stop = stop or b.model_call_stop(b.step, estimate_tokens, estimate_cost_usd)
             if stop is not None:
                 verdict = self._decide(stop)
                 if not verdict.allowed:
@@ -376,14 +377,14 @@ class Guard:
                     if not verdict.allowed:
                         return verdict
                     would = verdict.would_stop
-            return self._observed_ceilings(would)
+            if b.past_observed_ceiling():
+                return self._observed_ceilings(would)
+            return ALLOWED if would is None else Verdict(True, would_stop=would)
 
     def _observed_ceilings(self, would: Stop | None) -> Verdict:
-        b = self._budget
-        if b.past_observed_ceiling():
-            stop = b.observed_ceiling_stop(b.step)
-            if stop is not None:
-                return _with_would(self._decide(stop), would)
+        stop = self._budget.observed_ceiling_stop(self._budget.step)
+        if stop is not None:
+            return _with_would(self._decide(stop), would)
         return ALLOWED if would is None else Verdict(True, would_stop=would)
 
     def provided(self, *fields: str) -> None:
@@ -446,7 +447,7 @@ class Guard:
                 ts.risk,
                 fp,
                 intent,
-                d.retry_key(ts, args, intent),
+                d.retry_key(ts, args, intent) if d.last_failure else "",
                 False,
                 ts.key_value(args) if ts.key_field is not None else None,
                 None,
@@ -523,10 +524,12 @@ class Guard:
         """``(stop, blocked_by, is_retry)``: deadline, ceilings, success slots held by
         calls in flight, the retry rule, then the repeated-action detectors."""
         b = self._budget
+        p = self.policy
         step = b.step
-        stop = b.quick_deadline_stop(step, elapsed)
-        if stop is not None:
-            return stop, "deadline", False
+        if b.parent is not None or elapsed >= p.max_elapsed_seconds:
+            stop = b.deadline_stop(step, elapsed)
+            if stop is not None:
+                return stop, "deadline", False
         stop, blocked_by = b.tool_call_stop(step, ticket.tool)
         if blocked_by is not None:
             return stop, blocked_by, False
@@ -537,11 +540,12 @@ class Guard:
         ):
             return None, "ceiling", False
         d = self._detectors
-        stop, is_retry = d.retry_check(ticket, ts, step)
-        if stop is not None:
-            return stop, "retry_rule", False
-        if is_retry:
-            return None, None, True
+        if ticket.retry_key:
+            stop, is_retry = d.retry_check(ticket, ts, step)
+            if stop is not None:
+                return stop, "retry_rule", False
+            if is_retry:
+                return None, None, True
         stop = d.repeat(ticket, ts, step)
         if stop is not None:
             return stop, stop.evidence.detector, False
@@ -594,7 +598,6 @@ class Guard:
             ticket.done = True
             d = self._detectors
             ts = d.tools.get(ticket.tool) or d.tool_settings(ticket.tool)
-            progress = False
             fc: FailureClass | None = None
             error_type: str | None = None
             if error is not None:
@@ -614,10 +617,9 @@ class Guard:
                 b.successes += 1
                 if b.parent is not None:
                     b.charge_parents(successes=1)
-                progress = d.success_progress(ticket, ts, obs, result)
             if fc is not None or ticket.retry_key:
                 d.remember_failure(ticket, ts, fc)
-            d.record(ticket, obs, progress)
+            progress = d.record(ticket, ts, obs, result, error is None)
             if progress:
                 b.step_progress = True
                 b.steps_since_progress = 0
@@ -663,8 +665,10 @@ class Guard:
             stop = b.deadline_stop(b.step, elapsed)
             if stop is not None:
                 return self._decide(stop)
-        verdict = self._observed_ceilings(None)
+        verdict = self._observed_ceilings(None) if b.past_observed_ceiling() else ALLOWED
         if not verdict.allowed:
+            return verdict
+        if b.steps_since_progress < self.policy.no_progress_patience:
             return verdict
         stop = self._detectors.no_progress(b.step, b.steps_since_progress)
         if stop is None:
@@ -738,14 +742,7 @@ class Guard:
         the fingerprint window (format: :mod:`.state`).
         """
         with self._lock:
-            return snapshot(
-                run_id=self.run_id,
-                policy=self.policy,
-                budget=self._budget,
-                detectors=self._detectors,
-                stop=self._stop,
-                partial=self._partial,
-            )
+            return snapshot(self, self._budget, self._detectors, self._stop, self._partial)
 
     @classmethod
     def restore(

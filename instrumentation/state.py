@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from .budgets import Budget
 from .detectors import Action, Detectors
@@ -19,6 +19,12 @@ from .outcomes import Stop
 from .policy import Policy
 
 __all__ = ["SNAPSHOT_FORMAT", "already_used", "check", "load", "snapshot"]
+
+
+class _Named(Protocol):
+    run_id: str
+    policy: Policy
+
 
 SNAPSHOT_FORMAT: Final = "loopwatch.guard/1"
 _COUNTERS: Final = (
@@ -38,23 +44,18 @@ _COUNTERS: Final = (
 
 
 def snapshot(
-    *,
-    run_id: str,
-    policy: Policy,
-    budget: Budget,
-    detectors: Detectors,
-    stop: Stop | None,
-    partial: str | None,
+    run: _Named, budget: Budget, detectors: Detectors, stop: Stop | None, partial: str | None
 ) -> dict[str, Any]:
-    """The run's state as a JSON-ready dict (see the module docstring)."""
+    """The run's state as a JSON-ready dict (see the module docstring); ``run`` gives the
+    run id and policy."""
     d = detectors
     counters: dict[str, Any] = {name: getattr(budget, name) for name in _COUNTERS}
     counters["step_open"] = budget.step_open
     counters["step_progress"] = budget.step_progress
     return {
         "format": SNAPSHOT_FORMAT,
-        "run_id": run_id,
-        "policy": {"name": policy.name, "version": policy.version},
+        "run_id": run.run_id,
+        "policy": {"name": run.policy.name, "version": run.policy.version},
         "elapsed_seconds": budget.elapsed(),
         "counters": counters,
         "stop": stop.to_dict() if stop is not None else None,
