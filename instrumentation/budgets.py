@@ -217,7 +217,7 @@ class Budget:
             return _spent(
                 step, Dimension.MODEL_TURNS, p.max_model_turns, self.turns + 1, "projected"
             )
-        tokens = self.tokens()
+        tokens = self.input_tokens + self.output_tokens
         projected = tokens + (estimate_tokens or 0)
         if (estimate_tokens is not None and projected > p.max_tokens) or tokens >= p.max_tokens:
             return _spent(step, Dimension.TOKENS, p.max_tokens, max(projected, tokens), "projected")
@@ -262,7 +262,7 @@ class Budget:
         p = self.policy
         return (
             self.parent is not None
-            or self.tokens() > p.max_tokens
+            or self.input_tokens + self.output_tokens > p.max_tokens
             or (self.cost > p.max_cost_usd - NEAR and dollars(self.cost) > p.max_cost_usd)
         )
 
