@@ -7,6 +7,8 @@ installed the spans are no-ops and the guard still works. Entry points:
   and each tool (sync and async).
 - :class:`Run`: the same as an explicit context manager.
 - :class:`Guard`: the pure stop logic, for custom integrations and offline replay.
+- The closed sets, defined once: :class:`StopReason`, :class:`LoopDetector`,
+  :class:`ToolOutcome`, :class:`DecisionType` (and :class:`Dimension`).
 - :class:`Policy`, :func:`load_policy`, :func:`builtin_profiles`: limits from TOML or code.
 - :mod:`loopwatch.instrumentation.testing`: scripted model, fake clock, adversarial tools
   and trace-invariant assertions for your own tests.
@@ -16,18 +18,21 @@ installed the spans are no-ops and the guard still works. Entry points:
 
 from __future__ import annotations
 
+from .decorators import agent, decision, tool
 from .errors import LoopwatchError, PolicyError, PolicyProblem, RunStateError, StopRun
 from .failures import FailureClass, ToolFailure, classify_exception
-from .guard import (
+from .guard import Guard
+from .outcomes import (
     Decision,
     DecisionType,
     Dimension,
     Evidence,
-    Guard,
+    LoopDetector,
     Outcome,
     Stop,
     StopReason,
     ToolCall,
+    ToolOutcome,
     ToolRecord,
     ToolTicket,
     Usage,
@@ -41,7 +46,7 @@ from .policy import (
     load_policies,
     load_policy,
 )
-from .run import Run, agent, current_run, decision, tool
+from .runs import Run, current_run
 
 __version__ = "0.1.0"
 
@@ -52,6 +57,7 @@ __all__ = [
     "Evidence",
     "FailureClass",
     "Guard",
+    "LoopDetector",
     "LoopwatchError",
     "Outcome",
     "Policy",
@@ -64,6 +70,7 @@ __all__ = [
     "StopRun",
     "ToolCall",
     "ToolFailure",
+    "ToolOutcome",
     "ToolPolicy",
     "ToolRecord",
     "ToolTicket",

@@ -110,8 +110,8 @@ def capture_json(value: Any, *, max_chars: int = MAX_CAPTURE_CHARS) -> str:
     Never longer than ``max_chars``: strings are shortened first; if that is not enough the
     value is replaced by ``{"truncated": true, "preview": ...}`` (still valid JSON).
     """
-    # Plain objects by identity, as before they were observed by state: their private
-    # fields (a session's auth, a client's cookies) are not content to export.
+    # Plain objects by identity, not by state: their private fields (a session's auth, a
+    # client's cookies) are not content to export.
     canon = canonicalize(value, objects="identity")
     # Scrub before the final cut: a secret or canary that straddles a cut would otherwise
     # be exported in part, which no rule recognises any more. What is scrubbed is bounded

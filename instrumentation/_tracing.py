@@ -18,17 +18,9 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from . import _semconv as sc
-from .guard import (
-    Decision,
-    DecisionType,
-    Guard,
-    Outcome,
-    Stop,
-    ToolRecord,
-    ToolTicket,
-    _usage_cost,
-    _usage_tokens,
-)
+from .budgets import usage_cost, usage_tokens
+from .guard import Guard
+from .outcomes import Decision, DecisionType, Outcome, Stop, ToolRecord, ToolTicket
 
 __all__ = ["RunTelemetry", "telemetry_drops"]
 
@@ -78,13 +70,13 @@ def _decision_attributes(decision: Decision) -> dict[str, Any]:
         attrs[sc.LW_DECISION_TYPE] = dtype.value
         if dtype is not DecisionType.TOOL:
             attrs[sc.LW_DECISION_FINGERPRINT] = decision.fingerprint()
-    input_tokens = _usage_tokens(decision.input_tokens)
+    input_tokens = usage_tokens(decision.input_tokens)
     if input_tokens:
         attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
-    output_tokens = _usage_tokens(decision.output_tokens)
+    output_tokens = usage_tokens(decision.output_tokens)
     if output_tokens:
         attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
-    cost = _usage_cost(decision.cost_usd)
+    cost = usage_cost(decision.cost_usd)
     if cost and math.isfinite(cost):
         attrs[sc.LW_COST_USD] = cost
     return attrs
@@ -249,6 +241,20 @@ class RunTelemetry:
         finally:
             _end(span)
 
+    def _tool_attributes(self, ticket: ToolTicket) -> dict[str, Any]:
+        """The attributes every tool span starts with."""
+        return {
+            sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
+            sc.GEN_AI_TOOL_NAME: ticket.tool,
+            sc.GEN_AI_TOOL_CALL_ID: ticket.call_id or "",
+            sc.LW_EVENT: sc.EVENT_TOOL_RESULT,
+            sc.LW_RUN_ID: self.guard.run_id,
+            sc.GEN_AI_AGENT_NAME: self.agent,
+            sc.LW_STEP: ticket.step,
+            sc.LW_ACTION_FINGERPRINT: ticket.fingerprint,
+            sc.LW_TOOL_RISK: ticket.risk,
+        }
+
     def start_tool(
         self, ticket: ToolTicket, arguments_json: str | None, *, start_time: int | None = None
     ) -> Span | None:
@@ -258,17 +264,7 @@ class RunTelemetry:
             start_time: span start in ns since the epoch (``time.time_ns()``); now when None.
         """
         try:
-            attrs: dict[str, Any] = {
-                sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
-                sc.GEN_AI_TOOL_NAME: ticket.tool,
-                sc.GEN_AI_TOOL_CALL_ID: ticket.call_id or "",
-                sc.LW_EVENT: sc.EVENT_TOOL_RESULT,
-                sc.LW_RUN_ID: self.guard.run_id,
-                sc.GEN_AI_AGENT_NAME: self.agent,
-                sc.LW_STEP: ticket.step,
-                sc.LW_ACTION_FINGERPRINT: ticket.fingerprint,
-                sc.LW_TOOL_RISK: ticket.risk,
-            }
+            attrs = self._tool_attributes(ticket)
             if arguments_json is not None:
                 attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = arguments_json
             if ticket.would_stop is not None:
@@ -327,16 +323,8 @@ class RunTelemetry:
         ``start_time`` (ns since the epoch; now when None) to now."""
         try:
             unknown = ticket.blocked_by == "unknown_tool"
-            attrs: dict[str, Any] = {
-                sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
-                sc.GEN_AI_TOOL_NAME: ticket.tool,
-                sc.GEN_AI_TOOL_CALL_ID: ticket.call_id or "",
-                sc.LW_EVENT: sc.EVENT_TOOL_RESULT,
-                sc.LW_RUN_ID: self.guard.run_id,
-                sc.GEN_AI_AGENT_NAME: self.agent,
-                sc.LW_STEP: ticket.step,
-                sc.LW_ACTION_FINGERPRINT: ticket.fingerprint,
-                sc.LW_TOOL_RISK: ticket.risk,
+            attrs = self._tool_attributes(ticket)
+            attrs |= {
                 sc.LW_TOOL_OUTCOME: sc.OUTCOME_ERROR if unknown else sc.OUTCOME_BLOCKED,
                 sc.LW_PROGRESS: False,
                 sc.LW_STEPS_SINCE_PROGRESS: self.guard.steps_since_progress,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .guard import Stop
+    from .outcomes import Stop
 
 __all__ = [
     "LoopwatchError",

@@ -21,9 +21,9 @@ from typing import Any
 from opentelemetry.trace import TracerProvider
 
 from .failures import ToolFailure
-from .guard import Decision, Outcome, ToolCall
+from .outcomes import Decision, Outcome, ToolCall
 from .policy import Policy, ToolPolicy
-from .run import Run
+from .runs import Run
 from .testing import (
     ConstantTool,
     CursorTool,

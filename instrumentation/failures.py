@@ -99,7 +99,7 @@ def classify_exception(exc: BaseException) -> FailureClass:
                     return cls
     if isinstance(exc, (*_TIMEOUT_TYPES, asyncio.CancelledError)):
         # Cancelled: its completion is unknown, as after a timeout. As ``permanent`` (never
-        # retried), the caller's own timeout made the next identical call end the run.
+        # retried), the caller's own timeout would make the next identical call end the run.
         return FailureClass.TIMEOUT
     if isinstance(exc, PermissionError):
         return FailureClass.UNAUTHORIZED

@@ -225,7 +225,7 @@ def _canon(value: Any, drop: frozenset[str], loose: bool, depth: int) -> Any:
                 continue
             vkind = type(v)
             # Scalar leaves inline: most tool arguments are flat, and a call per leaf
-            # was a third of the guard's per-step cost.
+            # costs a third of the guard's per-step time.
             if vkind is str and not loose:
                 out[key] = v.strip()
             elif vkind is bool or v is None or (vkind is int and v.bit_length() <= _MAX_INT_BITS):
@@ -267,30 +267,16 @@ def _plain(  # noqa: PLR0917 - positional on purpose: recursive hot path
     means "take the full path".
     """
     kind = type(value)
-    if kind is dict:
+    if kind is dict or kind is list:
         if depth >= limit:
             return False
-        for k, v in value.items():
-            if type(k) is not str or (drop and k.lower() in drop):
-                return False
-            if keys is not None and keys.get(k) is not False:
-                return False
-            vkind = type(v)
-            if vkind is str:
-                if v.strip() is not v or (clean is not None and v not in clean):
+        if kind is dict:
+            for k in value:
+                if type(k) is not str or (drop and k.lower() in drop):
                     return False
-            elif vkind is int or vkind is bool or v is None:
-                continue
-            elif vkind is float:
-                if not math.isfinite(v):
+                if keys is not None and keys.get(k) is not False:
                     return False
-            elif not _plain(v, drop, clean, keys, limit, depth + 1):
-                return False
-        return True
-    if kind is list:
-        if depth >= limit:
-            return False
-        for v in value:
+        for v in value.values() if kind is dict else value:
             vkind = type(v)
             if vkind is str:
                 if v.strip() is not v or (clean is not None and v not in clean):
@@ -350,7 +336,7 @@ _ENCODER: Final = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
 )
 # The C encoder built once: ``JSONEncoder.encode`` builds one (and a closure) per call,
-# which was most of the cost of encoding a small value. Same arguments as ``_ENCODER``
+# which is most of the cost of encoding a small value. Same arguments as ``_ENCODER``
 # except the circular-reference markers: canonical values are trees.
 _C_ENCODE: Final[Callable[[Any, int], Any] | None] = (
     c_make_encoder(None, str, encode_basestring, None, ":", ",", True, False, True)

@@ -110,9 +110,6 @@ _PROFILE_KEYS: Final = frozenset({*_LIMIT_SPEC, "version", "description", "stric
 _TOOL_KEYS: Final = frozenset(
     {"risk", "volatile", "progress", "repeat_limit", "idempotency_key", "timeout_seconds"}
 )
-# Write tools default to a stricter repeat limit than the profile's: the second execution
-# of the same intent is refused unless declared otherwise.
-_WRITE_REPEAT_LIMIT_DEFAULT: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +124,8 @@ class ToolPolicy:
             addition to :data:`DEFAULT_VOLATILE_FIELDS`.
         progress: progress-bearing fields (``cursor``, ``page``): always kept, and a changed
             value in the arguments or the result is progress evidence.
-        repeat_limit: the N-th identical occurrence is refused (N < 2 behaves as 2: the
-            first occurrence is never a repeat). ``None``: the profile's ``repeat_limit``
+        repeat_limit: the N-th identical occurrence is refused (what it means in full:
+            :class:`~.detectors.RepeatLimits`). ``None``: the profile's ``repeat_limit``
             for reads, 2 for writes.
         idempotency_key: argument holding the idempotency key of a write. The key is left
             out of the *intent* fingerprint, so a fresh key per attempt does not evade the
@@ -364,14 +361,6 @@ class Policy:
         found = self.tools.get(name)
         return found if found is not None else ToolPolicy(name=name)
 
-    def repeat_limit_for(self, tool: ToolPolicy) -> int:
-        """Effective repeat limit of ``tool`` (at least 2)."""
-        if tool.repeat_limit is not None:
-            return max(tool.repeat_limit, 2)
-        if tool.risk == "write":
-            return min(_WRITE_REPEAT_LIMIT_DEFAULT, max(self.repeat_limit, 2))
-        return max(self.repeat_limit, 2)
-
     def timeout_for(self, tool: ToolPolicy) -> float:
         """Per-call timeout of ``tool`` in seconds."""
         return (
@@ -477,15 +466,25 @@ def _string_list(
     return frozenset(value)
 
 
+def _is_table(
+    raw: Any, keys: frozenset[str], path: str, source: str, problems: list[PolicyProblem]
+) -> bool:
+    """Whether ``raw`` is a table; its unknown keys are problems."""
+    if not isinstance(raw, dict):
+        problems.append(PolicyProblem(path, "must be a table", source))
+        return False
+    problems.extend(
+        PolicyProblem(f"{path}.{k}", "unknown key", source) for k in sorted(set(raw) - keys)
+    )
+    return True
+
+
 def _parse_tool(
     name: str, raw: Any, path: str, source: str, problems: list[PolicyProblem]
 ) -> ToolPolicy | None:
-    if not isinstance(raw, dict):
-        problems.append(PolicyProblem(path, "must be a table", source))
-        return None
     before = len(problems)
-    for key in sorted(set(raw) - _TOOL_KEYS):
-        problems.append(PolicyProblem(f"{path}.{key}", "unknown key", source))
+    if not _is_table(raw, _TOOL_KEYS, path, source, problems):
+        return None
     volatile = _string_list(raw.get("volatile", []), f"{path}.volatile", source, problems)
     progress = _string_list(raw.get("progress", []), f"{path}.progress", source, problems)
     risk = raw.get("risk", "read")
@@ -569,12 +568,9 @@ def _parse_profile(
     name: str, raw: Any, source: str, problems: list[PolicyProblem]
 ) -> Policy | None:
     path = f"profiles.{name}"
-    if not isinstance(raw, dict):
-        problems.append(PolicyProblem(path, "must be a table", source))
-        return None
     before = len(problems)
-    for key in sorted(set(raw) - _PROFILE_KEYS):
-        problems.append(PolicyProblem(f"{path}.{key}", "unknown key", source))
+    if not _is_table(raw, _PROFILE_KEYS, path, source, problems):
+        return None
     version = raw.get("version")
     if not isinstance(version, str) or not version.strip():
         problems.append(

@@ -52,7 +52,7 @@ def _no_run_left_current() -> Iterator[None]:
     unrelated tests fail far from the cause. Both are cleared before failing, so the leak
     is reported once, where it happened.
     """
-    from loopwatch.instrumentation import run as run_module
+    from loopwatch.instrumentation import runs as run_module
     from opentelemetry import context, trace
 
     yield

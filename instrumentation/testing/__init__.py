@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 from .. import _semconv as sc
 from ..errors import ScriptExhaustedError
 from ..failures import FailureClass, ToolFailure
-from ..guard import Decision, ToolCall
+from ..outcomes import Decision, ToolCall
 
 if TYPE_CHECKING:
-    from ..run import Run
+    from ..runs import Run
 
 __all__ = [
     "ConstantTool",

@@ -59,7 +59,9 @@ def test_policy_doc_lists_every_limit() -> None:
         "loopwatch.instrumentation.testing",
         "loopwatch.instrumentation.guard",
         "loopwatch.instrumentation.policy",
-        "loopwatch.instrumentation.run",
+        "loopwatch.instrumentation.runs",
+        "loopwatch.instrumentation.decorators",
+        "loopwatch.instrumentation.outcomes",
         "loopwatch.instrumentation.errors",
     ],
 )
@@ -79,3 +81,13 @@ def test_errors_module_draws_the_tree() -> None:
     for name in errors.__all__:
         if name != "PolicyProblem":
             assert name in (errors.__doc__ or ""), name
+
+
+def test_closed_sets_are_defined_once_and_agree() -> None:
+    """Every loop detector stops with the stop reason of its name; the tool outcomes are
+    the values the spans carry."""
+    from loopwatch.instrumentation import LoopDetector, StopReason, ToolOutcome
+    from loopwatch.instrumentation import _semconv as sc
+
+    assert {StopReason(d.value) for d in LoopDetector} <= set(StopReason)
+    assert set(ToolOutcome) == {sc.OUTCOME_OK, sc.OUTCOME_ERROR, sc.OUTCOME_BLOCKED}

@@ -19,7 +19,11 @@ from loopwatch.instrumentation import (
     ToolFailure,
     ToolPolicy,
 )
-from loopwatch.instrumentation.guard import MAX_LOOKBACK, REPEAT_ACROSS_PROGRESS_FACTOR
+from loopwatch.instrumentation.detectors import (
+    MAX_LOOKBACK,
+    REPEAT_ACROSS_PROGRESS_FACTOR,
+    RepeatLimits,
+)
 from loopwatch.instrumentation.testing import FakeClock
 
 
@@ -66,10 +70,10 @@ def test_model_turn_limit_permits_exactly_limit(limit: int) -> None:
 
 def test_limit_plus_one_through_corrupted_state_is_refused() -> None:
     g = guard(max_model_turns=3, max_tool_attempts=3)
-    g._turns = 4  # corrupted: already past the limit
+    g._budget.turns = 4  # corrupted: already past the limit
     assert not g.before_model_call().allowed
     g2 = guard(max_tool_attempts=3)
-    g2._attempts = 7
+    g2._budget.attempts = 7
     ticket = g2.before_tool_call("t", {})
     assert not ticket.allowed and ticket.stop is not None
     assert ticket.stop.dimension is Dimension.TOOL_ATTEMPTS and ticket.stop.observed == 8
@@ -287,7 +291,8 @@ def test_write_same_key_is_stable_completion() -> None:
 
 def test_write_default_repeat_limit_is_stricter_than_reads() -> None:
     p = Policy.build(repeat_limit=5, tools=(ToolPolicy("w", risk="write"),))
-    assert p.repeat_limit_for(p.tool("w")) == 2 and p.repeat_limit_for(p.tool("r")) == 5
+    assert RepeatLimits.of(p, p.tool("w")).in_a_row == 2
+    assert RepeatLimits.of(p, p.tool("r")).in_a_row == 5
 
 
 def test_write_timeout_retried_only_with_an_idempotency_key() -> None:
@@ -594,7 +599,8 @@ def test_detector_memory_is_bounded_over_100k_steps() -> None:
         f"guard state grew by {grown} bytes over 3k steps once its windows were full"
     )
     run(100_000, warm + 4_000)
-    assert len(g._actions) <= 64 and len(g._seen) <= 256 and len(g._decisions) <= MAX_LOOKBACK
-    assert len(g._last_failure) <= 64 and len(g._retries) <= 64 and len(g._writes) <= 64
-    assert len(g._progress_values) <= 64 and len(g._decision_counts) <= 64
-    assert len(g._streak_steps) <= 64
+    d = g._detectors
+    assert len(d.actions) <= 64 and len(d.seen) <= 256 and len(d.decisions) <= MAX_LOOKBACK
+    assert len(d.last_failure) <= 64 and len(d.retries) <= 64 and len(d.writes) <= 64
+    assert len(d.progress_values) <= 64 and len(d.decision_counts) <= 64
+    assert len(d.streak_steps) <= 64

@@ -926,9 +926,9 @@ def test_a_ticket_recorded_on_another_guard_is_refused() -> None:
     assert ticket.allowed
     with pytest.raises(ValueError, match="another guard"):
         parent.record_tool_result(ticket, result=1)
-    assert parent._in_flight == 1 and child._in_flight == 1
+    assert parent._budget.in_flight == 1 and child._budget.in_flight == 1
     assert child.record_tool_result(ticket, result=1).accepted
-    assert parent._in_flight == child._in_flight == 0
+    assert parent._budget.in_flight == child._budget.in_flight == 0
 
 
 def test_a_tool_call_the_caller_cancels_is_a_timeout_that_may_be_retried() -> None:

@@ -1,13 +1,11 @@
-"""The run API and decorators around an agent loop.
+"""The run API: :class:`Run`, one execution of an agent loop (guard + spans + context).
 
-Two ways in, sync and async alike:
-
-- decorators: ``@agent`` on the loop function, ``@decision`` on the function that asks the
-  model, ``@tool`` on each tool. The current run is found through ``contextvars``.
-- an explicit :class:`Run` context manager for code that cannot be decorated.
+:class:`Run` is an explicit context manager, for code that cannot be decorated; the
+decorators (:mod:`.decorators`) use it too. The current run is found through
+``contextvars`` (:func:`current_run`).
 
 In ``enforce`` mode the guard ends the loop: a refused call raises :class:`StopRun`
-inside the loop, which ``@agent`` and ``Run`` catch, so the caller receives an
+inside the loop, which ``Run`` (and ``@agent``) catch, so the caller receives an
 :class:`Outcome` (expected exits are data). In ``observe`` mode nothing is refused; the
 stops the guard would have made are recorded on the spans and in the outcome. Once a run
 has ended, in either mode (in ``observe`` mode: a final answer, a refusal, a cancelled
@@ -15,24 +13,14 @@ parent), a model or tool call it is asked for is not made: it raises :class:`Sto
 
 Example::
 
-    @tool
-    def search_orders(query: str, cursor: str | None = None) -> dict: ...
-
-    @decision
-    def decide(messages: list[dict]) -> Decision: ...
-
-    @agent(name="support", policy=builtin_profiles()["investigate-readonly"])
-    def support(task: str) -> str:
-        messages = [{"role": "user", "content": task}]
+    with Run("support", policy, tools={"lookup": lookup}) as run:
         while True:
-            d = decide(messages)
+            d = run.decide(model, messages)  # checked before the call, recorded after
             if d.type == "final":
-                return d.answer
+                break
             for call in d.tool_calls:
-                messages.append(run_tool(call))
-
-    outcome = support("Where is order 42?")
-    outcome.stop.reason  # StopReason.COMPLETED, or why it was stopped
+                messages.append(run.call_tool(call.name, call.arguments))
+    run.outcome.stop.reason  # StopReason.COMPLETED, or why it was stopped
 """
 
 from __future__ import annotations
@@ -42,13 +30,12 @@ import concurrent.futures
 import contextvars
 import functools
 import inspect
-import logging
 import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, Literal, ParamSpec, TypeVar, overload
+from typing import Any, Literal
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -58,20 +45,17 @@ from . import _content
 from ._tracing import RunTelemetry
 from .errors import RunStateError, StopRun
 from .failures import FailureClass, ToolFailure
-from .fingerprint import object_token
-from .guard import Decision, Guard, Outcome, ToolRecord, ToolTicket
+from .guard import Guard
+from .outcomes import Decision, Outcome, ToolRecord, ToolTicket
 from .policy import Policy, builtin_profiles, load_policy
 
-__all__ = ["Run", "agent", "current_run", "decision", "tool"]
+__all__ = ["Run", "current_run"]
 
-P = ParamSpec("P")
-R = TypeVar("R")
 Mode = Literal["enforce", "observe"]
 
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("loopwatch_run", default=None)
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
-_logger = logging.getLogger("loopwatch.instrumentation")
 _open_runs = 0  # runs started and not yet ended, in this process
 _open_runs_lock = threading.Lock()
 
@@ -82,25 +66,9 @@ def _count_open(delta: int) -> None:
         _open_runs += delta
 
 
-_warned_tools: set[str] = set()
-_MAX_WARNED_TOOLS = 1024
-
-
-def _warn_outside_run(tool_name: str) -> None:
-    """A ``@tool`` called with no current run while runs are open: most likely a thread
-    (a ``ThreadPoolExecutor`` for parallel tool calls), which does not inherit the run's
-    context, so the call is neither guarded nor traced. Logged once per tool (a log line,
-    not a ``warnings`` warning: under ``-W error`` that would turn a legitimate call, in
-    a server thread with no run of its own, into an exception)."""
-    if _open_runs > 0 and tool_name not in _warned_tools:
-        if len(_warned_tools) < _MAX_WARNED_TOOLS:
-            _warned_tools.add(tool_name)
-        _logger.warning(
-            "tool %r called outside any run while a run is open in this process; it runs "
-            "unguarded and untraced. A thread does not inherit the run: submit the call "
-            "with contextvars.copy_context().run (see the README, 'Parallel tool calls').",
-            tool_name[:80],
-        )
+def open_runs() -> int:
+    """How many runs are started and not yet ended in this process."""
+    return _open_runs
 
 
 def current_run() -> Run | None:
@@ -151,7 +119,7 @@ def _tool_executor() -> concurrent.futures.ThreadPoolExecutor:
         return _executor
 
 
-def _resolve_policy(policy: Policy | str | os.PathLike[str] | None) -> Policy:
+def resolve_policy(policy: Policy | str | os.PathLike[str] | None) -> Policy:
     """The run's policy with ``LOOPWATCH_POLICY_<FIELD>`` applied whatever its origin
     (a file, a built-in profile, a :class:`Policy` built in code, the defaults); limits
     set in code keep their value (call > env > file > default), and a policy the
@@ -217,7 +185,7 @@ class Run:
         guard: Guard | None = None,
         _parent: Run | None = None,
     ) -> None:
-        resolved = guard.policy if guard is not None else _resolve_policy(policy)
+        resolved = guard.policy if guard is not None else resolve_policy(policy)
         self.agent = agent
         self.mode: Mode = mode
         self.tools: dict[str, Callable[..., Any]] = dict(tools or {})
@@ -446,7 +414,7 @@ class Run:
         Raises:
             ValueError: not a snapshot, or the run had stopped.
         """
-        resolved = _resolve_policy(policy)
+        resolved = resolve_policy(policy)
         tools = kwargs.get("tools")
         guard = Guard.restore(
             resolved,
@@ -471,8 +439,7 @@ class Run:
         spans of other instrumentations nest in it.
 
         Raises:
-            StopRun: the guard refused the call (enforce mode), or the decision ended the
-                run.
+            StopRun: the guard refused the call (enforce mode), or the decision ended it.
         """
         return _ModelCall(self, estimate_tokens, estimate_cost_usd)
 
@@ -515,10 +482,16 @@ class Run:
 
     # ------------------------------------------------------------------ tools
 
+    def _record_result(self, ticket: ToolTicket, span: Span | None, result: Any) -> ToolRecord:
+        """Record a tool's result and end its span."""
+        record = self.guard.record_tool_result(ticket, result=result)
+        result_json = _content.capture_json(result) if self.capture_content else None
+        self._telemetry.end_tool(span, record, result_json=result_json)
+        return record
+
     def _after_result(self, record: ToolRecord) -> None:
         """A result that completed a loop (a cycle) ends the run in enforce mode."""
-        if record.verdict.stop is not None:
-            self._raise_if_stopped(record.verdict.stop)
+        self._raise_if_stopped(record.verdict.stop)
 
     def _invoker(
         self, name: str, args: dict[str, Any], fn: Callable[..., Any] | None
@@ -534,12 +507,12 @@ class Run:
             return unknown
         return functools.partial(target, **args)
 
-    def _check_tool(
+    def _start_tool(
         self, name: str, arguments: Mapping[str, Any], call_id: str | None
-    ) -> tuple[ToolTicket, str | None, int]:
-        """Check one tool call; returns the ticket, the captured arguments and the time
-        the check began (the tool span's start: a call allowed before a stop made in
-        another thread must not start after the stop span)."""
+    ) -> tuple[ToolTicket, Span | None]:
+        """Check one tool call; returns the allowed ticket and the tool span, started when
+        the check began (a call allowed before a stop made in another thread must not
+        start after the stop span)."""
         if self._outcome is not None and self.mode == "enforce":
             raise StopRun(self._outcome.stop)
         started = time.time_ns()
@@ -549,16 +522,15 @@ class Run:
             if ticket.blocked_by == "run_stopped":
                 self._raise_if_stopped(ticket.stop, refused=True)
             self._telemetry.blocked_tool(ticket, args_json, start_time=started)
-            if ticket.stop is not None:
-                self._raise_if_stopped(ticket.stop, refused=True)
-            if ticket.stop is None and ticket.blocked_by == "ceiling":
+            self._raise_if_stopped(ticket.stop, refused=True)
+            if ticket.blocked_by == "ceiling":
                 raise ToolFailure(
                     f"tool {name[:80]!r} refused for now: every tool-success slot left is "
                     "held by calls in flight",
                     FailureClass.TRANSIENT,
                 )
             raise ToolFailure(f"unknown tool: {name[:80]}", FailureClass.UNKNOWN_TOOL)
-        return ticket, args_json, started
+        return ticket, self._telemetry.start_tool(ticket, args_json, start_time=started)
 
     def tool_call(
         self, name: str, arguments: Mapping[str, Any] | None = None, *, call_id: str | None = None
@@ -598,9 +570,7 @@ class Run:
             The tool's result.
 
         Raises:
-            StopRun: the guard refused the call and ended the run (enforce mode).
-            ToolFailure: never dispatched: an unknown tool (class ``unknown_tool``), or
-                every tool-success slot left is held by calls in flight (``transient``).
+            StopRun / ToolFailure: refused, as for :meth:`tool_call`.
             TimeoutError: the call exceeded its timeout (the tool's own, capped by the
                 run's remaining wall clock); a result arriving later is discarded.
             TypeError: the tool returned an awaitable (an async function): recorded as
@@ -609,8 +579,7 @@ class Run:
         """
         args = dict(arguments or {})
         invoke = _invoke or self._invoker(name, args, fn)
-        ticket, args_json, started = self._check_tool(name, args, call_id)
-        span = self._telemetry.start_tool(ticket, args_json, start_time=started)
+        ticket, span = self._start_tool(name, args, call_id)
         ctx = contextvars.copy_context()
         if span is not None:
             ctx.run(otel_context.attach, trace.set_span_in_context(span))
@@ -630,10 +599,7 @@ class Run:
                 raise err from None
             self._end_failed_tool(ticket, span, exc)
             raise
-        record = self.guard.record_tool_result(ticket, result=result)
-        result_json = _content.capture_json(result) if self.capture_content else None
-        self._telemetry.end_tool(span, record, result_json=result_json)
-        self._after_result(record)
+        self._after_result(self._record_result(ticket, span, result))
         return result
 
     def _end_failed_tool(
@@ -665,8 +631,7 @@ class Run:
         target = fn if fn is not None else self.tools.get(name)
         invoke = _invoke or self._invoker(name, args, fn)
         is_async = _is_async if _is_async is not None else _is_coroutine_callable(target)
-        ticket, args_json, started = self._check_tool(name, args, call_id)
-        span = self._telemetry.start_tool(ticket, args_json, start_time=started)
+        ticket, span = self._start_tool(name, args, call_id)
         token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
         began = time.monotonic()
         try:
@@ -701,10 +666,7 @@ class Run:
         finally:
             if token is not None:
                 otel_context.detach(token)
-        record = self.guard.record_tool_result(ticket, result=result)
-        result_json = _content.capture_json(result) if self.capture_content else None
-        self._telemetry.end_tool(span, record, result_json=result_json)
-        self._after_result(record)
+        self._after_result(self._record_result(ticket, span, result))
         return result
 
 
@@ -723,11 +685,20 @@ class _SpanScope:
         if span is not None:
             self._token = otel_context.attach(trace.set_span_in_context(span))
 
-    def _leave_span(self) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         token = self._token
         if token is not None:
             self._token = None
             otel_context.detach(token)  # type: ignore[arg-type]
+        self._exit(exc)
+
+    def _exit(self, exc: BaseException | None) -> None:
+        """Record the block's end (``exc``: what it raised, if anything)."""
 
 
 class _ModelCall(_SpanScope):
@@ -752,18 +723,11 @@ class _ModelCall(_SpanScope):
         verdict = run.guard.before_model_call(
             estimate_tokens=self._tokens, estimate_cost_usd=self._cost
         )
-        if not verdict.allowed:
-            run._raise_if_stopped(verdict.stop, refused=True)
+        run._raise_if_stopped(verdict.stop, refused=True)
         self._enter_span(run._telemetry.start_decision(start_time=started))
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._leave_span()
+    def _exit(self, exc: BaseException | None) -> None:
         run = self._run
         if exc is not None:
             run._telemetry.end_decision(
@@ -771,8 +735,7 @@ class _ModelCall(_SpanScope):
             )
             return
         run._telemetry.end_decision(self._span, self.decision)
-        if self.stop is not None:
-            run._raise_if_stopped(self.stop)
+        run._raise_if_stopped(self.stop)
 
     def record(self, decision: Decision) -> None:
         """Record the model's decision.
@@ -812,18 +775,11 @@ class _ToolCall(_SpanScope):
 
     def __enter__(self) -> _ToolCall:
         run = self._run
-        ticket, args_json, started = run._check_tool(self._name, self._args, self._call_id)
-        self.ticket = ticket
-        self._enter_span(run._telemetry.start_tool(ticket, args_json, start_time=started))
+        self.ticket, span = run._start_tool(self._name, self._args, self._call_id)
+        self._enter_span(span)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._leave_span()
+    def _exit(self, exc: BaseException | None) -> None:
         run = self._run
         ticket = self.ticket
         assert ticket is not None  # __exit__ runs only after a successful __enter__
@@ -835,251 +791,9 @@ class _ToolCall(_SpanScope):
                 record = run.guard.record_tool_result(ticket, error=exc)
                 run._telemetry.end_tool(self._span, record, error=exc)
             return
-        result = self.result
-        record = run.guard.record_tool_result(ticket, result=result)
-        result_json = _content.capture_json(result) if run.capture_content else None
-        run._telemetry.end_tool(self._span, record, result_json=result_json)
-        self.record = record
-        run._after_result(record)
+        self.record = run._record_result(ticket, self._span, self.result)
+        run._after_result(self.record)
 
     def set_result(self, value: Any) -> None:
         """The tool's result (recorded when the block exits)."""
         self.result = value
-
-
-# --------------------------------------------------------------------- decorators
-
-
-def _require_run(what: str) -> Run:
-    run = _current.get()
-    if run is None:
-        raise RunStateError(
-            f"{what} called outside a run: decorate the loop with @agent or use Run"
-        )
-    return run
-
-
-@overload
-def agent(fn: Callable[P, R], /) -> Callable[P, Outcome]: ...
-
-
-@overload
-def agent(
-    *,
-    name: str | None = None,
-    policy: Policy | str | os.PathLike[str] | None = None,
-    mode: Mode = "enforce",
-    goal_check: Callable[[Any], bool] | None = None,
-    **run_kwargs: Any,
-) -> Callable[[Callable[P, R]], Callable[P, Outcome]]: ...
-
-
-def agent(
-    fn: Callable[..., Any] | None = None,
-    /,
-    *,
-    name: str | None = None,
-    policy: Policy | str | os.PathLike[str] | None = None,
-    mode: Mode = "enforce",
-    goal_check: Callable[[Any], bool] | None = None,
-    **run_kwargs: Any,
-) -> Any:
-    """Decorate an agent loop function (sync or async); each call is one run.
-
-    The decorated function returns an :class:`Outcome` instead of the loop's value; the
-    loop's return value is the final answer unless a ``final`` decision was recorded.
-    A call made inside another run becomes a child run (it draws from the parent's
-    budget); made after that run stopped, the child ends as ``cancelled`` (evidence
-    ``parent_stopped``) without calling the function. The policy is resolved at
-    decoration time, so an invalid policy fails before any model or tool call.
-
-    Args:
-        name: agent name (default: the function's name).
-        policy / mode / goal_check / run_kwargs: as for :class:`Run`.
-
-    Raises:
-        PolicyError: invalid policy (at decoration time).
-        Exception: an unexpected exception of the loop, after the run was stopped as
-            ``error`` (the exception type is the evidence).
-    """
-
-    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
-        agent_name = name or func.__name__
-        resolved = _resolve_policy(policy)
-
-        def make_run() -> Run:
-            parent = _current.get()
-            if parent is None:
-                return Run(agent_name, resolved, mode=mode, goal_check=goal_check, **run_kwargs)
-            if parent.stopped:
-                # Not a fresh root run: that escaped the stopped parent's budget and made
-                # calls after its stop. A child that ends as cancelled, making none.
-                return parent._child_after_stop(
-                    agent_name, resolved if policy is not None else None, goal_check, run_kwargs
-                )
-            return parent.child(
-                agent_name,
-                resolved if policy is not None else None,
-                goal_check=goal_check,
-                **run_kwargs,
-            )
-
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Outcome:
-                run = make_run()
-                async with run:
-                    if not run.stopped:
-                        answer = await func(*args, **kwargs)
-                        run.finish(answer)
-                return run.outcome
-
-            return async_wrapper
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Outcome:
-            run = make_run()
-            with run:
-                if not run.stopped:
-                    answer = func(*args, **kwargs)
-                    run.finish(answer)
-            return run.outcome
-
-        return wrapper
-
-    return wrap(fn) if fn is not None else wrap
-
-
-def decision(
-    fn: Callable[P, R] | None = None,
-    /,
-    *,
-    estimate_tokens: Callable[..., int] | None = None,
-) -> Any:
-    """Decorate the function that asks the model; it must return a :class:`Decision`.
-
-    The guard checks and reserves the model turn before the function runs, and records
-    the decision after (``decide {agent}`` span). Sync and async.
-
-    Args:
-        estimate_tokens: optional ``(*args, **kwargs) -> int`` giving the projected
-            tokens of the call (checked against ``max_tokens`` before the call).
-
-    Raises:
-        StopRun: the guard refused the call or the decision ended the run (caught by
-            ``@agent``).
-        RunStateError: called outside a run.
-    """
-
-    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Decision:
-                run = _require_run("a @decision function")
-                est = estimate_tokens(*args, **kwargs) if estimate_tokens else None
-                return await run.adecide(func, *args, estimate_tokens=est, **kwargs)
-
-            return async_wrapper
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Decision:
-            run = _require_run("a @decision function")
-            est = estimate_tokens(*args, **kwargs) if estimate_tokens else None
-            return run.decide(func, *args, estimate_tokens=est, **kwargs)
-
-        return wrapper
-
-    return wrap(fn) if fn is not None else wrap
-
-
-def tool(fn: Callable[P, R] | None = None, /, *, name: str | None = None) -> Any:
-    """Decorate a tool (sync or async). Inside a run, each call is guarded and traced.
-
-    The call's arguments are bound to the signature (defaults applied) and fingerprinted
-    by name; a method's ``self`` or ``cls`` counts by identity (the same instance, not
-    its changing fields). The per-call timeout applies: a sync tool runs in a loopwatch
-    worker thread (so objects bound to the calling thread, such as a ``sqlite3``
-    connection, do not work in it); an async tool is cancelled at its timeout.
-
-    Outside a run the tool runs unguarded. Called so while a run is open in the process
-    (from a thread of a pool, which does not inherit the run), it logs a warning once
-    per tool (logger ``loopwatch.instrumentation``): submit such calls with
-    ``contextvars.copy_context().run``.
-
-    Args:
-        name: tool name (default: the function's name).
-
-    Raises:
-        TypeError: at decoration, ``fn`` is a generator function (its body would run
-            after the guarded call returned).
-        StopRun: refused and the run ended (caught by ``@agent``).
-        ToolFailure: unknown tool (``strict_tools`` policy or a ``tools`` registry).
-        TimeoutError: the call timed out.
-    """
-
-    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
-        tool_name = name or func.__name__
-        unwrapped = inspect.unwrap(func)
-        if inspect.isgeneratorfunction(unwrapped) or inspect.isasyncgenfunction(unwrapped):
-            # Calling one only builds the generator: the guard would record a success
-            # before the body ran, and the body would run unguarded, untimed, unrecorded.
-            raise TypeError(
-                f"@tool {tool_name!r} is a generator function: a guarded call must return "
-                "its result (return a list, or decorate a function that consumes it)"
-            )
-        sig = inspect.signature(func)
-        params = list(sig.parameters)
-        # A method's receiver is part of the action by identity only: its fields
-        # (counters, caches) change on every call and would make identical calls look
-        # new, while two instances (prod and staging clients) are two actions. A plain
-        # function whose first parameter happens to be called self or cls is left as is.
-        owner, _, _ = func.__qualname__.rpartition(".")
-        in_class = bool(owner) and not owner.endswith("<locals>")
-        receiver = params[0] if in_class and params and params[0] in ("self", "cls") else None
-
-        def arguments(bound: inspect.BoundArguments) -> dict[str, Any]:
-            out = dict(bound.arguments)
-            if receiver is not None and receiver in out:
-                out[receiver] = object_token(out[receiver])
-            return out
-
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                run = _current.get()
-                if run is None:
-                    _warn_outside_run(tool_name)
-                    return await func(*args, **kwargs)
-                bound = sig.bind(*args, **kwargs)
-                bound.apply_defaults()
-                return await run.acall_tool(
-                    tool_name,
-                    arguments(bound),
-                    _invoke=functools.partial(func, *bound.args, **bound.kwargs),
-                    _is_async=True,
-                )
-
-            async_wrapper.__loopwatch_tool__ = tool_name  # type: ignore[attr-defined]
-            return async_wrapper
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            run = _current.get()
-            if run is None:
-                _warn_outside_run(tool_name)
-                return func(*args, **kwargs)
-            bound = sig.bind(*args, **kwargs)
-            bound.apply_defaults()
-            return run.call_tool(
-                tool_name,
-                arguments(bound),
-                _invoke=functools.partial(func, *bound.args, **bound.kwargs),
-            )
-
-        wrapper.__loopwatch_tool__ = tool_name  # type: ignore[attr-defined]
-        return wrapper
-
-    return wrap(fn) if fn is not None else wrap
