@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final, NotRequired, Protocol, TypedDict, Unpack, runtime_checkable
 
 import pandas as pd
-from loopwatch.instrumentation import StopReason
+from loopwatch.instrumentation import LoopDetector, StopReason
 
 __all__ = [
     "DEFAULT_COLLECTOR_URL",
@@ -68,12 +68,7 @@ DEFAULT_OTLP_URL: Final = "http://127.0.0.1:4318/v1/traces"
 STOP_REASONS: Final[tuple[str, ...]] = tuple(r.value for r in StopReason)
 """The closed set of stop reasons (DESIGN section 2)."""
 
-LOOP_DETECTORS: Final[tuple[str, ...]] = (
-    StopReason.REPEATED_ACTION.value,
-    StopReason.ACTION_CYCLE.value,
-    StopReason.REPEATED_DECISION.value,
-    StopReason.NO_PROGRESS.value,
-)
+LOOP_DETECTORS: Final[tuple[str, ...]] = tuple(d.value for d in LoopDetector)
 """Loop stop reasons, one per detector (the ``detector`` label of the loop metric)."""
 
 RUN_TABLE_COLUMNS: Final[tuple[str, ...]] = (

@@ -26,6 +26,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from loopwatch.instrumentation import DecisionType
+
 from ..trajectory import FAILURE, SUCCESS, UNKNOWN, ImportProblem, Step, ToolCall, Trajectory
 from . import Document
 from ._numbers import check_fits
@@ -78,7 +80,7 @@ def write_trajectories(path: str | Path, trajectories: Sequence[Trajectory]) -> 
 
 
 _ACTORS = ("agent", "user", "environment")
-_DECISIONS = ("tool", "final", "refusal", "message")
+_DECISIONS = tuple(d.value for d in DecisionType)
 _OUTCOMES = (SUCCESS, FAILURE, UNKNOWN)
 
 

@@ -67,6 +67,7 @@ from loopwatch.collector import genai
 from loopwatch.collector.errors import DecodeError
 from loopwatch.collector.events import unmappable_reason
 from loopwatch.collector.records import STATUS_ERROR, Attributes, SpanBatch, SpanRecord
+from loopwatch.instrumentation import DecisionType
 from loopwatch.instrumentation import _semconv as sc
 from loopwatch.replay.importers import Document
 from loopwatch.replay.importers._calls import OpenCalls
@@ -89,7 +90,7 @@ __all__ = ["IMPORTER", "OtlpJsonImporter"]
 COMPLETED: Final = "completed"
 """The loopwatch stop reason of a run that ended with a verified final answer."""
 
-_DECISIONS: Final = frozenset({"tool", "final", "refusal", "message"})
+_DECISIONS: Final = frozenset(DecisionType)
 _UNKNOWN_TOOL: Final = "unknown_tool"
 _MODEL_KEYS: Final = (
     sc.GEN_AI_REQUEST_MODEL,
