@@ -98,7 +98,7 @@ def loop_tool(stop: StopRow) -> str | None:
 
     Evidence is client text: anything but a JSON object with a string ``tool`` gives
     ``None`` (never an error). The store keeps this value with the stop
-    (``stops.loop_tool``), so counts restored at start use the label counted live
+    (``stops.loop_tool``): the API filters and groups loops by the label counted live
     rather than parsing the evidence again in SQL.
     """
     if stop.reason in LOOP_DETECTORS:

@@ -322,9 +322,6 @@ class MappedBatch:
         canary_run_ids: run ids (or trace ids) the redact stage flagged.
         spans_in: spans in the input batch; ``spans_unmapped``: those yielding no row.
         transport: the receiving transport (metric label).
-        metric_labels: ``(kind, label, order)`` of metric label values admitted and not
-            yet stored (``kind`` ``agent`` or ``tool``; see
-            :class:`~loopwatch.collector.metrics.LabelBound`), committed with the rows.
     """
 
     runs: list[RunRow] = field(default_factory=list)
@@ -332,11 +329,9 @@ class MappedBatch:
     stops: list[StopRow] = field(default_factory=list)
     reassignments: list[RunReassignment] = field(default_factory=list)
     canary_run_ids: frozenset[str] = frozenset()
-    canary_hits: dict[str, int] = field(default_factory=dict)
     spans_in: int = 0
     spans_unmapped: int = 0
     transport: str = ""
-    metric_labels: list[tuple[str, str, int]] = field(default_factory=list)
     _step_positions: dict[tuple[str, str], int] = field(
         default_factory=dict, repr=False, compare=False
     )

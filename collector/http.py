@@ -584,7 +584,7 @@ async def submit_counted(
         return None
     # Shielded: a client that cancels (a gRPC deadline, a disconnect) cancels its wait,
     # not the commit. Once the batch is accepted it is stored and counted in full, live
-    # metrics included, as a restart would restore it; the client's retry is a duplicate.
+    # metrics included, as the store holds it; the client's retry is a duplicate.
     task = asyncio.ensure_future(submit(batch))
     try:
         with contextlib.suppress(Exception):  # the task's outcome is read by _submitted

@@ -47,7 +47,7 @@ from prometheus_client import CollectorRegistry
 
 from .api import create_api_app
 from .config import CollectorConfig, parse_hostport
-from .detect import LOOP_DETECTORS, DetectStage, loop_detector, loop_tool
+from .detect import DetectStage, loop_detector, loop_tool
 from .errors import CollectorError, ConfigError, QueueFull
 from .events import (
     KIND_TOOL_RESULT,
@@ -60,11 +60,11 @@ from .events import (
     StopRow,
 )
 from .http import InflightLimit, create_otlp_app
-from .metrics import LoopwatchMetrics, MetricsSnapshot
+from .metrics import LoopwatchMetrics
 from .records import SpanBatch
 from .redact import REDACTION_FAILED, RedactStage
 from .sampling import SamplingConfig
-from .store import CommitResult, CommitStats, Store, StoreReader
+from .store import CommitResult, CommitStats, Store
 from .store import StoreConfig as StoreSettings
 from .workers import DecodePool, DecodeWorkerLost, RedactedBatch, counts_delta, tune_gc
 
@@ -196,50 +196,6 @@ class StoreUnavailable(CollectorError):
         super().__init__(f"cannot open {path}: {text[:200]}")
 
 
-def restore_stop_totals(
-    reader: StoreReader,
-) -> tuple[dict[tuple[str, str, int, int | None], int], dict[tuple[str, str, str], int]]:
-    """Stop histograms and loop detections as the live counters count them.
-
-    Returns:
-        ``{(agent, reason, step, steps_since_progress): n}`` (``steps_since_progress``
-        ``None`` for a stop that did not carry it) over the stops counted live
-        (:data:`~loopwatch.collector.store.STOP_TOTALS`: each run's first committed
-        stop, those pruned by retention included), and ``{(agent, tool, detector): n}``
-        (tool from the evidence, ``""`` when it names none; detector the loop reason or
-        the observe-mode reason, as :func:`loop_detector`).
-    """
-    rows, truncated = reader.restore_stops()
-    if truncated:
-        _log.warning("restored stop totals are incomplete: more label keys than the cap")
-    histograms: dict[tuple[str, str, int, int | None], int] = {}
-    detections: dict[tuple[str, str, str], int] = {}
-    for row in rows:
-        ssp = row["steps_since_progress"]
-        key = (row["agent"], row["reason"], int(row["step"]), None if ssp is None else int(ssp))
-        histograms[key] = histograms.get(key, 0) + int(row["n"])
-        detector = row["reason"] if row["reason"] in LOOP_DETECTORS else row["observe_reason"]
-        if detector in LOOP_DETECTORS:
-            # "": no tool named (counted as NO_TOOL), as record_detection reads it live;
-            # a real tool named "none" keeps its name (its label is "none~").
-            dkey = (row["agent"], row["loop_tool"] or "", detector)
-            detections[dkey] = detections.get(dkey, 0) + int(row["n"])
-    return histograms, detections
-
-
-_K = TypeVar("_K", bound=tuple[Any, ...])
-
-
-def _unknown_agent_merged(totals: dict[_K, int]) -> dict[_K, int]:
-    """``totals`` keyed by ``(agent, ...)`` with a missing agent (``''``) read as
-    ``unknown``, as the live counter labels it; keys that meet are summed."""
-    out: dict[Any, int] = {}
-    for key, n in totals.items():
-        label = (key[0] or UNKNOWN_AGENT, *key[1:])
-        out[label] = out.get(label, 0) + n
-    return out
-
-
 class Collector:
     """The sidecar: stages, store, metrics and the two HTTP apps.
 
@@ -310,41 +266,6 @@ class Collector:
         self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loopwatch-pipeline")
         self._uncommitted = _Uncommitted()
         self._started = time.time()
-        self._restore()
-
-    # -------------------------------------------------------------- startup
-
-    def _restore(self) -> None:
-        reader = self.store.reader()
-        tool_call_totals, truncated = reader.restore_tool_calls()
-        if truncated:
-            _log.warning("restored tool call totals are incomplete: more keys than the cap")
-        histograms, detections = restore_stop_totals(reader)
-        # The label values admitted before, in their order; then, for a file older than
-        # that record (schema 12), the values ranked by their totals.
-        admitted = reader.restore_metric_labels()
-        self.metrics.agents.seed(admitted.get("agent", ()), persisted=True)
-        self.metrics.tools.seed(admitted.get("tool", ()), persisted=True)
-        # Totals per name first: ranking by a per-name sum over every key was quadratic
-        # (21 s to start with 10,000 agent names; tests/reliability/test_cardinality.py).
-        agent_stops: dict[str, int] = {}
-        for (agent, *_), n in histograms.items():
-            agent_stops[agent] = agent_stops.get(agent, 0) + n
-        ranked_agents = sorted(agent_stops, key=lambda a: -agent_stops[a])
-        self.metrics.agents.seed(a or UNKNOWN_AGENT for a in ranked_agents)
-        tool_calls: dict[str, int] = {}
-        for (_agent, tool, _outcome), n in tool_call_totals.items():
-            tool_calls[tool] = tool_calls.get(tool, 0) + n
-        ranked_tools = sorted(tool_calls, key=lambda t: -tool_calls[t])
-        self.metrics.tools.seed(ranked_tools)
-        self.metrics.restore(
-            MetricsSnapshot(
-                stops=_unknown_agent_merged(histograms),
-                tool_calls=_unknown_agent_merged(tool_call_totals),
-                detections=_unknown_agent_merged(detections),
-                canaries=reader.restore_canary_hits(),
-            )
-        )
 
     # ------------------------------------------------------------- pipeline
 
@@ -362,9 +283,8 @@ class Collector:
 
         The counters (tool calls, stops, loop detections) label a row with its span's
         own agent, else the last agent seen for its run, else ``unknown``. The store
-        keeps that label with the row (``run_tools.agent``, ``stops.agent``), so the
-        totals restored after a restart are the ones counted live, even for a run whose
-        agent span came later or never.
+        keeps that label with the row (``run_tools.agent``, ``stops.agent``), so the API
+        files a run known only by its stop under the agent it was counted under.
         """
         with self._agents_lock:
             agents = self._agents
@@ -374,21 +294,6 @@ class Collector:
             for stop in mapped.stops:
                 if not stop.agent:
                     stop.agent = agents.get(stop.run_id, UNKNOWN_AGENT)
-        # Admit the label values _count will use now, so that each admission is stored
-        # with the rows of its request (metric_labels) and a restart admits the same.
-        bound_agents, bound_tools = self.metrics.agents, self.metrics.tools
-        for step in mapped.steps:
-            if step.kind == KIND_TOOL_RESULT:
-                bound_agents(step.agent or UNKNOWN_AGENT)
-                bound_tools(step.tool or "unknown")
-        for stop in mapped.stops:
-            bound_agents(stop.agent or UNKNOWN_AGENT)
-            tool = loop_tool(stop)
-            if tool and loop_detector(stop) is not None:
-                bound_tools(tool)  # a real "none" is "none~"; NO_TOOL is outside the top-N
-        mapped.metric_labels = [
-            ("agent", label, order) for label, order in bound_agents.unpersisted()
-        ] + [("tool", label, order) for label, order in bound_tools.unpersisted()]
 
     def process(self, batch: SpanBatch) -> tuple[_Processed, Any]:
         """Run redact -> map -> detect and queue the result for commit (pipeline thread).
@@ -416,7 +321,6 @@ class Collector:
             )
             mapped = self.map.process(batch)
         mapped = self.detect.process(mapped)
-        mapped.canary_hits = canaries
         self._uncommitted.splice(mapped)
         self._remember_agents(mapped)
         self._label_counts(mapped)
@@ -446,10 +350,6 @@ class Collector:
             self._uncommitted.remember(processed.mapped)
             raise
         self._count(processed, result)
-        labels = processed.mapped.metric_labels
-        if labels:
-            self.metrics.agents.confirm(label for kind, label, _ in labels if kind == "agent")
-            self.metrics.tools.confirm(label for kind, label, _ in labels if kind == "tool")
 
     def _count(self, processed: _Processed, result: CommitResult) -> None:
         mapped = processed.mapped

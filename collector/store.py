@@ -62,8 +62,7 @@ Write semantics (each rule has a test in ``tests/unit/test_store.py``):
   replaced row moves to ``stop_anomalies`` (``kind='replaced_stop'``) with its
   ``counted`` flag, and the new row has ``counted = false``. Requests committed in one
   group are applied in order, each as a unit, so grouping never changes what is counted
-  or kept. :attr:`CommitResult.counted_stops` says what to count live and
-  :data:`COUNTED_STOPS` restores the same after a restart.
+  or kept. :attr:`CommitResult.counted_stops` says what to count.
 - Sampling (:mod:`loopwatch.collector.sampling`) is decided once, when a run's first
   primary stop is committed, or by the periodic maintenance for runs with no stop and no
   new span for ``undecided_timeout_seconds``. A stop replacing another later does not
@@ -75,16 +74,17 @@ Write semantics (each rule has a test in ``tests/unit/test_store.py``):
 
 Retention (``StoreConfig.retention_seconds``, off by default): the periodic maintenance
 removes decided runs whose last span arrived longer ago than that, with every row that
-names them, in transactions of ``prune_max_runs`` runs. The totals ``/metrics`` restores
-at start do not change: what was counted for the removed runs is folded into the
-``pruned_*`` tables in the same transaction. A span of a removed run arriving later
-starts a new run row (its stop is counted again). A canary flag goes with the last run
-it names (a flag by trace id then no longer marks later runs of that trace).
+names them, in transactions of ``prune_max_runs`` runs. A span of a removed run arriving
+later starts a new run row (its stop is counted again). A canary flag goes with the last
+run it names (a flag by trace id then no longer marks later runs of that trace).
+
+``/metrics`` counters start from zero with the process (Prometheus' ``rate()`` and
+``increase()`` handle the reset); the totals live in these tables, read by the API.
 
 Reads (:class:`StoreReader`) run on their own cursors with a time limit and a row cap,
 parameterized SQL only, so they never block or starve the writer.
 
-Schema (``SCHEMA_VERSION`` = 13; numbered migrations in :data:`MIGRATIONS` are applied in
+Schema (``SCHEMA_VERSION`` = 15; numbered migrations in :data:`MIGRATIONS` are applied in
 order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
 
 - ``runs``: one row per run (key ``run_key``), kept until retention removes it: counts,
@@ -100,18 +100,10 @@ order at open; times are integers in ns since the Unix epoch unless named ``_uni
 - ``run_tools``: tool-call count deltas per (run, tool, outcome, agent), append-only;
   sum them.
 - ``canary_flags``: run ids or trace ids the redact stage flagged.
-- ``canary_hits``: canary hits by location per committed batch (append-only; never the
-  value), counted only for batches that stored at least one new span; rows older than
-  the retention are folded into one per location.
 - ``spans_seen``: 64-bit span id and low 64 bits of the trace id of each stored span,
   and when it was stored (no index: append-only, pruned by time).
 - ``sample_quota``: runs kept per (hour, stop_reason, tool), append-only: each group that
   keeps runs appends the new totals and the largest ``kept`` of a key is its count.
-- ``pruned_stops`` / ``pruned_tool_calls``: what ``/metrics`` counted for runs removed
-  by retention, one row per label key (:data:`STOP_TOTALS`, :data:`TOOL_CALL_TOTALS`).
-- ``metric_labels``: the ``agent`` and ``tool`` label values ``/metrics`` admitted under
-  its top-N bounds, with their admission order, committed with the rows first counted
-  under them, so a restart admits the same values (never pruned; at most top-N each).
 - ``schema_version``: applied migrations.
 """
 
@@ -155,13 +147,10 @@ from .runkeys import RunKeyFilter
 from .sampling import NO_STOP_REASON, Sampler, SamplingConfig, hour_bucket
 
 __all__ = [
-    "COUNTED_STOPS",
     "LOOP_STOP_REASONS",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "SQL_LOOPS_BY_TOOL",
-    "STOP_TOTALS",
-    "TOOL_CALL_TOTALS",
     "CommitResult",
     "CommitStats",
     "Migration",
@@ -550,6 +539,14 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         "observed as 0 steps since progress",
         ("ALTER TABLE pruned_stops ALTER COLUMN steps_since_progress DROP NOT NULL",),
     ),
+    Migration(
+        15,
+        "drop the tables that restored /metrics totals at start (counters start from zero)",
+        tuple(
+            f"DROP TABLE {table}"
+            for table in ("metric_labels", "canary_hits", "pruned_stops", "pruned_tool_calls")
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
@@ -634,10 +631,8 @@ class StoreConfig:
         retention_seconds: how long a decided run is kept after its last span arrived
             (wall time of arrival, not the span's own clock, which a client sets);
             ``0`` keeps runs forever. Past it, the maintenance removes the run with its
-            steps, stops, tool counts and canary flags, and adds what ``/metrics``
-            counted for it to ``pruned_stops`` and ``pruned_tool_calls``, so totals
-            restored at start never go down (a Prometheus counter that goes down reads
-            as a reset). Compare Langfuse's and Phoenix's per-project trace retention.
+            steps, stops, tool counts and canary flags. Compare Langfuse's and Phoenix's
+            per-project trace retention.
         prune_max_runs: runs removed per transaction. When more are due, the writer
             goes on with the next ones between groups, once the queue is empty. A pass
             holds the writer for a time that grows with the ``steps`` table (scanned by
@@ -818,15 +813,6 @@ _ANOMALY_COLUMNS: Final = (
     *_STOP_COLUMNS[-_AFTER_RECEIVED:],
 )
 
-COUNTED_STOPS: Final = (
-    "(SELECT * EXCLUDE (counted) FROM stops WHERE counted "
-    "UNION ALL BY NAME "
-    "SELECT * EXCLUDE (kind, counted) FROM stop_anomalies WHERE counted)"
-)
-"""SQL relation of the stops ``/metrics`` counted live: one per run that has a stop (the
-first primary stop committed), with the columns of ``stops`` but ``counted``. Usually the
-run's row in ``stops``; a ``replaced_stop`` row of ``stop_anomalies`` when a stronger stop
-arrived after it was counted."""
 _RUN_ATTR_FIELDS: Final = (
     "agent",
     "agent_id",
@@ -975,25 +961,6 @@ def _run_key(run_id: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-def _fold(con: duckdb.DuckDBPyConnection, table: str, count: str, totals: str, now_ns: int) -> None:
-    """Add the rows of the ``totals`` query to a ``pruned_*`` table, keeping one row per key.
-
-    The table's rows and the new ones are summed per key (column ``count``) and written
-    back stamped ``now_ns``, so the table stays as small as its label keys however many
-    retention passes ran.
-    """
-    con.execute(
-        f"CREATE OR REPLACE TEMP TABLE folded AS SELECT * EXCLUDE ({count}), "
-        f"sum({count})::BIGINT AS {count} FROM (SELECT * EXCLUDE (pruned_unix_nano) FROM "
-        f"{table} UNION ALL BY NAME {totals}) GROUP BY ALL"
-    )
-    con.execute(f"DELETE FROM {table}")
-    con.execute(
-        f"INSERT INTO {table} BY NAME SELECT *, {int(now_ns)} AS pruned_unix_nano FROM folded"
-    )
-    con.execute("DROP TABLE folded")
-
-
 def _key_list(keys: Iterable[int]) -> str:
     """Render run keys as a literal SQL list.
 
@@ -1083,53 +1050,7 @@ _SQL_KEPT_BOUNDS: Final = (
 """Step rows, highest step, earliest start and latest end of a run's stored rows and
 stops (``key``: its run key, an int rendered here)."""
 
-_RESTORE_MAX_KEYS: Final = 1_000_000
-"""Most label keys a restore read returns (the API's row cap does not apply to it)."""
-_MOVED: Final = ""  # run_tools.agent of the -1/+1 rows of a reassigned call
-
-
-def _counted_stop_totals(where: str = "TRUE") -> str:
-    """Counted stops (:data:`COUNTED_STOPS`) by the labels ``/metrics`` restores, ``stops``
-    per key; the agent is the one counted live, else the run's (rows before schema 8)."""
-    return (
-        "SELECT COALESCE(s.agent, r.agent, '') AS agent, s.reason, "
-        "COALESCE(s.step, 0) AS step, "
-        "s.steps_since_progress, s.observe_reason, "
-        f"s.loop_tool, count(*) AS stops FROM {COUNTED_STOPS} s LEFT JOIN runs r USING (run_key) "
-        f"WHERE {where} GROUP BY ALL"
-    )
-
-
-def _tool_call_totals(where: str = "TRUE") -> str:
-    """Tool calls as counted live, ``calls`` per ``(agent, tool, outcome)``.
-
-    The agent is the label each call was counted under (``run_tools.agent``), the run's for
-    rows stored before schema 6. A reassigned call's -1/+1 rows are left out: the live
-    counter never moves a count. The run may be gone (a provisional run emptied by
-    reassignment), hence the outer join.
-    """
-    return (
-        "SELECT COALESCE(t.agent, r.agent, '') AS agent, t.tool, t.outcome, "
-        "sum(t.calls) AS calls FROM run_tools t LEFT JOIN runs r USING (run_key) "
-        f"WHERE (t.agent IS NULL OR t.agent <> '{_MOVED}') AND {where} "
-        "GROUP BY ALL HAVING sum(t.calls) <> 0"
-    )
-
-
-STOP_TOTALS: Final = (
-    f"({_counted_stop_totals()} UNION ALL BY NAME "
-    "SELECT * EXCLUDE (pruned_unix_nano) FROM pruned_stops)"
-)
-"""SQL relation of every stop ``/metrics`` has counted, stored or pruned by retention:
-``agent, reason, step, steps_since_progress, observe_reason, loop_tool, stops`` (several
-rows may share a key: sum ``stops``)."""
-
-TOOL_CALL_TOTALS: Final = (
-    f"({_tool_call_totals()} UNION ALL BY NAME "
-    "SELECT * EXCLUDE (pruned_unix_nano) FROM pruned_tool_calls)"
-)
-"""SQL relation of every tool call ``/metrics`` has counted, stored or pruned by retention:
-``agent, tool, outcome, calls`` (sum ``calls`` per key)."""
+_MOVED: Final = ""  # run_tools.agent of the -1/+1 rows of a moved call
 
 
 @dataclass(slots=True)
@@ -1142,13 +1063,11 @@ class _Group:
     stops: list[StopRow]
     moves: list[RunReassignment]
     canaries: set[str]
-    canary_hits: dict[str, int] = field(default_factory=dict)
     merged: dict[str, dict[str, Any]] = field(default_factory=dict)
     existing: set[str] = field(default_factory=set)
     tool_deltas: dict[tuple[int, str, str, str | None], int] = field(default_factory=dict)
     move_jobs: list[int] = field(default_factory=list)  # job index of each of ``moves``
     step_jobs: list[int] = field(default_factory=list)  # job index of each of ``steps``
-    labels: dict[tuple[str, str], int] = field(default_factory=dict)  # metric_labels rows
     settle: set[str] = field(default_factory=set)
     staged_in_db: set[str] = field(default_factory=set)
     stopped_before: set[str] = field(default_factory=set)
@@ -1540,13 +1459,7 @@ class Store:
                     group.stop_jobs.append(index)
             group.moves.extend(batch.reassignments)
             group.move_jobs += [index] * len(batch.reassignments)
-            for kind, label, order in batch.metric_labels:
-                group.labels.setdefault((kind, label), order)
             group.canaries.update(batch.canary_run_ids)
-            owns_new = any(owner.get(k) == index for k in job_keys[index] if k in new_keys)
-            if batch.canary_hits and owns_new:
-                for location, hits in batch.canary_hits.items():
-                    group.canary_hits[location] = group.canary_hits.get(location, 0) + hits
 
         self._load_runs(group)
         anomalies, deciding = self._merge_stops(group)
@@ -1708,14 +1621,6 @@ class Store:
                 if move.to_run_id is not None:
                     kept.append(dataclasses.replace(step, run_id=move.to_run_id))
                     jobs.append(max(job, move_job))
-                elif step.kind == KIND_TOOL_RESULT:
-                    # Counted live when its request was committed (the counter never
-                    # goes down): the +1 it would have had in a group of its own, and the
-                    # move's -1, so grouping never changes the totals restored.
-                    key = _run_key(move.from_run_id)
-                    tool, outcome = step.tool or "", step.outcome or ""
-                    group.tool(key, tool, outcome, 1, step.agent or None)
-                    group.tool(key, tool, outcome, -1, _MOVED)
                 continue
             kept.append(step)
             jobs.append(job)
@@ -1838,8 +1743,7 @@ class Store:
                     tokens += step.output_tokens
                 if step.kind == KIND_TOOL_RESULT:
                     # The agent label the call was counted under (the collector sets it
-                    # before submitting), kept so a restart restores the same series
-                    # even when the run's agent span came later or never.
+                    # before submitting), even when the run's agent span came later or never.
                     call = (step.tool or "", step.outcome or "", step.agent or None)
                     calls[call] = calls.get(call, 0) + 1
                 elif step.kind == KIND_DECISION:
@@ -2129,28 +2033,12 @@ class Store:
             self._append(
                 "run_tools", _table(("run_key", "tool", "outcome", "calls", "agent"), deltas)
             )
-        if group.canary_hits:
-            self._append(
-                "canary_hits",
-                _table(
-                    ("location", "hits", "received_unix_nano"),
-                    [(loc, n, now_ns) for loc, n in sorted(group.canary_hits.items())],
-                ),
-            )
         if group.canaries:
             self._insert(
                 "canaries",
                 ("run_id", "first_seen_unix_nano"),
                 [(c, now_ns) for c in sorted(group.canaries)],
                 "INSERT OR IGNORE INTO canary_flags SELECT * FROM {t}",
-            )
-        if group.labels:
-            # A few rows, and only while labels are still being admitted.
-            labels = [(kind, label, order) for (kind, label), order in group.labels.items()]
-            self._con.execute(
-                "INSERT OR IGNORE INTO metric_labels VALUES "
-                + ", ".join(["(?, ?, ?)"] * len(labels)),
-                [value for row in labels for value in row],
             )
 
     def _maintain(self, requests: list[Future[int]]) -> None:
@@ -2199,10 +2087,7 @@ class Store:
     def _prune(self) -> None:
         """Remove up to ``prune_max_runs`` runs past ``retention_seconds``, in one transaction.
 
-        What ``/metrics`` counted for them is added to ``pruned_stops`` and
-        ``pruned_tool_calls`` first (:data:`STOP_TOTALS`, :data:`TOOL_CALL_TOTALS`), each
-        folded to one row per label key; ``canary_hits`` rows older than the retention are
-        folded to one row per location. Undecided runs are left to the timeout decision.
+        Undecided runs are left to the timeout decision.
         A failure rolls the whole pass back and is logged; the next maintenance retries.
         """
         self._prune_due = False
@@ -2222,10 +2107,6 @@ class Store:
             ).fetchall()
             if rows:
                 keys = _key_list(key for (key,) in rows)
-                stops = _counted_stop_totals(f"s.run_key IN ({keys})")
-                _fold(con, "pruned_stops", "stops", stops, now_ns)
-                calls = _tool_call_totals(f"t.run_key IN ({keys})")
-                _fold(con, "pruned_tool_calls", "calls", calls, now_ns)
                 for table in (
                     "steps",
                     "staged_steps",
@@ -2241,15 +2122,6 @@ class Store:
                     "DELETE FROM canary_flags WHERE run_id NOT IN (SELECT run_id FROM runs) "
                     "AND run_id NOT IN (SELECT trace_id FROM runs)"
                 )
-            con.execute(
-                "CREATE OR REPLACE TEMP TABLE folded_hits AS SELECT location, sum(hits) AS hits, "
-                "max(received_unix_nano) AS received_unix_nano FROM canary_hits "
-                "WHERE received_unix_nano < ? GROUP BY location",
-                [cutoff],
-            )
-            con.execute("DELETE FROM canary_hits WHERE received_unix_nano < ?", [cutoff])
-            con.execute("INSERT INTO canary_hits BY NAME SELECT * FROM folded_hits")
-            con.execute("DROP TABLE folded_hits")
             con.execute("COMMIT")
         except Exception:
             with contextlib.suppress(duckdb.Error):
@@ -2453,18 +2325,13 @@ class StoreReader:
         params: Sequence[Any],
         *,
         max_rows: int | None = None,
-        time_limit: bool = True,
     ) -> tuple[list[dict[str, Any]], bool]:
-        # An explicit cap wins: the restore reads at start need every key, not a page.
-        # They run without the time limit too: it guards the API against slow requests,
-        # and a collector whose restore timed out could not start on its own file.
         cap = self.max_rows if max_rows is None else max_rows
         with self._lock:
             cursor = self._factory()
         timer = threading.Timer(self.timeout_seconds, cursor.interrupt)
         timer.daemon = True
-        if time_limit:
-            timer.start()
+        timer.start()
         try:
             cursor.execute(sql, list(params))
             names = [d[0] for d in cursor.description or ()]
@@ -2693,57 +2560,3 @@ class StoreReader:
             [list(LOOP_STOP_REASONS), since_unix_nano, until_unix_nano],
         )
         return Stats(by_reason, loops, t1 or t2)
-
-    # The restore reads at start: every key (up to _RESTORE_MAX_KEYS, not the API's row
-    # cap) and no time limit (a store of ten million runs takes seconds to sum).
-
-    def restore_tool_calls(self) -> tuple[dict[tuple[str, str, str], int], bool]:
-        """Tool calls as counted live (:data:`TOOL_CALL_TOTALS`), ``{(agent, tool,
-        outcome): n}`` with agent ``""`` when unknown, and whether
-        :data:`_RESTORE_MAX_KEYS` cut it. Not subject to ``timeout_seconds``."""
-        rows, truncated = self._query(
-            f"SELECT agent, tool, outcome, sum(calls) AS n FROM {TOOL_CALL_TOTALS} "
-            "GROUP BY ALL HAVING sum(calls) <> 0",
-            [],
-            max_rows=_RESTORE_MAX_KEYS,
-            time_limit=False,
-        )
-        return {(r["agent"], r["tool"], r["outcome"]): int(r["n"]) for r in rows}, truncated
-
-    def restore_stops(self) -> tuple[list[dict[str, Any]], bool]:
-        """Stops as counted live (:data:`STOP_TOTALS`), one row per key of
-        ``agent, reason, step, steps_since_progress, observe_reason, loop_tool``
-        with their count ``n``, and whether :data:`_RESTORE_MAX_KEYS` cut it. Not
-        subject to ``timeout_seconds``."""
-        return self._query(
-            "SELECT agent, reason, step, steps_since_progress, observe_reason, loop_tool, "
-            f"sum(stops) AS n FROM {STOP_TOTALS} GROUP BY ALL",
-            [],
-            max_rows=_RESTORE_MAX_KEYS,
-            time_limit=False,
-        )
-
-    def restore_metric_labels(self) -> dict[str, list[str]]:
-        """The label values ``/metrics`` admitted, ``{kind: [label, ...]}`` in admission
-        order (``kind``: ``agent`` or ``tool``). Not subject to ``timeout_seconds``."""
-        rows, _ = self._query(
-            "SELECT kind, label FROM metric_labels ORDER BY kind, admitted, label",
-            [],
-            max_rows=_RESTORE_MAX_KEYS,
-            time_limit=False,
-        )
-        out: dict[str, list[str]] = {}
-        for row in rows:
-            out.setdefault(row["kind"], []).append(row["label"])
-        return out
-
-    def restore_canary_hits(self) -> dict[str, int]:
-        """Canary hits counted live, ``{location: n}`` (``canary_hits``, folded rows
-        included). Not subject to ``timeout_seconds``."""
-        rows, _ = self._query(
-            "SELECT location, sum(hits) AS n FROM canary_hits GROUP BY ALL",
-            [],
-            max_rows=_RESTORE_MAX_KEYS,
-            time_limit=False,
-        )
-        return {row["location"]: int(row["n"]) for row in rows}

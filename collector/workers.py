@@ -99,7 +99,7 @@ def tune_gc() -> None:
     Each request allocates some 10^5 short-lived, acyclic objects (freed by reference
     counting), which triggered a generation-0 pass every ~700 allocations: 6 us per span
     and 35-45 ms full passes that hold the GIL, measured with 512-span batches. Objects
-    alive after start-up (modules, compiled rules, restored metrics) are frozen out of
+    alive after start-up (modules, compiled rules) are frozen out of
     every pass.
     """
     gc.freeze()

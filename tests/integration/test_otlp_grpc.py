@@ -199,7 +199,7 @@ def test_queue_full_is_unavailable_with_retry_info() -> None:
 def test_a_call_the_client_abandons_is_still_committed_and_counted() -> None:
     """A client deadline cancels the wait, not the commit: the batch is stored and
     counted once the store has it (received = stored + rejected holds, and the live
-    metrics match what a restart restores); the client's retry is a duplicate."""
+    metrics match the store); the client's retry is a duplicate."""
     committed: list[SpanBatch] = []
     counters = InMemoryReceiverCounters()
 
