@@ -45,8 +45,8 @@ def collector(config_file: str | None, **params: Any) -> None:
     """
     try:
         from loopwatch.collector.config import load_config
-        from loopwatch.collector.errors import ConfigError
-        from loopwatch.collector.service import StoreUnavailable, serve_forever
+        from loopwatch.collector.errors import ConfigError, StoreUnavailable
+        from loopwatch.collector.service import serve_forever
     except ImportError as exc:
         click.echo(
             f"the collector needs its extra: pip install 'loopwatch[collector]' ({exc.name})",

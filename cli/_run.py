@@ -420,8 +420,8 @@ def up(
     """
     try:
         from loopwatch.collector.config import load_config
-        from loopwatch.collector.errors import ConfigError
-        from loopwatch.collector.service import StoreUnavailable, serve_forever
+        from loopwatch.collector.errors import ConfigError, StoreUnavailable
+        from loopwatch.collector.service import serve_forever
     except ImportError as exc:
         click.echo(
             f"loopwatch up needs the collector extra: pip install 'loopwatch[all]' ({exc.name})",

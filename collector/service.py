@@ -48,7 +48,7 @@ from prometheus_client import CollectorRegistry
 from .api import create_api_app
 from .config import CollectorConfig, parse_hostport
 from .detect import DetectStage, loop_detector, loop_tool
-from .errors import CollectorError, ConfigError, QueueFull
+from .errors import ConfigError, DecodeWorkerLost, QueueFull, StoreUnavailable
 from .events import (
     KIND_TOOL_RESULT,
     UNKNOWN_AGENT,
@@ -64,9 +64,9 @@ from .metrics import LoopwatchMetrics
 from .records import SpanBatch
 from .redact import REDACTION_FAILED, RedactStage
 from .sampling import SamplingConfig
-from .store import CommitResult, CommitStats, Store
-from .store import StoreConfig as StoreSettings
-from .workers import DecodePool, DecodeWorkerLost, RedactedBatch, counts_delta, tune_gc
+from .store.writer import CommitResult, CommitStats, Store
+from .store.writer import StoreConfig as StoreSettings
+from .workers import DecodePool, RedactedBatch, counts_delta, tune_gc
 
 __all__ = [
     "Collector",
@@ -183,17 +183,6 @@ def _spliced(
         if key not in placed:
             out += [r for r in kept if isinstance(r, kind)]
     return out
-
-
-class StoreUnavailable(CollectorError):
-    """The DuckDB file cannot be opened: missing folder, held by another process (DuckDB
-    allows one writer), or not a DuckDB file. The message names the file and the cause."""
-
-    def __init__(self, path: str, exc: BaseException) -> None:
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "lock" in text.lower():
-            text = "the file is in use by another process (one collector owns a DuckDB file)"
-        super().__init__(f"cannot open {path}: {text[:200]}")
 
 
 class Collector:

@@ -45,7 +45,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
 from .decode import decode_body
-from .errors import CollectorError
+from .errors import CollectorError, DecodeWorkerLost
 from .events import PartialMap, premap
 from .records import SpanBatch
 from .redact import RedactStage
@@ -139,17 +139,6 @@ class RedactedBatch(SpanBatch):
         if self.partial is None:
             return len(self.spans)
         return self.partial.mapped.spans_in + self.redaction_failures
-
-
-class DecodeWorkerLost(CollectorError):
-    """A decode worker process died (killed, out of memory) or was stuck while it held
-    the request; nothing of the request was stored. Retryable: the receiver answers 503
-    with ``Retry-After`` and the worker is started again."""
-
-    retryable = True
-
-    def __init__(self, reason: str = "decode worker lost") -> None:
-        super().__init__(f"{reason}; retry later")
 
 
 def _sigkill(pid: int) -> None:

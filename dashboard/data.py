@@ -827,13 +827,13 @@ class DuckDBSource:
             limit=limit,
             offset=offset,
         )
-        from loopwatch.collector import queries
+        from loopwatch.collector.store import reader as queries
 
         items = self._call(queries.attach_steps_since_progress, self._reader, page.items)
         return RunsPage(_runs_frame(items), offset, page.next_offset)
 
     def run(self, run_id: str) -> RunData | None:
-        from loopwatch.collector import queries
+        from loopwatch.collector.store import reader as queries
 
         detail = self._call(self._reader.get_run, run_id)
         if detail is None:
@@ -864,7 +864,7 @@ class DuckDBSource:
         bucket_seconds: int,
         agent: str | None = None,
     ) -> Overview:
-        from loopwatch.collector import queries
+        from loopwatch.collector.store import reader as queries
 
         result = self._call(
             queries.stats,
@@ -883,7 +883,7 @@ class DuckDBSource:
         )
 
     def tools(self, *, since_unix_nano: int, until_unix_nano: int) -> ToolsData:
-        from loopwatch.collector import queries
+        from loopwatch.collector.store import reader as queries
 
         window = {"since_unix_nano": since_unix_nano, "until_unix_nano": until_unix_nano}
         rows, truncated = self._call(queries.tools, self._reader, **window)

@@ -40,8 +40,8 @@ if str(Path(__file__).resolve().parents[2]) not in sys.path:
 from loopwatch.collector.decode import decode_body
 from loopwatch.collector.events import MappedBatch, MapStage
 from loopwatch.collector.redact import RedactStage
-from loopwatch.collector.runkeys import RunKeyFilter
 from loopwatch.collector.store import Store
+from loopwatch.collector.store.keys import RunKeyFilter
 
 from tests.bench import bench_ingest
 

@@ -263,7 +263,7 @@ def test_a_lost_decode_worker_is_unavailable_with_retry_info() -> None:
     """A failure of the collector's own (a decode worker killed) is retryable: the call is
     ``UNAVAILABLE`` with ``RetryInfo``, nothing is counted as received, and the log names
     the cause without request content."""
-    from loopwatch.collector.service import DecodeWorkerLost
+    from loopwatch.collector.errors import DecodeWorkerLost
 
     counters = InMemoryReceiverCounters()
 

@@ -54,9 +54,9 @@ from loopwatch.collector.store import (
     StoreConfig,
     StoreError,
     StoreReader,
-    _run_key,
     apply_migrations,
 )
+from loopwatch.collector.store.schema import run_key_of as _run_key
 from loopwatch.instrumentation import _semconv as sc
 
 T0 = 1_800_000_000.0
@@ -1278,13 +1278,13 @@ def test_run_lookups_are_skipped_only_for_runs_never_stored(tmp_path: Path) -> N
         commit(store, batch(run_row("early"), step_row("early", 1)))
     with Store(path) as store:  # the filter is refilled from the file
         lookups: list[str] = []
-        fetch = store._fetch_runs
+        fetch = store._writer.fetch_runs
 
         def counted(where: str, params: Any = ()) -> list[dict[str, Any]]:
             lookups.append(where)
             return fetch(where, params)
 
-        store._fetch_runs = counted  # type: ignore[method-assign]
+        store._writer.fetch_runs = counted  # type: ignore[method-assign]
         commit(store, full_run("fresh", "completed"))
         assert lookups == []
         commit(store, batch(step_row("early", 2), step_row("fresh", 9)))
