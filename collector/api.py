@@ -55,8 +55,8 @@ from starlette.routing import Route
 
 from .detect import LOOP_DETECTORS
 from .errors import ApiError, ReadTimeout
-from .events import MAX_RUN_ID_CHARS
-from .http import token_matches
+from .map import MAX_RUN_ID_CHARS
+from .receive import token_matches
 from .store import reader as queries
 from .store.reader import RunDetail, RunsPage, StoreReader
 from .store.schema import RUN_ORDERS

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from loopwatch.instrumentation import StopReason
+from loopwatch.instrumentation import _semconv as sc
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -47,7 +48,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .http import REJECT_REASONS, REQUEST_REJECT_REASONS
+from .detect import DECISION_DETECTORS, LOOP_DETECTORS, TOOL_DETECTORS
+from .receive import REJECT_REASONS, REQUEST_REJECT_REASONS
 
 __all__ = [
     "COMMIT_BUCKETS_SECONDS",
@@ -64,15 +66,9 @@ OTHER: Final = "_other"
 NO_TOOL: Final = "none"
 """The ``tool`` label of a loop detection that names no tool (decision-level detectors)."""
 STOP_REASONS: Final = frozenset(reason.value for reason in StopReason)
-OUTCOMES: Final = frozenset({"ok", "error", "blocked"})
-DETECTORS: Final = frozenset(
-    {"repeated_action", "action_cycle", "repeated_decision", "no_progress"}
-)
+OUTCOMES: Final = frozenset({sc.OUTCOME_OK, sc.OUTCOME_ERROR, sc.OUTCOME_BLOCKED})
+DETECTORS: Final = LOOP_DETECTORS
 CANARY_LOCATIONS: Final = frozenset({"attribute", "event", "name", "status", "resource"})
-TOOL_DETECTORS: Final = ("repeated_action", "action_cycle")
-"""Detectors exported at 0 for every (agent, tool) with a counted call."""
-DECISION_DETECTORS: Final = ("repeated_decision", "no_progress")
-"""Detectors exported at 0 for every agent, under the ``none`` tool."""
 STEPS_SINCE_PROGRESS_BUCKETS: Final = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0)
 STEPS_BUCKETS: Final = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
 COMMIT_BUCKETS_SECONDS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -181,7 +177,7 @@ class LoopwatchMetrics(Collector):
         top_n_agents / top_n_tools: label bounds (names past them become ``_other``).
         queue_depth: a callable returning the current store queue depth.
         inflight_bytes: a callable returning the request bytes the receivers hold
-            (:class:`~loopwatch.collector.http.InflightLimit`).
+            (:class:`~loopwatch.collector.receive.InflightLimit`).
         redaction_rules: rule names exported on ``loopwatch_redactions_total`` from
             the start, at 0.
 

@@ -2,18 +2,29 @@
 
 The store's writer loads the rows of the runs a group commit touches into a
 :class:`Group` (``merged``: run id -> run row as a dict of :data:`~loopwatch.collector.
-store.schema.RUN_COLUMNS`), and these functions apply the rules to them:
+store.schema.RUN_COLUMNS`), and :func:`merge_stops` and :func:`merge_rows` apply these
+rules to them (each has a test in ``tests/unit/collector/test_runs.py`` and
+``tests/unit/test_store.py``):
 
-- :func:`merge_stops`: stop precedence (:data:`~loopwatch.collector.events.STOP_ORIGINS`:
-  ``stop_span`` > ``run_span`` > ``inferred``), duplicate stops (a second stop of the
-  same strength is an anomaly, never an overwrite), replaced stops, and which stop is
-  counted (the strongest of the first request that brings the run a stop).
-- :func:`merge_rows`: the run span's fields win, times widen over every span of the run,
-  the counts (highest step, decisions, tool calls by outcome, tokens) add up over the
-  new spans only, and a run known only by its stop takes the agent it was counted under.
-
-Requests committed in one group are applied in request order, each as a unit, so a group
-gives the rows that committing its requests one by one would give.
+- Runs are merged: any span of a run may arrive first. The run span's fields win, times
+  widen, counts (steps = highest step index, decisions, tool calls, errors, blocked,
+  tokens) add up over new spans only.
+- Stops: one primary stop per run in ``stops``. Precedence ``stop_span`` > ``run_span`` >
+  ``inferred`` (:data:`~loopwatch.collector.rows.STOP_ORIGINS`). A stronger stop
+  replaces a weaker one and a weaker one is ignored, in either arrival order (a loopwatch
+  run span repeats its stop span's reason; an inferred stop is a fallback), so the result
+  does not depend on export order. A second stop of the same strength is a
+  duplicate-stop anomaly: kept in ``stop_anomalies`` (``kind='duplicate_stop'``), counted
+  in ``runs.duplicate_stops``, and never overwrites the first: the first report is what
+  any alert already fired on, and "exactly one stop per run" stays checkable.
+- Metrics count a run's stop once: the first request that brings the run a stop counts
+  its strongest one, whatever its origin (a loopwatch run span whose stop span was lost
+  still counts; a run span and its stop span in one request count the stop span). A
+  stronger stop in a later request replaces the row in ``stops`` but not the count: the
+  replaced row moves to ``stop_anomalies`` (``kind='replaced_stop'``) with its
+  ``counted`` flag, and the new row has ``counted = false``. Requests committed in one
+  group are applied in order, each as a unit, so grouping never changes what is counted
+  or kept. ``CommitResult.counted_stops`` says what to count.
 
 Not yet here (issue 24, point 2): tying third-party steps to their agent run, late steps
 and the sampling staging are still applied by the writer (``store/apply.py``) as SQL
@@ -27,9 +38,10 @@ from typing import Any, Final
 
 from loopwatch.instrumentation import _semconv as sc
 
-from .events import (
+from .rows import (
     KIND_DECISION,
     KIND_TOOL_RESULT,
+    STOP_COMPLETED,
     STOP_ORIGINS,
     UNKNOWN_AGENT,
     RunReassignment,
@@ -218,8 +230,8 @@ def merge_rows(group: Group) -> None:
 
 
 def merge_stops(group: Group) -> tuple[list[StopRow], list[tuple[str, str | None, int]]]:
-    """Apply the group's stops request by request (:mod:`loopwatch.collector.store.writer`,
-    "Stops" and "Metrics count"); return the duplicate-stop anomalies and the runs their
+    """Apply the group's stops request by request (module docstring, "Stops"
+    and "Metrics count"); return the duplicate-stop anomalies and the runs their
     first stop decides, ``(run_id, stop reason for sampling, job index)`` in request order.
     """
     winners: dict[str, StopRow] = {}
@@ -282,7 +294,7 @@ def merge_stops(group: Group) -> tuple[list[StopRow], list[tuple[str, str | None
     deciding: list[tuple[str, str | None, int]] = [
         (
             run_id,
-            s.observe_reason if s.observe_reason and s.reason == "completed" else s.reason,
+            s.observe_reason if s.observe_reason and s.reason == STOP_COMPLETED else s.reason,
             stop_job[run_id],
         )
         for run_id, s in group.counted.items()

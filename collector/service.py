@@ -1,7 +1,8 @@
-"""The collector process: receive -> decode -> redact -> map -> detect -> sample/store -> metrics.
+"""The collector process: wires the stages of :mod:`.pipeline` and serves them.
 
-:class:`Collector` wires the stages (each a small object with one ``process`` method) and
-serves two HTTP apps on one event loop: the OTLP/HTTP receiver and the ``/metrics``,
+:class:`Collector` builds the stages (each a small object with one ``process`` method,
+the in-process ones held in order by a :class:`~loopwatch.collector.pipeline.Pipeline`)
+and serves two HTTP apps on one event loop: the OTLP/HTTP receiver and the ``/metrics``,
 ``/healthz`` and read API app.
 
 Acknowledgement contract: an OTLP request is answered 200 only after its events are
@@ -12,15 +13,15 @@ stages keep per-trace state); the store's writer thread commits in groups.
 Decode workers (``[pipeline] decode_workers`` > 0): :class:`DecodePool` decompresses,
 decodes and redacts each body in a worker process (its own :class:`RedactStage`, built
 from the same rules, canaries and HMAC key) and maps its loopwatch spans to rows
-(:func:`~loopwatch.collector.events.premap`, which needs no state from earlier
+(:func:`~loopwatch.collector.map.premap`, which needs no state from earlier
 batches), so the stages that cost the most CPU per span leave the serving process's
 GIL. The rows, the third-party spans (mapped here, as they need the run structure of
 earlier batches) and the worker's redaction counts come back pickled; only the rest of
 map, detect, store and metrics run here. Nothing unredacted ever reaches the serving
 process's later stages, and a worker that dies fails only the request it held (503,
 retryable; it was not acknowledged) and is started again (:mod:`.workers`). Metrics are
-counted after the commit, over newly stored spans only, so a client retry never counts twice and
-``/metrics`` matches the store.
+counted after the commit, over newly stored spans only, so a client retry never counts
+twice.
 
 Shutdown (SIGTERM, SIGINT): stop accepting, let in-flight requests finish, commit what is
 queued, checkpoint DuckDB, exit 0.
@@ -48,38 +49,32 @@ from prometheus_client import CollectorRegistry
 from .api import create_api_app
 from .config import CollectorConfig, parse_hostport
 from .detect import DetectStage, loop_detector, loop_tool
-from .errors import ConfigError, DecodeWorkerLost, QueueFull, StoreUnavailable
-from .events import (
+from .errors import ConfigError, QueueFull, StoreUnavailable
+from .map import MapStage
+from .metrics import LoopwatchMetrics
+from .pipeline import Pipeline
+from .receive import InflightLimit
+from .receive_http import create_otlp_app
+from .records import SpanBatch
+from .redact import REDACTION_FAILED, RedactStage
+from .rows import (
     KIND_TOOL_RESULT,
     UNKNOWN_AGENT,
     MappedBatch,
-    MapStage,
     RunReassignment,
     RunRow,
     StepRow,
     StopRow,
 )
-from .http import InflightLimit, create_otlp_app
-from .metrics import LoopwatchMetrics
-from .records import SpanBatch
-from .redact import REDACTION_FAILED, RedactStage
-from .sampling import SamplingConfig
+from .sample import SamplingConfig
 from .store.writer import CommitResult, CommitStats, Store
 from .store.writer import StoreConfig as StoreSettings
 from .workers import DecodePool, RedactedBatch, counts_delta, tune_gc
 
-__all__ = [
-    "Collector",
-    "DecodePool",
-    "DecodeWorkerLost",
-    "RedactedBatch",
-    "StoreUnavailable",
-    "loop_detector",
-    "serve_forever",
-]
+__all__ = ["Collector", "serve_forever"]
 
 if TYPE_CHECKING:  # grpcio is imported only when server.otlp_grpc is set
-    from .grpc_receiver import OtlpGrpcServer
+    from .receive_grpc import OtlpGrpcServer
 
 _log = logging.getLogger("loopwatch.collector")
 _AGENT_CACHE: Final = 100_000
@@ -103,9 +98,8 @@ class _Uncommitted:
     are known, calls are held and judged, provisional rows are moved. A request refused
     after that (the store's queue filled while it was mapped, a failed commit: 429/503)
     leaves the state advanced, and its retry was mapped as a resend of spans already
-    stored: the observe-mode verdict and the per-call fingerprints were gone (the run's
-    loop was never counted, and sampling then dropped its steps), and the moves of rows
-    filed under the trace to their agent run were never made (a review, 2026-12-02).
+    stored: the observe-mode verdict and the per-call fingerprints would be gone, and the
+    moves of rows filed under the trace to their agent run never made.
 
     So the rows of such a request are kept here, by span key, and a later request with
     any of those spans takes them in place of its own rows for the same spans, with the
@@ -198,9 +192,8 @@ class Collector:
 
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
-        # Both sources, not one or the other: the agent side reads the variable, so a
-        # canary named there and missing here would be stored in clear whenever a config
-        # file also named a canary file (a docs audit, 2026-12-01).
+        # Both sources: the agent side reads the variable, so a canary named only there
+        # must be redacted here too when a config file also names a canary file.
         canaries = canaries_from_env()
         if config.redaction.canaries_file:
             canaries = tuple(
@@ -219,6 +212,7 @@ class Collector:
             )
         self.map = MapStage()
         self.detect = DetectStage()
+        self.pipeline = Pipeline((self.redact, self.map, self.detect))
         settings = StoreSettings(
             read_timeout_seconds=config.store.query_timeout_seconds,
             read_max_rows=config.store.max_rows,
@@ -285,7 +279,8 @@ class Collector:
                     stop.agent = agents.get(stop.run_id, UNKNOWN_AGENT)
 
     def process(self, batch: SpanBatch) -> tuple[_Processed, Any]:
-        """Run redact -> map -> detect and queue the result for commit (pipeline thread).
+        """Run the in-process stages (:attr:`pipeline`) and queue the result for commit
+        (pipeline thread).
 
         Returns:
             What the batch produced, and the store's future for its commit.
@@ -299,17 +294,15 @@ class Collector:
             if batch.redaction_failures:
                 batch.reject(batch.redaction_failures, REDACTION_FAILED)
                 batch.redaction_failures = 0
-            mapped = self.map.finish(batch.partial)
+            mapped = self.pipeline.process(self.map.finish(batch.partial), after="map")
         else:
             before = self.redact.counts()
-            self.redact.process(batch)
+            mapped = self.pipeline.process(batch)
             after = self.redact.counts()
             canaries = counts_delta(dict(after.canary_by_location), dict(before.canary_by_location))
             redactions = counts_delta(
                 dict(after.redactions_by_rule), dict(before.redactions_by_rule)
             )
-            mapped = self.map.process(batch)
-        mapped = self.detect.process(mapped)
         self._uncommitted.splice(mapped)
         self._remember_agents(mapped)
         self._label_counts(mapped)
@@ -422,7 +415,7 @@ class Collector:
         if not address:
             return None
         try:
-            from .grpc_receiver import OtlpGrpcServer
+            from .receive_grpc import OtlpGrpcServer
         except ImportError:
             raise ConfigError(
                 "server.otlp_grpc", "needs grpcio: pip install 'loopwatch[collector]'"

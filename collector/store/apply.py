@@ -2,15 +2,28 @@
 
 :class:`GroupWriter` runs on the store's writer thread (:class:`~loopwatch.collector.
 store.writer.Store` owns the transaction and the futures). For a group of requests it
+claims the span keys not stored yet (the rest of a request are client retries and
+are skipped whole), reads the rows of the runs the group touches (only keys the run-key
+Bloom filter may hold), merges the group into them (:mod:`loopwatch.collector.runs`),
+and writes every table through Arrow. Rules applied here:
 
-1. claims the span keys not stored yet (:class:`~loopwatch.collector.store.keys.
-   RecentKeys`; the rest of a request are client retries and are skipped whole);
-2. reads the rows of the runs the group touches (only keys the run-key Bloom filter may
-   hold) and merges the group into them with the pure rules of
-   :mod:`loopwatch.collector.runs` (stop precedence, duplicate stops, counts);
-3. decides sampling for runs whose first stop arrived (:mod:`loopwatch.collector.
-   sampling`), applies :class:`~loopwatch.collector.events.RunReassignment` moves in
-   request order, and writes every table through Arrow.
+- Steps of a run are staged (``staged_steps``, bounded by the undecided runs) until the
+  run's sampling decision, then moved to ``steps`` (sampled) or deleted (not sampled);
+  when the decision falls in the same group they go straight to their table. Steps
+  arriving after the decision go to ``steps`` or are dropped; they always count.
+- Third-party steps first filed under their trace id move to the agent run when the map
+  stage says so (:class:`~loopwatch.collector.rows.RunReassignment`), with their counts,
+  highest step and times: the trace-level run's are those of what it keeps (its run
+  span, stops and remaining steps), as if the steps had never been filed under it; the
+  emptied trace-level run row is deleted.
+- Sampling (:mod:`loopwatch.collector.sample`) is decided once, when a run's first
+  primary stop is committed, or by the periodic maintenance for runs with no stop and no
+  new span for ``undecided_timeout_seconds``. A stop replacing another later does not
+  re-decide (deleted steps cannot come back). The hourly cap's tool is the run's most
+  called tool among the calls known at that request (earlier groups' and this group's
+  up to it), so grouping does not change it either. In a group, moves and decisions
+  are applied in request order too: a move in a later request than a run's stop finds
+  that run decided (a declined run's steps are gone by then, and stay counted there).
 
 State across groups: the sampling quota of the current hour (published after commit
 through :attr:`GroupWriter.after_commit`). Raises whatever DuckDB raises; the caller rolls
@@ -29,9 +42,9 @@ import duckdb
 import pyarrow as pa
 
 from ..detect import loop_tool
-from ..events import KIND_TOOL_RESULT, MappedBatch, RunReassignment, RunRow, StepRow, StopRow
+from ..rows import KIND_TOOL_RESULT, MappedBatch, RunReassignment, RunRow, StepRow, StopRow
 from ..runs import Group, count_step, merge_rows, merge_stops, widen
-from ..sampling import NO_STOP_REASON, Sampler, hour_bucket
+from ..sample import NO_STOP_REASON, Sampler, hour_bucket
 from .keys import RecentKeys, RunKeyFilter, span_key
 from .schema import (
     AFTER_RECEIVED,

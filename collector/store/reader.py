@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import duckdb
+from loopwatch.instrumentation import StopReason
 
 from ..detect import LOOP_DETECTORS
 from ..errors import ReadTimeout
@@ -468,7 +469,7 @@ class StoreReader:
         return Stats(by_reason, loops, t1 or t2)
 
 
-_REPEATED_ACTION: Final = "repeated_action"
+_REPEATED_ACTION: Final = StopReason.REPEATED_ACTION.value
 
 RUN_TIME: Final = "COALESCE(stop_unix_nano, end_unix_nano, start_unix_nano, first_seen_unix_nano)"
 """A run's time in SQL over ``runs`` (``time_unix_nano`` of ``StoreReader.list_runs``)."""

@@ -584,36 +584,12 @@ FLOAT_FIELDS: Final = frozenset(
 BOOL_FIELDS: Final = frozenset({"progress", "stop_inferred", "sampled"})
 UINT_FIELDS: Final = frozenset({"span_key", "trace_key", "run_key"})
 
-RUN_LIST_COLUMNS: Final = (
-    "run_id",
-    "trace_id",
-    "source",
-    "agent",
-    "agent_id",
-    "conversation_id",
-    "parent_run_id",
-    "policy_name",
-    "policy_version",
-    "mode",
-    "start_unix_nano",
-    "end_unix_nano",
-    "status_code",
-    "steps",
-    "decisions",
-    "tool_calls",
-    "tool_errors",
-    "tool_blocked",
-    "tokens",
-    "stop_reason",
-    "stop_origin",
-    "stop_inferred",
-    "stop_unix_nano",
-    "sample_tool",
-    "sampled",
-    "sample_rule",
-    "duplicate_stops",
-    "first_seen_unix_nano",
+_NOT_LISTED: Final = frozenset(
+    {"run_key", "run_span_id", "detector_version", "limits", "decided_unix_nano"}
+    | {"last_seen_unix_nano", "span_start_unix_nano", "span_end_unix_nano"}
 )
+RUN_LIST_COLUMNS: Final = tuple(c for c in RUN_COLUMNS if c not in _NOT_LISTED)
+"""The columns of ``runs`` a run list returns (``StoreReader.list_runs``, ``/api/v1/runs``)."""
 
 RUN_ORDERS: Final = ("time", "first_seen")
 """Orders of :meth:`StoreReader.list_runs` (and ``order`` of ``/api/v1/runs``)."""

@@ -3,7 +3,7 @@
 The collector owns one DuckDB file (STYLE rule 8). :class:`Store` runs one writer thread
 that owns the write connection and a bounded queue in front of it:
 
-- :meth:`Store.submit` enqueues a :class:`~loopwatch.collector.events.MappedBatch` and
+- :meth:`Store.submit` enqueues a :class:`~loopwatch.collector.rows.MappedBatch` and
   returns a :class:`~concurrent.futures.Future` resolved only after the batch's rows are
   committed (acknowledge the OTLP request then, never before). A full queue raises
   :class:`~loopwatch.collector.errors.QueueFull` at once (answer 429/503): backpressure,
@@ -20,14 +20,15 @@ that owns the write connection and a bounded queue in front of it:
   primary-key index lookups; rows are appended from Arrow tables; the group's touched runs
   are read once, merged in Python, then deleted and re-inserted (DuckDB's
   ``ON CONFLICT DO UPDATE`` and join-based ``UPDATE`` cost 10-80 ms per statement here).
-  Only keys that :class:`~loopwatch.collector.runkeys.RunKeyFilter` (a Bloom filter of
+  Only keys that :class:`~loopwatch.collector.store.keys.RunKeyFilter` (a Bloom filter of
   every stored run key, refilled at open) may hold are read: a group of new runs costs
   no read at all.
   Span keys are checked in memory and appended to an index-free table: a primary key
   over random 128-bit keys cost 5-12 us per key to insert and made every checkpoint
   rewrite the whole index (150 ms at 400k keys, 1 s at 2.5M, measured here).
 
-Write semantics (each rule has a test in ``tests/unit/test_store.py``):
+Write semantics (each rule has a test in ``tests/unit/test_store.py``; run assembly in
+:mod:`loopwatch.collector.runs`, the group's application in :mod:`.apply`):
 
 - Idempotent by span: every row carries its span's ``(trace_id, span_id)``; spans already
   stored (client retries) or repeated within the group are skipped whole. The keys of
@@ -35,42 +36,6 @@ Write semantics (each rule has a test in ``tests/unit/test_store.py``):
   them, are held in memory and checked there; ``spans_seen`` records them in the same
   transaction as the rows and refills the memory at open, so deduplication survives a
   restart. A retry older than that window would be stored again.
-- Runs are merged: any span of a run may arrive first. The run span's fields win, times
-  widen, counts (steps = highest step index, decisions, tool calls, errors, blocked,
-  tokens) add up over new spans only.
-- Steps of a run are staged (``staged_steps``, bounded by the undecided runs) until the
-  run's sampling decision, then moved to ``steps`` (sampled) or deleted (not sampled);
-  when the decision falls in the same group they go straight to their table. Steps
-  arriving after the decision go to ``steps`` or are dropped; they always count.
-- Third-party steps first filed under their trace id move to the agent run when the map
-  stage says so (:class:`~loopwatch.collector.events.RunReassignment`), with their counts,
-  highest step and times: the trace-level run's are those of what it keeps (its run
-  span, stops and remaining steps), as if the steps had never been filed under it; the
-  emptied trace-level run row is deleted.
-- Stops: one primary stop per run in ``stops``. Precedence ``stop_span`` > ``run_span`` >
-  ``inferred`` (:data:`~loopwatch.collector.events.STOP_ORIGINS`). A stronger stop
-  replaces a weaker one and a weaker one is ignored, in either arrival order (a loopwatch
-  run span repeats its stop span's reason; an inferred stop is a fallback), so the result
-  does not depend on export order. A second stop of the same strength is a
-  duplicate-stop anomaly: kept in ``stop_anomalies`` (``kind='duplicate_stop'``), counted
-  in ``runs.duplicate_stops``, and never overwrites the first: the first report is what
-  any alert already fired on, and "exactly one stop per run" stays checkable.
-- Metrics count a run's stop once: the first request that brings the run a stop counts
-  its strongest one, whatever its origin (a loopwatch run span whose stop span was lost
-  still counts; a run span and its stop span in one request count the stop span). A
-  stronger stop in a later request replaces the row in ``stops`` but not the count: the
-  replaced row moves to ``stop_anomalies`` (``kind='replaced_stop'``) with its
-  ``counted`` flag, and the new row has ``counted = false``. Requests committed in one
-  group are applied in order, each as a unit, so grouping never changes what is counted
-  or kept. :attr:`CommitResult.counted_stops` says what to count.
-- Sampling (:mod:`loopwatch.collector.sampling`) is decided once, when a run's first
-  primary stop is committed, or by the periodic maintenance for runs with no stop and no
-  new span for ``undecided_timeout_seconds``. A stop replacing another later does not
-  re-decide (deleted steps cannot come back). The hourly cap's tool is the run's most
-  called tool among the calls known at that request (earlier groups' and this group's
-  up to it), so grouping does not change it either. In a group, moves and decisions
-  are applied in request order too: a move in a later request than a run's stop finds
-  that run decided (a declined run's steps are gone by then, and stay counted there).
 
 Retention (``StoreConfig.retention_seconds``, off by default): the periodic maintenance
 removes decided runs whose last span arrived longer ago than that, with every row that
@@ -84,8 +49,7 @@ run it names (a flag by trace id then no longer marks later runs of that trace).
 Reads (:class:`StoreReader`) run on their own cursors with a time limit and a row cap,
 parameterized SQL only, so they never block or starve the writer.
 
-Schema: :mod:`loopwatch.collector.store.schema`. The rows of one group are applied by
-:class:`~loopwatch.collector.store.apply.GroupWriter`.
+Schema: :mod:`loopwatch.collector.store.schema`.
 """
 
 from __future__ import annotations
@@ -105,9 +69,9 @@ from typing import Any, Final
 import duckdb
 
 from ..errors import QueueFull, StoreClosed, StoreError
-from ..events import MappedBatch, StopRow
+from ..rows import MappedBatch, StopRow
 from ..runs import Group
-from ..sampling import Sampler, SamplingConfig, hour_bucket
+from ..sample import Sampler, SamplingConfig, hour_bucket
 from .apply import GroupWriter
 from .keys import RecentKeys, RunKeyFilter
 from .reader import StoreReader

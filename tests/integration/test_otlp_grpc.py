@@ -18,8 +18,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 from loopwatch.collector.errors import QueueFull
-from loopwatch.collector.grpc_receiver import EXPORT_METHOD, OtlpGrpcServer
-from loopwatch.collector.http import InflightLimit, InMemoryReceiverCounters, Submit
+from loopwatch.collector.receive import InflightLimit, InMemoryReceiverCounters, Submit
+from loopwatch.collector.receive_grpc import EXPORT_METHOD, OtlpGrpcServer
 from loopwatch.collector.records import SpanBatch
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -224,7 +224,7 @@ def test_a_token_that_is_not_latin1_is_unauthorized_not_an_error(encoding: str) 
     """Found by a review: a non-Latin-1 bearer token over gRPC raised UnicodeEncodeError,
     answered 'retry later', so a misconfigured exporter retried forever."""
     from loopwatch.collector.errors import Unauthorized
-    from loopwatch.collector.http import _check_bearer
+    from loopwatch.collector.receive import check_bearer as _check_bearer
 
     for header in ("Bearer токен", "Bearer 令牌\udcff"):
         with pytest.raises(Unauthorized):

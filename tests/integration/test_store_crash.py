@@ -23,8 +23,8 @@ WRITER = r"""
 import sys
 import threading
 
-from loopwatch.collector.events import MappedBatch, RunRow, StepRow, StopRow
-from loopwatch.collector.sampling import SamplingConfig
+from loopwatch.collector.rows import MappedBatch, RunRow, StepRow, StopRow
+from loopwatch.collector.sample import SamplingConfig
 from loopwatch.collector.store import Store, StoreConfig
 
 SPANS = 256

@@ -19,7 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from loopwatch.collector.errors import QueueFull
-from loopwatch.collector.events import (
+from loopwatch.collector.map import MapStage
+from loopwatch.collector.records import SpanBatch, SpanRecord
+from loopwatch.collector.rows import (
     KIND_DECISION,
     KIND_TOOL_RESULT,
     SOURCE_LOOPWATCH,
@@ -28,14 +30,12 @@ from loopwatch.collector.events import (
     STOP_ORIGIN_STOP_SPAN,
     STOP_ORIGINS,
     MappedBatch,
-    MapStage,
     RunReassignment,
     RunRow,
     StepRow,
     StopRow,
 )
-from loopwatch.collector.records import SpanBatch, SpanRecord
-from loopwatch.collector.sampling import (
+from loopwatch.collector.sample import (
     RULE_ABNORMAL,
     RULE_COMPLETED_FRACTION,
     RULE_HOURLY_CAP,

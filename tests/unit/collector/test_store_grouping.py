@@ -24,19 +24,19 @@ from typing import Any
 
 import duckdb
 import pytest
-from loopwatch.collector.events import (
+from loopwatch.collector.map import MapStage
+from loopwatch.collector.records import SpanBatch, SpanRecord
+from loopwatch.collector.rows import (
     KIND_DECISION,
     KIND_TOOL_RESULT,
     SOURCE_LOOPWATCH,
     STOP_ORIGIN_STOP_SPAN,
     MappedBatch,
-    MapStage,
     RunRow,
     StepRow,
     StopRow,
 )
-from loopwatch.collector.records import SpanBatch, SpanRecord
-from loopwatch.collector.sampling import SamplingConfig
+from loopwatch.collector.sample import SamplingConfig
 from loopwatch.collector.store import Store, StoreConfig
 from loopwatch.instrumentation import _semconv as sc
 
