@@ -41,7 +41,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import duckdb
 import uvicorn
 from loopwatch.instrumentation.redaction import canaries_from_env, load_canaries
 from prometheus_client import CollectorRegistry
@@ -49,7 +48,7 @@ from prometheus_client import CollectorRegistry
 from .api import create_api_app
 from .config import CollectorConfig, parse_hostport
 from .detect import DetectStage, loop_detector, loop_tool
-from .errors import ConfigError, QueueFull, StoreUnavailable
+from .errors import ConfigError, QueueFull
 from .map import MapStage
 from .metrics import LoopwatchMetrics
 from .pipeline import Pipeline
@@ -187,7 +186,7 @@ class Collector:
 
     Raises:
         ConfigError: unreadable token, canary or key file.
-        duckdb.IOException: the database file is held by another process.
+        StoreUnavailable: the database file cannot be opened.
     """
 
     def __init__(self, config: CollectorConfig) -> None:
@@ -238,10 +237,7 @@ class Collector:
             inflight_bytes=lambda: self.inflight.held,
             redaction_rules=self.redact.redactor.rule_names,
         )
-        try:
-            self.store = Store(config.store.db, config=settings, on_commit=self._on_commit)
-        except duckdb.Error as exc:
-            raise StoreUnavailable(config.store.db, exc) from None
+        self.store = Store(config.store.db, config=settings, on_commit=self._on_commit)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self.metrics)
         self._agents: OrderedDict[str, str] = OrderedDict()

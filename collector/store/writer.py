@@ -68,7 +68,7 @@ from typing import Any, Final
 
 import duckdb
 
-from ..errors import QueueFull, StoreClosed, StoreError
+from ..errors import QueueFull, StoreClosed, StoreError, StoreUnavailable
 from ..rows import MappedBatch, StopRow
 from ..runs import Group
 from ..sample import Sampler, SamplingConfig, hour_bucket
@@ -244,7 +244,8 @@ class Store:
     Raises:
         ValueError: invalid config.
         SchemaTooNew: the file comes from a newer loopwatch.
-        duckdb.IOException: the file is locked by another process (one writer only).
+        StoreUnavailable: the file cannot be opened (held by another process: DuckDB
+            allows one writer; missing folder; not a DuckDB file) or migrated.
 
     Example:
         >>> with Store("loopwatch.duckdb") as store:  # doctest: +SKIP
@@ -265,9 +266,12 @@ class Store:
         self.path = Path(path)
         self._clock = clock
         self._on_commit = on_commit
-        self._con = duckdb.connect(
-            str(self.path), config={"threads": str(self.config.duckdb_threads)}
-        )
+        try:
+            self._con = duckdb.connect(
+                str(self.path), config={"threads": str(self.config.duckdb_threads)}
+            )
+        except duckdb.Error as exc:
+            raise StoreUnavailable(str(path), exc) from None
         self._wal_path = Path(f"{self.path}.wal")
         self._recent = RecentKeys(
             int(self.config.dedup_retention_seconds * _NS), self.config.dedup_max_keys
@@ -282,6 +286,9 @@ class Store:
             self._stored_runs = RunKeyFilter()
             self._load_run_keys()
             self._read_root = self._con.cursor()
+        except duckdb.Error as exc:
+            self._con.close()
+            raise StoreUnavailable(str(path), exc) from None
         except BaseException:
             self._con.close()
             raise
