@@ -18,6 +18,7 @@ from loopwatch.collector.rows import (
     StopRow,
 )
 from loopwatch.collector.runs import Group, merge_rows, merge_stops, new_run
+from loopwatch.collector.store.schema import COUNT_COLUMNS
 
 TRACE = "0" * 31 + "1"
 _O = {"S": STOP_ORIGIN_STOP_SPAN, "R": STOP_ORIGIN_RUN_SPAN, "I": STOP_ORIGIN_INFERRED}
@@ -105,8 +106,7 @@ def _step(n: int, kind: str, **fields: Any) -> StepRow:
     )
 
 
-# (earlier counts, new steps) -> expected (steps, decisions, tool_calls, errors, blocked,
-# tokens, start, end)
+# (earlier counts, new steps) -> expected (steps, COUNT_COLUMNS..., start, end)
 COUNT_CASES: dict[str, tuple[dict[str, int], list[StepRow], tuple[int, ...]]] = {
     "decisions and tool calls by outcome": (
         {},
@@ -139,18 +139,11 @@ def test_count_rules(case: str) -> None:
     row.update(earlier)
     group.merged["r1"] = row
     merge_rows(group)
-    got = tuple(
-        row[k]
-        for k in (
-            "steps",
-            "decisions",
-            "tool_calls",
-            "tool_errors",
-            "tool_blocked",
-            "tokens",
-            "start_unix_nano",
-            "end_unix_nano",
-        )
+    got = (
+        row["steps"],
+        *(row[c] for c in COUNT_COLUMNS),
+        row["start_unix_nano"],
+        row["end_unix_nano"],
     )
     assert got == expected
     assert sum(group.tool_deltas.values()) == expected[2] - earlier.get("tool_calls", 0)
