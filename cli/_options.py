@@ -123,8 +123,8 @@ def collector_api(what: str, extra: str) -> CollectorApi:
     """The collector's entry points; exits 2 naming ``extra`` when it is not installed."""
     try:
         from loopwatch.collector.config import load_config
-        from loopwatch.collector.errors import ConfigError
-        from loopwatch.collector.service import StoreUnavailable, serve_forever
+        from loopwatch.collector.errors import ConfigError, StoreUnavailable
+        from loopwatch.collector.service import serve_forever
     except ImportError as exc:
         exit_missing_extra(what, extra, exc)
     return CollectorApi(load_config, serve_forever, ConfigError, StoreUnavailable)

@@ -33,7 +33,7 @@ Read endpoints (JSON; times in nanoseconds since the Unix epoch):
   (``repeated_action_runs``: stopped for it or, in observe mode, detected).
 - Integer parameters outside the signed 64-bit range are refused (400).
 
-The SQL beyond :class:`StoreReader`'s is in :mod:`loopwatch.collector.queries`. Queries
+The SQL beyond :class:`StoreReader`'s methods is in :mod:`loopwatch.collector.store.reader`. Queries
 are parameterized and run on a worker thread with the store's time limit and row
 cap. With a token configured every endpoint but ``/healthz`` needs
 ``Authorization: Bearer <token>`` (compared in constant time, never logged).
@@ -53,11 +53,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import queries
 from .detect import LOOP_DETECTORS
-from .events import MAX_RUN_ID_CHARS
-from .http import token_matches
-from .store import RUN_ORDERS, ReadTimeout, RunDetail, RunsPage, StoreReader
+from .errors import ApiError, ReadTimeout
+from .map import MAX_RUN_ID_CHARS
+from .receive import token_matches
+from .store import reader as queries
+from .store.reader import RunDetail, RunsPage, StoreReader
+from .store.schema import RUN_ORDERS
 
 __all__ = ["ApiError", "create_api_app", "error_response"]
 
@@ -69,20 +71,6 @@ _MAX_FILTER_CHARS: Final = MAX_RUN_ID_CHARS
 what an agent, tool or run id may be for the list filters and the run view to reach it;
 past 4,096 characters even a percent-encoded ASCII one nears the 16 KiB request line
 that the HTTP server takes."""
-
-
-class ApiError(Exception):
-    """An error answered with the JSON envelope.
-
-    Attributes:
-        status: HTTP status. code: a stable machine-readable code. message: safe text.
-    """
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 def error_response(

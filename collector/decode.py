@@ -32,13 +32,13 @@ What is refused, and how:
   that is not 16 bytes (32 hex chars) or is all zero, a span id that is not 8 bytes
   (16 hex chars) or is all zero, a parent span id that is neither empty nor 8 bytes,
   a link with such ids, a start, end or event time past the largest signed 64-bit
-  nanosecond count (year 2262: the store keeps times as ``BIGINT``; such a span used to
-  fail its whole batch with a retryable 503, a poison batch), and, in JSON, a field of
+  nanosecond count (year 2262: the store keeps times as ``BIGINT``, and one such span
+  would fail its whole batch), and, in JSON, a field of
   the wrong type. An all-zero parent span id means "no parent", as in the OpenTelemetry
   Collector's ``pdata``.
   Malformed resource or scope attributes reject every span under them.
   :func:`decode_body` then refuses the loopwatch spans no row could be made of
-  (:func:`~loopwatch.collector.events.refuse_unmappable`: no or an over-long
+  (:func:`~loopwatch.collector.map.refuse_unmappable`: no or an over-long
   ``loopwatch.run.id``, an unknown ``loopwatch.event``), which would otherwise be
   acknowledged and never stored.
 
@@ -65,7 +65,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from .errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
-from .events import refuse_unmappable
+from .map import refuse_unmappable
 from .records import (
     Attributes,
     AttrValue,
@@ -228,7 +228,7 @@ def decode_body(
     Returns:
         The decoded batch (see :func:`decode_protobuf` and :func:`decode_json`), the
         loopwatch spans no row could be made of refused on it
-        (:func:`~loopwatch.collector.events.refuse_unmappable`).
+        (:func:`~loopwatch.collector.map.refuse_unmappable`).
 
     Raises:
         DecodeError: the body is not valid OTLP in that encoding.

@@ -8,19 +8,19 @@ progress, and records what the guard would have stopped (``observe_reason``) on 
 run's inferred stop. The inferred stop reason itself stays what happened (``completed``
 or ``error``): the agent was not stopped, and the record says so.
 
-Rules (each one a fault found by a review of observe mode, 2026-12-01):
+Rules:
 
 - One guard per *run*, not per trace: a trace may hold several agents (nested or side by
   side), and each agent's calls are judged alone. A call filed under its trace before
   its agent span arrived (spans export when they end, children first) moves to the agent
-  run with the map stage's :class:`~loopwatch.collector.events.RunReassignment`.
+  run with the map stage's :class:`~loopwatch.collector.rows.RunReassignment`.
 - Calls are replayed in span start-time order, not arrival order: a request retried
   after a later one succeeded must not turn A-B-A-B into A-A-B-B.
 - The verdict is taken when the run's stop is inferred, over all of its calls seen by
   then. Each run has a guard fed as calls arrive (one call's cost); the verdict uses it
   when every call arrived in start order, else one replay of the run's calls in start
-  order (once per run: rebuilding on every late call was quadratic, 198 s for a
-  4,000-call run whose parallel calls ended out of order).
+  order (once per run, so the cost stays linear in the run's calls when parallel calls
+  end out of order).
 - Content is opt-in: a call without its arguments (``gen_ai.tool.call.arguments``,
   ``input.value``) is a new action, one without its result a new observation, so
   calls sent without content never make a loop.
@@ -49,9 +49,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from loopwatch.instrumentation import Decision, FailureClass, Guard, Policy, Stop, ToolFailure
+from loopwatch.instrumentation import (
+    Decision,
+    FailureClass,
+    Guard,
+    Policy,
+    Stop,
+    StopReason,
+    ToolFailure,
+)
 
-from .events import (
+from .rows import (
     KIND_TOOL_RESULT,
     SOURCE_LOOPWATCH,
     STOP_ORIGIN_INFERRED,
@@ -61,8 +69,10 @@ from .events import (
 )
 
 __all__ = [
+    "DECISION_DETECTORS",
     "LOOP_DETECTORS",
     "MAX_CALLS_PER_RUN",
+    "TOOL_DETECTORS",
     "DetectStage",
     "Detection",
     "collector_policy",
@@ -70,9 +80,12 @@ __all__ = [
     "loop_tool",
 ]
 
-LOOP_DETECTORS: Final = frozenset(
-    {"repeated_action", "action_cycle", "repeated_decision", "no_progress"}
-)
+TOOL_DETECTORS: Final = (StopReason.REPEATED_ACTION.value, StopReason.ACTION_CYCLE.value)
+"""Loop detectors over tool calls (their evidence names the tool)."""
+DECISION_DETECTORS: Final = (StopReason.REPEATED_DECISION.value, StopReason.NO_PROGRESS.value)
+"""Loop detectors over decisions and progress (they name no tool)."""
+LOOP_DETECTORS: Final = frozenset((*TOOL_DETECTORS, *DECISION_DETECTORS))
+"""The guard's loop detectors: the stop reasons that are loops (DESIGN section 7)."""
 _MAX_ARG_CHARS: Final = 1_000_000
 MAX_CALLS_PER_RUN: Final = 4096
 """Tool calls kept per run (the latest) for a replay in start order; the guard fed on
@@ -98,7 +111,7 @@ def loop_tool(stop: StopRow) -> str | None:
 
     Evidence is client text: anything but a JSON object with a string ``tool`` gives
     ``None`` (never an error). The store keeps this value with the stop
-    (``stops.loop_tool``), so counts restored at start use the label counted live
+    (``stops.loop_tool``): the API filters and groups loops by the label counted live
     rather than parsing the evidence again in SQL.
     """
     if stop.reason in LOOP_DETECTORS:
@@ -311,6 +324,8 @@ class DetectStage:
 
     Thread-safety: ``process`` takes a lock; batches are processed one at a time.
     """
+
+    name = "detect"
 
     def __init__(
         self,

@@ -11,7 +11,14 @@ credentials, so any of them can be logged or returned to a client as is::
         ├── PayloadTooLarge                  body or decompressed body over its cap -> 413
         ├── UnsupportedMediaType             Content-Type or Content-Encoding refused -> 415
         ├── Unauthorized                     bearer token missing or wrong          -> 401
-        └── QueueFull                        the pipeline cannot take the batch now -> 429/503
+        ├── QueueFull                        the pipeline cannot take the batch now -> 429/503
+        ├── DecodeWorkerLost                 a decode worker died holding the request -> 503
+        ├── ApiError                         a read API request refused (its own status)
+        ├── ReadTimeout                      a read query ran past its time limit   -> 503
+        ├── StoreUnavailable                 the DuckDB file cannot be opened at start
+        ├── SchemaTooNew                     the file was written by a newer loopwatch
+        ├── StoreClosed                      the store is closing; batch not taken  -> 503
+        └── StoreError                       a batch's commit failed                -> 503
 
 The HTTP statuses are those the OTLP/HTTP receiver answers with (OTLP specification,
 "OTLP/HTTP Response"); :attr:`CollectorError.retryable` says whether the OTLP spec lets the
@@ -23,11 +30,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "ApiError",
     "CollectorError",
     "ConfigError",
     "DecodeError",
+    "DecodeWorkerLost",
     "PayloadTooLarge",
     "QueueFull",
+    "ReadTimeout",
+    "SchemaTooNew",
+    "StoreClosed",
+    "StoreError",
+    "StoreUnavailable",
     "Unauthorized",
     "UnsupportedMediaType",
 ]
@@ -153,3 +167,85 @@ class QueueFull(CollectorError):
         self.capacity = capacity
         self.retry_after_seconds = max(1, int(retry_after_seconds))
         super().__init__("ingest queue is full; retry later")
+
+
+class DecodeWorkerLost(CollectorError):
+    """A decode worker process died (killed, out of memory) or was stuck while it held
+    the request; nothing of the request was stored. Retryable: the receiver answers 503
+    with ``Retry-After`` and the worker is started again."""
+
+    retryable = True
+
+    def __init__(self, reason: str = "decode worker lost") -> None:
+        super().__init__(f"{reason}; retry later")
+
+
+class ApiError(CollectorError):
+    """A read API request refused; answered with the JSON error envelope.
+
+    Attributes:
+        status: HTTP status. code: a stable machine-readable code. message: safe text.
+    """
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class StoreUnavailable(CollectorError):
+    """The DuckDB file cannot be opened: missing folder, held by another process (DuckDB
+    allows one writer), or not a DuckDB file. The message names the file and the cause."""
+
+    def __init__(self, path: str, exc: BaseException) -> None:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "lock" in text.lower():
+            text = "the file is in use by another process (one collector owns a DuckDB file)"
+        super().__init__(f"cannot open {path}: {text[:200]}")
+
+
+class StoreError(CollectorError):
+    """A batch could not be committed; its future carries this. Not retryable as is.
+
+    Attributes:
+        reason: short, content-free description (the DuckDB error class name).
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"store write failed: {reason}")
+
+
+class StoreClosed(CollectorError):
+    """The store is closing or closed; the batch was not accepted."""
+
+    retryable = True
+
+    def __init__(self) -> None:
+        super().__init__("store is closed")
+
+
+class SchemaTooNew(CollectorError):
+    """The file was written by a newer loopwatch (its schema version is unknown here).
+
+    Attributes:
+        found / supported: schema versions of the file and of this code.
+    """
+
+    def __init__(self, found: int, supported: int) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(f"database schema version {found} is newer than {supported}")
+
+
+class ReadTimeout(CollectorError):
+    """A read query ran past its time limit and was interrupted.
+
+    Attributes:
+        timeout_seconds: the limit.
+    """
+
+    def __init__(self, timeout_seconds: float) -> None:
+        self.timeout_seconds = timeout_seconds
+        super().__init__(f"read query exceeded {timeout_seconds:g} s")

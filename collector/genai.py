@@ -1,7 +1,7 @@
 """Reading what an agent did from decoded span attributes, under the conventions in use.
 
 The one reader of agent semantics in span attributes, shared by the collector's map stage
-(:mod:`loopwatch.collector.events`) and ``loopwatch replay``'s OTLP/JSON importer
+(:mod:`loopwatch.collector.map`) and ``loopwatch replay``'s OTLP/JSON importer
 (:mod:`loopwatch.replay.importers.otlp_json`), so a span means the same thing online and
 offline. Pure Python over :class:`~loopwatch.collector.records.SpanRecord` attributes: no
 protobuf, no DuckDB.

@@ -1,17 +1,17 @@
 """Prometheus metrics of the collector (DESIGN section 7), on its own registry.
 
 One custom collector (``prometheus_client``'s extension point ``collect()``) holds every
-series in plain dictionaries, so totals can be restored from DuckDB at start (a restart
-does not lose them) and the hot path is a dictionary increment under a lock.
+series in plain dictionaries; the hot path is a dictionary increment under a lock.
+Counters start from zero with the process: Prometheus' ``rate()`` and ``increase()``
+read a restart as a counter reset, and the totals live in the store (read by the API).
+Within a process's life each stored span and each run's stop is counted once.
 
 Label values are bounded (STYLE rule 9): agent and tool names past the configured top-N
-become ``_other``; run ids never appear. The bound is decided by first sight, seeded at
-start with the names that have the most stops or calls in the store, so a restart keeps
-the same names visible. Once an agent (or an agent's tool) is seen, the series the alerts
-read are exported at 0 (its stops for every reason; the tool's ``repeated_action`` and
-``action_cycle`` detections; ``none``'s ``repeated_decision`` and ``no_progress``): a
-counter series that first appears at 5 is no increase to Prometheus. Every other label
-has a closed value set:
+become ``_other``; run ids never appear. The bound is decided by first sight. Once an
+agent (or an agent's tool) is seen, the series the alerts read are exported at 0 (its
+stops for every reason; the tool's ``repeated_action`` and ``action_cycle`` detections;
+``none``'s ``repeated_decision`` and ``no_progress``): a counter series that first
+appears at 5 is no increase to Prometheus. Every other label has a closed value set:
 
 ==============================  ==========================================================
 label                           values
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from loopwatch.instrumentation import StopReason
+from loopwatch.instrumentation import _semconv as sc
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -47,7 +48,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .http import REJECT_REASONS, REQUEST_REJECT_REASONS
+from .detect import DECISION_DETECTORS, LOOP_DETECTORS, TOOL_DETECTORS
+from .receive import REJECT_REASONS, REQUEST_REJECT_REASONS
 
 __all__ = [
     "COMMIT_BUCKETS_SECONDS",
@@ -58,22 +60,15 @@ __all__ = [
     "STEPS_SINCE_PROGRESS_BUCKETS",
     "LabelBound",
     "LoopwatchMetrics",
-    "MetricsSnapshot",
 ]
 
 OTHER: Final = "_other"
 NO_TOOL: Final = "none"
 """The ``tool`` label of a loop detection that names no tool (decision-level detectors)."""
 STOP_REASONS: Final = frozenset(reason.value for reason in StopReason)
-OUTCOMES: Final = frozenset({"ok", "error", "blocked"})
-DETECTORS: Final = frozenset(
-    {"repeated_action", "action_cycle", "repeated_decision", "no_progress"}
-)
+OUTCOMES: Final = frozenset({sc.OUTCOME_OK, sc.OUTCOME_ERROR, sc.OUTCOME_BLOCKED})
+DETECTORS: Final = LOOP_DETECTORS
 CANARY_LOCATIONS: Final = frozenset({"attribute", "event", "name", "status", "resource"})
-TOOL_DETECTORS: Final = ("repeated_action", "action_cycle")
-"""Detectors exported at 0 for every (agent, tool) with a counted call."""
-DECISION_DETECTORS: Final = ("repeated_decision", "no_progress")
-"""Detectors exported at 0 for every agent, under the ``none`` tool."""
 STEPS_SINCE_PROGRESS_BUCKETS: Final = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0)
 STEPS_BUCKETS: Final = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
 COMMIT_BUCKETS_SECONDS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -106,10 +101,7 @@ class LabelBound:
     stays one to one.
 
     Values are admitted first come, first served, and a value once admitted keeps its
-    own series. Which values were admitted is state that a restart must get back, or a
-    counter restored under other labels would read as a reset (``_other`` going down, a
-    series vanishing): the collector stores each admission (:meth:`unpersisted`, then
-    :meth:`confirm` once committed) and seeds the bound from it at start.
+    own series for the life of the process.
 
     Thread-safe. Values longer than 128 characters are cut (a label is not a payload).
 
@@ -127,21 +119,7 @@ class LabelBound:
         self.top_n = top_n
         self._reserved = frozenset({OTHER, *reserved})
         self._kept: dict[str, int] = {}  # label -> admission order
-        self._unpersisted: dict[str, int] = {}
         self._lock = threading.Lock()
-
-    def seed(self, values: Iterable[str], *, persisted: bool = False) -> None:
-        """Admit ``values`` first (most important first), up to the bound.
-
-        Args:
-            values: raw values, in admission order.
-            persisted: they come from the store (not reported by :meth:`unpersisted`).
-        """
-        for value in values:
-            if persisted:  # stored labels, escaped already when they were admitted
-                self._admit(value, persisted=True)
-            else:
-                self(value)
 
     def __call__(self, value: str | None) -> str:
         label = (value or "unknown")[:_MAX_LABEL_CHARS]
@@ -149,30 +127,14 @@ class LabelBound:
             label += "~"
         if label in self._kept:
             return label
-        return self._admit(label, persisted=False)
-
-    def _admit(self, label: str, *, persisted: bool) -> str:
         with self._lock:
             if label in self._kept:
                 return label
             if len(self._kept) < self.top_n:
                 order = len(self._kept)
                 self._kept[label] = order
-                if not persisted:
-                    self._unpersisted[label] = order
                 return label
         return OTHER
-
-    def unpersisted(self) -> list[tuple[str, int]]:
-        """``(label, admission order)`` of admitted values not yet :meth:`confirm`-ed."""
-        with self._lock:
-            return list(self._unpersisted.items())
-
-    def confirm(self, labels: Iterable[str]) -> None:
-        """Mark ``labels`` as stored (committed with the rows counted under them)."""
-        with self._lock:
-            for label in labels:
-                self._unpersisted.pop(label, None)
 
 
 @dataclass
@@ -208,25 +170,6 @@ def _le(upper: float) -> str:
     return str(int(upper)) if float(upper).is_integer() else repr(upper)
 
 
-@dataclass(frozen=True)
-class MetricsSnapshot:
-    """Totals restored from the store at start.
-
-    Attributes:
-        stops: ``(agent, stop_reason, steps, steps_since_progress) -> count``
-            (``steps_since_progress`` ``None``: not carried by those stops).
-        tool_calls: ``(agent, tool, outcome) -> count``.
-        detections: ``(agent, tool, detector) -> count`` (``tool`` ``""``: the detection
-            named none, counted under ``none``).
-        canaries: ``location -> count``.
-    """
-
-    stops: Mapping[tuple[str, str, int, int | None], int] = field(default_factory=dict)
-    tool_calls: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
-    detections: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
-    canaries: Mapping[str, int] = field(default_factory=dict)
-
-
 class LoopwatchMetrics(Collector):
     """Every collector metric; register on a ``CollectorRegistry`` of your own.
 
@@ -234,7 +177,7 @@ class LoopwatchMetrics(Collector):
         top_n_agents / top_n_tools: label bounds (names past them become ``_other``).
         queue_depth: a callable returning the current store queue depth.
         inflight_bytes: a callable returning the request bytes the receivers hold
-            (:class:`~loopwatch.collector.http.InflightLimit`).
+            (:class:`~loopwatch.collector.receive.InflightLimit`).
         redaction_rules: rule names exported on ``loopwatch_redactions_total`` from
             the start, at 0.
 
@@ -384,16 +327,6 @@ class LoopwatchMetrics(Collector):
         """Observe one group commit's duration in seconds."""
         with self._lock:
             self._commit.observe(seconds)
-
-    def restore(self, snapshot: MetricsSnapshot) -> None:
-        """Add totals read from the store (call once, at start, before serving)."""
-        for (agent, reason, steps, ssp), n in snapshot.stops.items():
-            self.record_stop(agent, reason, steps=steps, steps_since_progress=ssp, n=n)
-        for (agent, tool, outcome), n in snapshot.tool_calls.items():
-            self.record_tool_call(agent, tool, outcome, n)
-        for (agent, tool, detector), n in snapshot.detections.items():
-            self.record_detection(agent, tool, detector, n)
-        self.record_canaries(snapshot.canaries)
 
     # ------------------------------------------------------------ exposition
 

@@ -164,6 +164,8 @@ class RedactStage:
             canary value.
     """
 
+    name = "redact"
+
     def __init__(
         self,
         rules: RedactionRules | None = None,

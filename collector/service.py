@@ -1,7 +1,8 @@
-"""The collector process: receive -> decode -> redact -> map -> detect -> sample/store -> metrics.
+"""The collector process: wires the stages of :mod:`.pipeline` and serves them.
 
-:class:`Collector` wires the stages (each a small object with one ``process`` method) and
-serves two HTTP apps on one event loop: the OTLP/HTTP receiver and the ``/metrics``,
+:class:`Collector` builds the stages (each a small object with one ``process`` method,
+the in-process ones held in order by a :class:`~loopwatch.collector.pipeline.Pipeline`)
+and serves two HTTP apps on one event loop: the OTLP/HTTP receiver and the ``/metrics``,
 ``/healthz`` and read API app.
 
 Acknowledgement contract: an OTLP request is answered 200 only after its events are
@@ -12,15 +13,15 @@ stages keep per-trace state); the store's writer thread commits in groups.
 Decode workers (``[pipeline] decode_workers`` > 0): :class:`DecodePool` decompresses,
 decodes and redacts each body in a worker process (its own :class:`RedactStage`, built
 from the same rules, canaries and HMAC key) and maps its loopwatch spans to rows
-(:func:`~loopwatch.collector.events.premap`, which needs no state from earlier
+(:func:`~loopwatch.collector.map.premap`, which needs no state from earlier
 batches), so the stages that cost the most CPU per span leave the serving process's
 GIL. The rows, the third-party spans (mapped here, as they need the run structure of
 earlier batches) and the worker's redaction counts come back pickled; only the rest of
 map, detect, store and metrics run here. Nothing unredacted ever reaches the serving
 process's later stages, and a worker that dies fails only the request it held (503,
 retryable; it was not acknowledged) and is started again (:mod:`.workers`). Metrics are
-counted after the commit, over newly stored spans only, so a client retry never counts twice and
-``/metrics`` matches the store.
+counted after the commit, over newly stored spans only, so a client retry never counts
+twice.
 
 Shutdown (SIGTERM, SIGINT): stop accepting, let in-flight requests finish, commit what is
 queued, checkpoint DuckDB, exit 0.
@@ -40,46 +41,39 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import duckdb
 import uvicorn
 from loopwatch.instrumentation.redaction import canaries_from_env, load_canaries
 from prometheus_client import CollectorRegistry
 
 from .api import create_api_app
 from .config import CollectorConfig, parse_hostport
-from .detect import LOOP_DETECTORS, DetectStage, loop_detector, loop_tool
-from .errors import CollectorError, ConfigError, QueueFull
-from .events import (
+from .detect import DetectStage, loop_detector, loop_tool
+from .errors import ConfigError, QueueFull
+from .map import MapStage
+from .metrics import LoopwatchMetrics
+from .pipeline import Pipeline
+from .receive import InflightLimit
+from .receive_http import create_otlp_app
+from .records import SpanBatch
+from .redact import REDACTION_FAILED, RedactStage
+from .rows import (
     KIND_TOOL_RESULT,
     UNKNOWN_AGENT,
     MappedBatch,
-    MapStage,
     RunReassignment,
     RunRow,
     StepRow,
     StopRow,
 )
-from .http import InflightLimit, create_otlp_app
-from .metrics import LoopwatchMetrics, MetricsSnapshot
-from .records import SpanBatch
-from .redact import REDACTION_FAILED, RedactStage
-from .sampling import SamplingConfig
-from .store import CommitResult, CommitStats, Store, StoreReader
-from .store import StoreConfig as StoreSettings
-from .workers import DecodePool, DecodeWorkerLost, RedactedBatch, counts_delta, tune_gc
+from .sample import SamplingConfig
+from .store.writer import CommitResult, CommitStats, Store
+from .store.writer import StoreConfig as StoreSettings
+from .workers import DecodePool, RedactedBatch, counts_delta, tune_gc
 
-__all__ = [
-    "Collector",
-    "DecodePool",
-    "DecodeWorkerLost",
-    "RedactedBatch",
-    "StoreUnavailable",
-    "loop_detector",
-    "serve_forever",
-]
+__all__ = ["Collector", "serve_forever"]
 
 if TYPE_CHECKING:  # grpcio is imported only when server.otlp_grpc is set
-    from .grpc_receiver import OtlpGrpcServer
+    from .receive_grpc import OtlpGrpcServer
 
 _log = logging.getLogger("loopwatch.collector")
 _AGENT_CACHE: Final = 100_000
@@ -103,9 +97,8 @@ class _Uncommitted:
     are known, calls are held and judged, provisional rows are moved. A request refused
     after that (the store's queue filled while it was mapped, a failed commit: 429/503)
     leaves the state advanced, and its retry was mapped as a resend of spans already
-    stored: the observe-mode verdict and the per-call fingerprints were gone (the run's
-    loop was never counted, and sampling then dropped its steps), and the moves of rows
-    filed under the trace to their agent run were never made (a review, 2026-12-02).
+    stored: the observe-mode verdict and the per-call fingerprints would be gone, and the
+    moves of rows filed under the trace to their agent run never made.
 
     So the rows of such a request are kept here, by span key, and a later request with
     any of those spans takes them in place of its own rows for the same spans, with the
@@ -185,61 +178,6 @@ def _spliced(
     return out
 
 
-class StoreUnavailable(CollectorError):
-    """The DuckDB file cannot be opened: missing folder, held by another process (DuckDB
-    allows one writer), or not a DuckDB file. The message names the file and the cause."""
-
-    def __init__(self, path: str, exc: BaseException) -> None:
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "lock" in text.lower():
-            text = "the file is in use by another process (one collector owns a DuckDB file)"
-        super().__init__(f"cannot open {path}: {text[:200]}")
-
-
-def restore_stop_totals(
-    reader: StoreReader,
-) -> tuple[dict[tuple[str, str, int, int | None], int], dict[tuple[str, str, str], int]]:
-    """Stop histograms and loop detections as the live counters count them.
-
-    Returns:
-        ``{(agent, reason, step, steps_since_progress): n}`` (``steps_since_progress``
-        ``None`` for a stop that did not carry it) over the stops counted live
-        (:data:`~loopwatch.collector.store.STOP_TOTALS`: each run's first committed
-        stop, those pruned by retention included), and ``{(agent, tool, detector): n}``
-        (tool from the evidence, ``""`` when it names none; detector the loop reason or
-        the observe-mode reason, as :func:`loop_detector`).
-    """
-    rows, truncated = reader.restore_stops()
-    if truncated:
-        _log.warning("restored stop totals are incomplete: more label keys than the cap")
-    histograms: dict[tuple[str, str, int, int | None], int] = {}
-    detections: dict[tuple[str, str, str], int] = {}
-    for row in rows:
-        ssp = row["steps_since_progress"]
-        key = (row["agent"], row["reason"], int(row["step"]), None if ssp is None else int(ssp))
-        histograms[key] = histograms.get(key, 0) + int(row["n"])
-        detector = row["reason"] if row["reason"] in LOOP_DETECTORS else row["observe_reason"]
-        if detector in LOOP_DETECTORS:
-            # "": no tool named (counted as NO_TOOL), as record_detection reads it live;
-            # a real tool named "none" keeps its name (its label is "none~").
-            dkey = (row["agent"], row["loop_tool"] or "", detector)
-            detections[dkey] = detections.get(dkey, 0) + int(row["n"])
-    return histograms, detections
-
-
-_K = TypeVar("_K", bound=tuple[Any, ...])
-
-
-def _unknown_agent_merged(totals: dict[_K, int]) -> dict[_K, int]:
-    """``totals`` keyed by ``(agent, ...)`` with a missing agent (``''``) read as
-    ``unknown``, as the live counter labels it; keys that meet are summed."""
-    out: dict[Any, int] = {}
-    for key, n in totals.items():
-        label = (key[0] or UNKNOWN_AGENT, *key[1:])
-        out[label] = out.get(label, 0) + n
-    return out
-
-
 class Collector:
     """The sidecar: stages, store, metrics and the two HTTP apps.
 
@@ -248,14 +186,13 @@ class Collector:
 
     Raises:
         ConfigError: unreadable token, canary or key file.
-        duckdb.IOException: the database file is held by another process.
+        StoreUnavailable: the database file cannot be opened.
     """
 
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
-        # Both sources, not one or the other: the agent side reads the variable, so a
-        # canary named there and missing here would be stored in clear whenever a config
-        # file also named a canary file (a docs audit, 2026-12-01).
+        # Both sources: the agent side reads the variable, so a canary named only there
+        # must be redacted here too when a config file also names a canary file.
         canaries = canaries_from_env()
         if config.redaction.canaries_file:
             canaries = tuple(
@@ -274,6 +211,7 @@ class Collector:
             )
         self.map = MapStage()
         self.detect = DetectStage()
+        self.pipeline = Pipeline((self.redact, self.map, self.detect))
         settings = StoreSettings(
             read_timeout_seconds=config.store.query_timeout_seconds,
             read_max_rows=config.store.max_rows,
@@ -299,10 +237,7 @@ class Collector:
             inflight_bytes=lambda: self.inflight.held,
             redaction_rules=self.redact.redactor.rule_names,
         )
-        try:
-            self.store = Store(config.store.db, config=settings, on_commit=self._on_commit)
-        except duckdb.Error as exc:
-            raise StoreUnavailable(config.store.db, exc) from None
+        self.store = Store(config.store.db, config=settings, on_commit=self._on_commit)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self.metrics)
         self._agents: OrderedDict[str, str] = OrderedDict()
@@ -310,41 +245,6 @@ class Collector:
         self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loopwatch-pipeline")
         self._uncommitted = _Uncommitted()
         self._started = time.time()
-        self._restore()
-
-    # -------------------------------------------------------------- startup
-
-    def _restore(self) -> None:
-        reader = self.store.reader()
-        tool_call_totals, truncated = reader.restore_tool_calls()
-        if truncated:
-            _log.warning("restored tool call totals are incomplete: more keys than the cap")
-        histograms, detections = restore_stop_totals(reader)
-        # The label values admitted before, in their order; then, for a file older than
-        # that record (schema 12), the values ranked by their totals.
-        admitted = reader.restore_metric_labels()
-        self.metrics.agents.seed(admitted.get("agent", ()), persisted=True)
-        self.metrics.tools.seed(admitted.get("tool", ()), persisted=True)
-        # Totals per name first: ranking by a per-name sum over every key was quadratic
-        # (21 s to start with 10,000 agent names; tests/reliability/test_cardinality.py).
-        agent_stops: dict[str, int] = {}
-        for (agent, *_), n in histograms.items():
-            agent_stops[agent] = agent_stops.get(agent, 0) + n
-        ranked_agents = sorted(agent_stops, key=lambda a: -agent_stops[a])
-        self.metrics.agents.seed(a or UNKNOWN_AGENT for a in ranked_agents)
-        tool_calls: dict[str, int] = {}
-        for (_agent, tool, _outcome), n in tool_call_totals.items():
-            tool_calls[tool] = tool_calls.get(tool, 0) + n
-        ranked_tools = sorted(tool_calls, key=lambda t: -tool_calls[t])
-        self.metrics.tools.seed(ranked_tools)
-        self.metrics.restore(
-            MetricsSnapshot(
-                stops=_unknown_agent_merged(histograms),
-                tool_calls=_unknown_agent_merged(tool_call_totals),
-                detections=_unknown_agent_merged(detections),
-                canaries=reader.restore_canary_hits(),
-            )
-        )
 
     # ------------------------------------------------------------- pipeline
 
@@ -362,9 +262,8 @@ class Collector:
 
         The counters (tool calls, stops, loop detections) label a row with its span's
         own agent, else the last agent seen for its run, else ``unknown``. The store
-        keeps that label with the row (``run_tools.agent``, ``stops.agent``), so the
-        totals restored after a restart are the ones counted live, even for a run whose
-        agent span came later or never.
+        keeps that label with the row (``run_tools.agent``, ``stops.agent``), so the API
+        files a run known only by its stop under the agent it was counted under.
         """
         with self._agents_lock:
             agents = self._agents
@@ -374,24 +273,10 @@ class Collector:
             for stop in mapped.stops:
                 if not stop.agent:
                     stop.agent = agents.get(stop.run_id, UNKNOWN_AGENT)
-        # Admit the label values _count will use now, so that each admission is stored
-        # with the rows of its request (metric_labels) and a restart admits the same.
-        bound_agents, bound_tools = self.metrics.agents, self.metrics.tools
-        for step in mapped.steps:
-            if step.kind == KIND_TOOL_RESULT:
-                bound_agents(step.agent or UNKNOWN_AGENT)
-                bound_tools(step.tool or "unknown")
-        for stop in mapped.stops:
-            bound_agents(stop.agent or UNKNOWN_AGENT)
-            tool = loop_tool(stop)
-            if tool and loop_detector(stop) is not None:
-                bound_tools(tool)  # a real "none" is "none~"; NO_TOOL is outside the top-N
-        mapped.metric_labels = [
-            ("agent", label, order) for label, order in bound_agents.unpersisted()
-        ] + [("tool", label, order) for label, order in bound_tools.unpersisted()]
 
     def process(self, batch: SpanBatch) -> tuple[_Processed, Any]:
-        """Run redact -> map -> detect and queue the result for commit (pipeline thread).
+        """Run the in-process stages (:attr:`pipeline`) and queue the result for commit
+        (pipeline thread).
 
         Returns:
             What the batch produced, and the store's future for its commit.
@@ -405,18 +290,15 @@ class Collector:
             if batch.redaction_failures:
                 batch.reject(batch.redaction_failures, REDACTION_FAILED)
                 batch.redaction_failures = 0
-            mapped = self.map.finish(batch.partial)
+            mapped = self.pipeline.process(self.map.finish(batch.partial), after="map")
         else:
             before = self.redact.counts()
-            self.redact.process(batch)
+            mapped = self.pipeline.process(batch)
             after = self.redact.counts()
             canaries = counts_delta(dict(after.canary_by_location), dict(before.canary_by_location))
             redactions = counts_delta(
                 dict(after.redactions_by_rule), dict(before.redactions_by_rule)
             )
-            mapped = self.map.process(batch)
-        mapped = self.detect.process(mapped)
-        mapped.canary_hits = canaries
         self._uncommitted.splice(mapped)
         self._remember_agents(mapped)
         self._label_counts(mapped)
@@ -446,10 +328,6 @@ class Collector:
             self._uncommitted.remember(processed.mapped)
             raise
         self._count(processed, result)
-        labels = processed.mapped.metric_labels
-        if labels:
-            self.metrics.agents.confirm(label for kind, label, _ in labels if kind == "agent")
-            self.metrics.tools.confirm(label for kind, label, _ in labels if kind == "tool")
 
     def _count(self, processed: _Processed, result: CommitResult) -> None:
         mapped = processed.mapped
@@ -533,7 +411,7 @@ class Collector:
         if not address:
             return None
         try:
-            from .grpc_receiver import OtlpGrpcServer
+            from .receive_grpc import OtlpGrpcServer
         except ImportError:
             raise ConfigError(
                 "server.otlp_grpc", "needs grpcio: pip install 'loopwatch[collector]'"

@@ -11,14 +11,13 @@ the sockets without blocking (see :class:`DecodePool`). Frames on a socket:
 
 Why our own hand-off and not :class:`concurrent.futures.ProcessPoolExecutor`: when a
 worker of an executor dies while it writes a result, the executor's manager thread
-waits forever for the rest of the message (seen on 2026-12-02 with 911,417 bytes to
-go), so every request on the pool hangs and the process cannot exit; and a worker
-that dies breaks the pool as a whole, failing every request queued for it. Here a
-worker's death is an end of file on its own socket: it costs only the request that
-worker was decoding (a retryable :class:`DecodeWorkerLost`), the worker is started
-again, and the queued requests go on to it. It also spends less CPU per request in the
-serving process (no feeder thread, no pickled arguments; figures in
-``docs/reliability.md``).
+waits forever for the rest of the message, so every request on the pool hangs and the
+process cannot exit; and a worker that dies breaks the pool as a whole, failing every
+request queued for it. Here a worker's death is an end of file on its own socket: it
+costs only the request that worker was decoding (a retryable :class:`DecodeWorkerLost`),
+the worker is started again, and the queued requests go on to it. It also spends less
+CPU per request in the serving process (no feeder thread, no pickled arguments; figures
+in ``docs/reliability.md``).
 """
 
 from __future__ import annotations
@@ -45,8 +44,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
 from .decode import decode_body
-from .errors import CollectorError
-from .events import PartialMap, premap
+from .errors import CollectorError, DecodeWorkerLost
+from .map import PartialMap, premap
 from .records import SpanBatch
 from .redact import RedactStage
 
@@ -99,7 +98,7 @@ def tune_gc() -> None:
     Each request allocates some 10^5 short-lived, acyclic objects (freed by reference
     counting), which triggered a generation-0 pass every ~700 allocations: 6 us per span
     and 35-45 ms full passes that hold the GIL, measured with 512-span batches. Objects
-    alive after start-up (modules, compiled rules, restored metrics) are frozen out of
+    alive after start-up (modules, compiled rules) are frozen out of
     every pass.
     """
     gc.freeze()
@@ -119,7 +118,7 @@ class RedactedBatch(SpanBatch):
     in process.
 
     Attributes:
-        partial: the worker's :func:`~loopwatch.collector.events.premap` of the batch.
+        partial: the worker's :func:`~loopwatch.collector.map.premap` of the batch.
         canary_hits: canary occurrences redacted in this batch, by location.
         redactions: placeholders written in this batch, by rule.
         redaction_failures: spans removed because their redaction raised, not yet
@@ -139,17 +138,6 @@ class RedactedBatch(SpanBatch):
         if self.partial is None:
             return len(self.spans)
         return self.partial.mapped.spans_in + self.redaction_failures
-
-
-class DecodeWorkerLost(CollectorError):
-    """A decode worker process died (killed, out of memory) or was stuck while it held
-    the request; nothing of the request was stored. Retryable: the receiver answers 503
-    with ``Retry-After`` and the worker is started again."""
-
-    retryable = True
-
-    def __init__(self, reason: str = "decode worker lost") -> None:
-        super().__init__(f"{reason}; retry later")
 
 
 def _sigkill(pid: int) -> None:
@@ -343,7 +331,7 @@ class DecodePool:
     Workers start from a ``forkserver`` context (the serving process has DuckDB and
     writer threads, which ``fork`` would copy mid-flight) and each builds its own
     :class:`RedactStage` from ``canaries`` and ``hmac_key``, so a batch is redacted exactly
-    as in process. :meth:`decode` is the receiver's :data:`~loopwatch.collector.http.Decode`
+    as in process. :meth:`decode` is the receiver's :data:`~loopwatch.collector.receive.Decode`
     and may be awaited from any event loop or thread.
 
     One I/O thread of the serving process drives every worker's socket without blocking:

@@ -1,7 +1,7 @@
 """A loopwatch DuckDB file, opened read-only, as a :class:`~loopwatch.dashboard.data.DataSource`.
 
 For when no collector runs (a file copied from an incident opens too). The file is read
-through the collector's own :class:`StoreReader` and :mod:`loopwatch.collector.queries`,
+through the collector's own :class:`StoreReader` and :mod:`loopwatch.collector.store.reader`,
 the functions the read API serves, with the same time limit and row cap, so both sources
 tell the same story.
 
@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, Unpack
 
 import duckdb
+from loopwatch.collector.errors import ReadTimeout
 
 # The collector's read side, named here only: the one place to repoint when it moves.
-from loopwatch.collector import queries
-from loopwatch.collector.store import ReadTimeout, StoreReader
+from loopwatch.collector.store import reader as queries
+from loopwatch.collector.store.reader import StoreReader
 
 from . import data, frames
 
@@ -34,7 +35,7 @@ class DuckDBSource:
 
     The file is opened once, read-only, through :class:`StoreReader` (the collector's own
     read helpers: same queries, time limit and row cap as the read API), with the read
-    API's other queries from :mod:`loopwatch.collector.queries`.
+    API's other queries from :mod:`loopwatch.collector.store.reader`.
 
     Args:
         path: the DuckDB file.

@@ -47,7 +47,7 @@ array of objects...) is one :class:`ImportProblem` naming the file or ``line N``
 it refuses names the span's place (``resourceSpans[0].scopeSpans[1].spans[4]``,
 prefixed ``line N:`` in JSON Lines) with the collector's message, and its trace is still
 read from its other spans. A loopwatch span no row could be made of
-(:func:`~loopwatch.collector.events.unmappable_reason`) is a problem naming
+(:func:`~loopwatch.collector.map.unmappable_reason`) is a problem naming
 ``span <span id>``. A trace with no model, tool or agent step span gives a problem naming
 the trace.
 
@@ -65,7 +65,7 @@ from typing import Any, Final, cast
 
 from loopwatch.collector import genai
 from loopwatch.collector.errors import DecodeError
-from loopwatch.collector.events import unmappable_reason
+from loopwatch.collector.map import unmappable_reason
 from loopwatch.collector.records import STATUS_ERROR, Attributes, SpanBatch, SpanRecord
 from loopwatch.instrumentation import DecisionType
 from loopwatch.instrumentation import _semconv as sc

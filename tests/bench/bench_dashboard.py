@@ -77,7 +77,8 @@ def build_store(path: Path, *, runs: int, long_steps: int, now_ns: int) -> None:
     """Write ``runs`` runs and the ``long_steps``-step run into a fresh file at ``path``."""
     import duckdb
     import pyarrow as pa
-    from loopwatch.collector.store import _run_key, apply_migrations
+    from loopwatch.collector.store.schema import apply_migrations
+    from loopwatch.collector.store.schema import run_key_of as _run_key
 
     ids = [f"bench-{i:08d}" for i in range(runs)]
     keys = pa.table(

@@ -51,8 +51,9 @@ if str(Path(__file__).resolve().parents[2]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from loopwatch.collector.decode import decode_body
-from loopwatch.collector.events import MappedBatch, MapStage
+from loopwatch.collector.map import MapStage
 from loopwatch.collector.redact import RedactStage
+from loopwatch.collector.rows import MappedBatch
 from loopwatch.collector.store import Store, StoreConfig
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 

@@ -16,7 +16,7 @@ is the writer thread's. The first tenth of the groups warms up and is not counte
 
 Baseline, same run, same requests: the store with its run-key filter answering "maybe" for
 every key, so every group reads its runs' existing rows as it did before the filter
-(``collector/runkeys.py``). The ratio printed is filter / baseline CPU per group.
+(``collector/store/keys.py``). The ratio printed is filter / baseline CPU per group.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ if str(Path(__file__).resolve().parents[2]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from loopwatch.collector.decode import decode_body
-from loopwatch.collector.events import MappedBatch, MapStage
+from loopwatch.collector.map import MapStage
 from loopwatch.collector.redact import RedactStage
-from loopwatch.collector.runkeys import RunKeyFilter
+from loopwatch.collector.rows import MappedBatch
 from loopwatch.collector.store import Store
+from loopwatch.collector.store.keys import RunKeyFilter
 
 from tests.bench import bench_ingest
 

@@ -193,11 +193,11 @@ def _counter_values(metrics: MetricSamples) -> dict[tuple[str, frozenset[tuple[s
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
-def test_restart_keeps_runs_and_counter_totals(tmp_path: Path, how: str) -> None:
+def test_restart_keeps_runs_and_counters_start_from_zero(tmp_path: Path, how: str) -> None:
     """Proves a restart on the same DuckDB file loses nothing that was acknowledged, after a
     clean SIGTERM and after ``kill -9`` alike: the runs are still listed with their stop
-    reasons, the agent counters on ``/metrics`` come back with the same values (restored
-    from the store), and new runs add to those totals instead of starting from zero."""
+    reasons (the totals live in the store), while the agent counters on ``/metrics`` start
+    from zero with the new process (Prometheus reads a counter reset) and count new runs."""
     db = tmp_path / "restart.duckdb"
     with start_collector(tmp_path, db_path=db) as first:
         expected, _ = emit_loopwatch_runs(first.otlp_url, STOP_SCENARIOS, agent=AGENT)
@@ -212,7 +212,7 @@ def test_restart_keeps_runs_and_counter_totals(tmp_path: Path, how: str) -> None
 
     with start_collector(tmp_path, db_path=db) as second:
         after = _counter_values(second.metrics())
-        assert after == before, second.stderr_text()
+        assert not any(after.values()), second.stderr_text()
         assert {i["run_id"]: i["stop_reason"] for i in second.runs(agent=AGENT)} == expected
 
         more, _ = emit_loopwatch_runs(
@@ -222,14 +222,13 @@ def test_restart_keeps_runs_and_counter_totals(tmp_path: Path, how: str) -> None
         stops = metrics.value(
             "loopwatch_agent_stops_total", agent=AGENT, stop_reason="repeated_action"
         )
-        assert stops == 2
+        assert stops == 1
         assert {i["run_id"] for i in second.runs(agent=AGENT)} == set(expected) | set(more)
         assert second.stop() == 0, second.stderr_text()
 
 
-def _restorable(metrics: MetricSamples) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every sample of the agent counters and histograms (``_bucket``, ``_count``, ``_sum``)
-    that the collector restores from the store at start."""
+def _agent_samples(metrics: MetricSamples) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of the agent counters and histograms (``_bucket``, ``_count``, ``_sum``)."""
     return {
         (name, labels): value
         for (name, labels), value in metrics.samples.items()
@@ -238,28 +237,25 @@ def _restorable(metrics: MetricSamples) -> dict[tuple[str, frozenset[tuple[str, 
     }
 
 
-def test_retention_removes_runs_and_keeps_metrics_across_a_restart(tmp_path: Path) -> None:
+def test_retention_removes_runs_and_never_lowers_a_live_counter(tmp_path: Path) -> None:
     """Proves ``store.retention_days``: runs past it leave the API and the file, while every
-    agent counter and histogram on ``/metrics`` keeps its value, then and after a restart
-    (a restored counter that went down would read as a reset in Prometheus)."""
+    agent counter and histogram on ``/metrics`` keeps its value for the life of the process
+    (a counter that went down would read as a reset in Prometheus)."""
     config = tmp_path / "retention.toml"
     # 0.00003 days is 2.6 s; a 2 s stop timeout runs the store maintenance every second.
     config.write_text("[store]\nretention_days = 0.00003\n[sampling]\nstop_timeout_seconds = 2\n")
     db = tmp_path / "retention.duckdb"
     with start_collector(tmp_path, "--config", str(config), db_path=db) as first:
         expected, _ = emit_loopwatch_runs(first.otlp_url, STOP_SCENARIOS, agent=AGENT)
-        before = _restorable(first.metrics())
+        before = _agent_samples(first.metrics())
         assert len(first.runs(agent=AGENT)) == len(expected)
         poll_until(lambda: not first.runs(agent=AGENT), timeout_seconds=30, what="retention")
-        assert _restorable(first.metrics()) == before
+        assert _agent_samples(first.metrics()) == before
         assert first.stop() == 0, first.stderr_text()
     assert any(name.endswith("_bucket") for name, _ in before)
     with duckdb.connect(str(db), read_only=True) as con:
         for table in ("runs", "steps", "stops", "run_tools"):
             assert con.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table
-    with start_collector(tmp_path, "--config", str(config), db_path=db) as second:
-        assert _restorable(second.metrics()) == before, second.stderr_text()
-        assert second.stop() == 0, second.stderr_text()
 
 
 def test_token_guards_otlp_and_the_api_but_not_healthz(tmp_path: Path) -> None:

@@ -408,7 +408,7 @@ def test_up_takes_the_collector_flags(tmp_path: Path) -> None:
     set on ``up`` all reach it. A span sent over gRPC with a canary in its name is stored
     redacted and counted."""
     import grpc
-    from loopwatch.collector.grpc_receiver import EXPORT_METHOD
+    from loopwatch.collector.receive_grpc import EXPORT_METHOD
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )

@@ -18,8 +18,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 from loopwatch.collector.errors import QueueFull
-from loopwatch.collector.grpc_receiver import EXPORT_METHOD, OtlpGrpcServer
-from loopwatch.collector.http import InflightLimit, InMemoryReceiverCounters, Submit
+from loopwatch.collector.receive import InflightLimit, InMemoryReceiverCounters, Submit
+from loopwatch.collector.receive_grpc import EXPORT_METHOD, OtlpGrpcServer
 from loopwatch.collector.records import SpanBatch
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -199,7 +199,7 @@ def test_queue_full_is_unavailable_with_retry_info() -> None:
 def test_a_call_the_client_abandons_is_still_committed_and_counted() -> None:
     """A client deadline cancels the wait, not the commit: the batch is stored and
     counted once the store has it (received = stored + rejected holds, and the live
-    metrics match what a restart restores); the client's retry is a duplicate."""
+    metrics match the store); the client's retry is a duplicate."""
     committed: list[SpanBatch] = []
     counters = InMemoryReceiverCounters()
 
@@ -224,7 +224,7 @@ def test_a_token_that_is_not_latin1_is_unauthorized_not_an_error(encoding: str) 
     """Found by a review: a non-Latin-1 bearer token over gRPC raised UnicodeEncodeError,
     answered 'retry later', so a misconfigured exporter retried forever."""
     from loopwatch.collector.errors import Unauthorized
-    from loopwatch.collector.http import _check_bearer
+    from loopwatch.collector.receive import check_bearer as _check_bearer
 
     for header in ("Bearer токен", "Bearer 令牌\udcff"):
         with pytest.raises(Unauthorized):
@@ -263,7 +263,7 @@ def test_a_lost_decode_worker_is_unavailable_with_retry_info() -> None:
     """A failure of the collector's own (a decode worker killed) is retryable: the call is
     ``UNAVAILABLE`` with ``RetryInfo``, nothing is counted as received, and the log names
     the cause without request content."""
-    from loopwatch.collector.service import DecodeWorkerLost
+    from loopwatch.collector.errors import DecodeWorkerLost
 
     counters = InMemoryReceiverCounters()
 

@@ -1,4 +1,4 @@
-"""OTLP/HTTP receiver on a real uvicorn server (collector/http.py).
+"""OTLP/HTTP receiver on a real uvicorn server (collector/receive_http.py).
 
 Clients: the OpenTelemetry Python SDK's ``OTLPSpanExporter`` (http/protobuf) and raw httpx
 requests. ``submit`` is a real in-memory commit queue: a bounded count of uncommitted
@@ -24,11 +24,8 @@ import httpx
 import pytest
 from google.rpc.status_pb2 import Status as RpcStatus
 from loopwatch.collector.errors import QueueFull
-from loopwatch.collector.http import (
-    InMemoryReceiverCounters,
-    OtlpServer,
-    create_otlp_app,
-)
+from loopwatch.collector.receive import InMemoryReceiverCounters
+from loopwatch.collector.receive_http import OtlpServer, create_otlp_app
 from loopwatch.collector.records import SpanBatch, SpanRecord
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http import Compression

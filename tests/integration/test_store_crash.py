@@ -23,8 +23,8 @@ WRITER = r"""
 import sys
 import threading
 
-from loopwatch.collector.events import MappedBatch, RunRow, StepRow, StopRow
-from loopwatch.collector.sampling import SamplingConfig
+from loopwatch.collector.rows import MappedBatch, RunRow, StepRow, StopRow
+from loopwatch.collector.sample import SamplingConfig
 from loopwatch.collector.store import Store, StoreConfig
 
 SPANS = 256
@@ -161,8 +161,8 @@ def test_collector_killed_three_times_under_sdk_load_keeps_every_ack(tmp_path: P
     ports and DuckDB file. Afterwards: every produced span was acknowledged (the
     exporter's retries bridged the outages: no export failed), every acknowledged span is
     in the store exactly once (``spans_seen``, and its row in ``runs``, ``steps`` or
-    ``stops``), and the totals on ``/metrics`` equal both the acknowledged spans and the
-    store."""
+    ``stops``), and the totals in the store equal the acknowledged spans. ``/metrics``
+    counts from zero in each process, so the last one shows at most those totals."""
     from tests.reliability.support import collector_ports, launch_collector, store_key, store_query
 
     db = tmp_path / "crash.duckdb"
@@ -217,13 +217,13 @@ def test_collector_killed_three_times_under_sdk_load_keeps_every_ack(tmp_path: P
                     tool="lookup_order",
                     outcome=outcome,
                 )
-                == count
+                <= count
             ), (outcome, count, collector.stderr_text())
         assert (
             metrics.value(
                 "loopwatch_agent_stops_total", agent="crash", stop_reason="repeated_action"
             )
-            == stops
+            <= stops
         )
         assert collector.stop() == 0, collector.stderr_text()
     finally:

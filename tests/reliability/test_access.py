@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from loopwatch.collector import http as otlp_http
+from loopwatch.collector import receive as otlp_receive
 from loopwatch.collector.config import load_config
 from loopwatch.collector.errors import ConfigError
 from loopwatch.collector.service import Collector
@@ -108,7 +108,7 @@ def test_token_comparison_is_hmac_compare_digest(
         calls.append((len(a), len(b)))
         return real(a, b)
 
-    monkeypatch.setattr(otlp_http.hmac, "compare_digest", spy)
+    monkeypatch.setattr(otlp_receive.hmac, "compare_digest", spy)
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN, encoding="utf-8")
     config = load_config(

@@ -9,20 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loopwatch.collector.events import (
-    KIND_DECISION,
-    KIND_TOOL_RESULT,
-    SOURCE_GENAI,
-    SOURCE_LOOPWATCH,
-    SOURCE_OPENINFERENCE,
-    STOP_ORIGIN_INFERRED,
-    STOP_ORIGIN_RUN_SPAN,
-    STOP_ORIGIN_STOP_SPAN,
-    MappedBatch,
-    MapStage,
-    RunReassignment,
-    premap,
-)
+from loopwatch.collector.map import MapStage, premap
 from loopwatch.collector.records import (
     STATUS_ERROR,
     STATUS_OK,
@@ -32,6 +19,18 @@ from loopwatch.collector.records import (
     SpanEventRecord,
     SpanRecord,
     pickled_as_tuple,
+)
+from loopwatch.collector.rows import (
+    KIND_DECISION,
+    KIND_TOOL_RESULT,
+    SOURCE_GENAI,
+    SOURCE_LOOPWATCH,
+    SOURCE_OPENINFERENCE,
+    STOP_ORIGIN_INFERRED,
+    STOP_ORIGIN_RUN_SPAN,
+    STOP_ORIGIN_STOP_SPAN,
+    MappedBatch,
+    RunReassignment,
 )
 from loopwatch.instrumentation import _semconv as sc
 

@@ -19,7 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from loopwatch.collector.errors import QueueFull
-from loopwatch.collector.events import (
+from loopwatch.collector.map import MapStage
+from loopwatch.collector.records import SpanBatch, SpanRecord
+from loopwatch.collector.rows import (
     KIND_DECISION,
     KIND_TOOL_RESULT,
     SOURCE_LOOPWATCH,
@@ -28,14 +30,12 @@ from loopwatch.collector.events import (
     STOP_ORIGIN_STOP_SPAN,
     STOP_ORIGINS,
     MappedBatch,
-    MapStage,
     RunReassignment,
     RunRow,
     StepRow,
     StopRow,
 )
-from loopwatch.collector.records import SpanBatch, SpanRecord
-from loopwatch.collector.sampling import (
+from loopwatch.collector.sample import (
     RULE_ABNORMAL,
     RULE_COMPLETED_FRACTION,
     RULE_HOURLY_CAP,
@@ -43,7 +43,6 @@ from loopwatch.collector.sampling import (
     SamplingConfig,
     run_fraction,
 )
-from loopwatch.collector.service import restore_stop_totals
 from loopwatch.collector.store import (
     SCHEMA_VERSION,
     CommitResult,
@@ -55,9 +54,9 @@ from loopwatch.collector.store import (
     StoreConfig,
     StoreError,
     StoreReader,
-    _run_key,
     apply_migrations,
 )
+from loopwatch.collector.store.schema import run_key_of as _run_key
 from loopwatch.instrumentation import _semconv as sc
 
 T0 = 1_800_000_000.0
@@ -205,22 +204,31 @@ def commit(store: Store, mapped: MappedBatch) -> CommitResult:
     return store.submit(mapped).result(timeout=30)
 
 
+_SQL_COUNTED_STOPS = (
+    "SELECT COALESCE(s.agent, r.agent, '') AS agent, s.reason, count(*) AS n FROM "
+    "(SELECT run_key, agent, reason FROM stops WHERE counted UNION ALL "
+    "SELECT run_key, agent, reason FROM stop_anomalies WHERE counted) s "
+    "LEFT JOIN runs r USING (run_key) GROUP BY ALL"
+)
+_SQL_TOOL_CALLS = (
+    "SELECT COALESCE(t.agent, r.agent, '') AS agent, t.tool, t.outcome, sum(t.calls) AS n "
+    "FROM run_tools t LEFT JOIN runs r USING (run_key) "
+    "WHERE t.agent IS NULL OR t.agent <> '' GROUP BY ALL HAVING sum(t.calls) <> 0"
+)
+
+
 def stop_totals(store: Store) -> dict[tuple[str, str], int]:
-    """Restored stop totals by ``(agent, stop_reason)`` (agent ``""`` when unknown)."""
-    rows, truncated = store.reader().restore_stops()
-    assert not truncated
-    out: dict[tuple[str, str], int] = {}
-    for row in rows:
-        key = (row["agent"], row["reason"])
-        out[key] = out.get(key, 0) + int(row["n"])
-    return out
+    """The stops stored as counted (``counted``), by ``(agent, stop_reason)`` (agent
+    ``""`` when unknown): one per run, the one ``/metrics`` counted."""
+    rows, _ = store.reader()._query(_SQL_COUNTED_STOPS, [], max_rows=1_000_000)
+    return {(r["agent"], r["reason"]): int(r["n"]) for r in rows}
 
 
 def tool_call_totals(store: Store) -> dict[tuple[str, str, str], int]:
-    """Restored tool-call totals by ``(agent, tool, outcome)``."""
-    totals, truncated = store.reader().restore_tool_calls()
-    assert not truncated
-    return totals
+    """Stored tool calls by ``(agent, tool, outcome)``, under the agent label each call
+    was counted under (``run_tools.agent``)."""
+    rows, _ = store.reader()._query(_SQL_TOOL_CALLS, [], max_rows=1_000_000)
+    return {(r["agent"], r["tool"], r["outcome"]): int(r["n"]) for r in rows}
 
 
 @pytest.fixture
@@ -702,8 +710,7 @@ def test_a_third_party_call_dropped_from_a_loopwatch_trace_stays_counted(
     store: Store, gate: Gate, grouped: bool
 ) -> None:
     """A third-party tool span of a trace whose loopwatch spans come in a later request
-    is counted live, then dropped as a step. In one group with that request it was
-    dropped before any row recorded the count: restored 0 against 1 counted live."""
+    is counted live once, then dropped as a step, grouped or not."""
     stage = MapStage()
     trace = trace_of("lw-ext")
     ext = _span(
@@ -718,8 +725,6 @@ def test_a_third_party_call_dropped_from_a_loopwatch_trace_stays_counted(
     requests = [stage.process(SpanBatch(spans=[ext])), stage.process(SpanBatch(spans=[decision]))]
     results = _submit_requests(store, gate, requests, grouped=grouped)
     assert _counted_live(requests, results) == 1
-    restored = {k: n for k, n in tool_call_totals(store).items() if k[1] == "ext_tool"}
-    assert sum(restored.values()) == 1
     assert store.reader().get_run(trace) is None
 
 
@@ -817,7 +822,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con.execute("INSERT INTO run_tools VALUES (?, 'search', 'ok', 2)", [_run_key("old")])
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 14
+        assert store.schema_version == SCHEMA_VERSION == 15
         # A v1 count row has no agent of its own: it is restored under the run's.
         assert tool_call_totals(store) == {("legacy", "search", "ok"): 2}
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
@@ -913,12 +918,6 @@ def test_schema_7_moves_observe_evidence_out_of_a_completed_stop(tmp_path: Path)
     con.close()
     with Store(path) as store:
         assert store.schema_version == SCHEMA_VERSION
-        _, detections = restore_stop_totals(store.reader())  # no JSON error at start
-    assert detections == {
-        ("", "lookup_order", "repeated_action"): 2,  # "obs" (observed) and "loop"
-        ("", "", "repeated_action"): 3,  # "bad_loop"; "budget" and "garbled" observed
-        ("", "", "action_cycle"): 1,  # "number"
-    }
     con = duckdb.connect(str(path), read_only=True)
     got = {
         run_id: (evidence, observed, tool)
@@ -1062,7 +1061,7 @@ def test_list_runs_paging(browse_store: Store) -> None:
         reader.list_runs(offset=-1)
 
 
-def test_stats_and_restored_totals(browse_store: Store) -> None:
+def test_stats_and_stored_totals(browse_store: Store) -> None:
     stats = browse_store.reader().stats(
         since_unix_nano=0, until_unix_nano=7200 * NS, bucket_seconds=3600
     )
@@ -1279,13 +1278,13 @@ def test_run_lookups_are_skipped_only_for_runs_never_stored(tmp_path: Path) -> N
         commit(store, batch(run_row("early"), step_row("early", 1)))
     with Store(path) as store:  # the filter is refilled from the file
         lookups: list[str] = []
-        fetch = store._fetch_runs
+        fetch = store._writer.fetch_runs
 
         def counted(where: str, params: Any = ()) -> list[dict[str, Any]]:
             lookups.append(where)
             return fetch(where, params)
 
-        store._fetch_runs = counted  # type: ignore[method-assign]
+        store._writer.fetch_runs = counted  # type: ignore[method-assign]
         commit(store, full_run("fresh", "completed"))
         assert lookups == []
         commit(store, batch(step_row("early", 2), step_row("fresh", 9)))
@@ -1299,70 +1298,9 @@ def test_run_lookups_are_skipped_only_for_runs_never_stored(tmp_path: Path) -> N
         assert early is not None and early.run["tool_calls"] == 2
 
 
-def test_restore_reads_every_key_past_the_read_row_cap(make_store: Any) -> None:
-    """The API's row cap is for pages; totals restored at start were cut at it (10,000 keys
-    by default, fewer than 10,000 agents with several stop reasons each)."""
-    store = make_store(read_max_rows=2)
-    for i in range(5):
-        commit(store, full_run(f"r{i}", "completed", agent=f"agent{i}"))
-    assert len(stop_totals(store)) == 5
-    assert len(tool_call_totals(store)) == 10  # search and fetch for each agent
-    assert len(store.reader().list_runs(limit=2).items) == 2
-
-
-def test_restore_reads_have_no_time_limit(tmp_path: Path) -> None:
-    """The read time limit guards the API; the restore at start ran under it too, so a
-    collector whose store took longer to sum than the limit (5 s by default: about ten
-    million runs here) could not start on its own file. Here the limit is 10 ms and the
-    sums take far longer."""
-    runs = 300_000
-    path = tmp_path / "big.duckdb"
-    Store(path).close()
-    with duckdb.connect(str(path)) as con:
-        con.execute(
-            "INSERT INTO stops BY NAME SELECT i::UBIGINT AS run_key, 'r' || i AS run_id, "
-            "'t' || i AS trace_id, 's' || i AS span_id, 'loopwatch' AS source, "
-            "'guard' AS origin, false AS stop_inferred, 'repeated_action' AS reason, "
-            "0 AS time_unix_nano, i % 40 AS step, i % 12 AS steps_since_progress, "
-            "'agent-' || (i % 50) AS agent, true AS counted, 0 AS received_unix_nano, "
-            "'tool-' || (i % 30) AS loop_tool FROM range(?) t(i)",
-            [runs],
-        )
-        con.execute(
-            "INSERT INTO run_tools BY NAME SELECT i::UBIGINT AS run_key, "
-            "'tool-' || (i % 30) AS tool, 'ok' AS outcome, 2 AS calls, "
-            "'agent-' || (i % 50) AS agent FROM range(?) t(i)",
-            [runs],
-        )
-        con.execute("INSERT INTO canary_hits SELECT 'attribute', 1, i FROM range(?) t(i)", [runs])
-    store = Store(path, config=StoreConfig(read_timeout_seconds=0.01))
-    try:
-        reader = store.reader()
-        rows, truncated = reader.restore_stops()
-        assert not truncated and sum(int(r["n"]) for r in rows) == runs
-        calls, truncated = reader.restore_tool_calls()
-        assert not truncated and sum(calls.values()) == 2 * runs
-        assert reader.restore_canary_hits() == {"attribute": runs}
-        histograms, detections = restore_stop_totals(reader)
-        assert sum(histograms.values()) == sum(detections.values()) == runs
-    finally:
-        store.close()
-
-
 # ----------------------------------------------------------------------------- retention
 
 _RUN_TABLES = ("runs", "steps", "staged_steps", "stops", "stop_anomalies", "run_tools")
-
-
-def _restored(store: Store) -> dict[str, Any]:
-    """Everything ``/metrics`` restores at start, as the collector computes it."""
-    histograms, detections = restore_stop_totals(store.reader())
-    return {
-        "stops": histograms,
-        "detections": detections,
-        "tool_calls": tool_call_totals(store),
-        "canaries": store.reader().restore_canary_hits(),
-    }
 
 
 def _rows_naming(path: Path, run_ids: list[str]) -> dict[str, int]:
@@ -1379,18 +1317,16 @@ def _rows_naming(path: Path, run_ids: list[str]) -> dict[str, int]:
         out["canary_flags"] = con.execute(
             "SELECT count(*) FROM canary_flags WHERE list_contains(?, run_id)", [names]
         ).fetchone()[0]
-        for table in ("pruned_stops", "pruned_tool_calls", "canary_hits"):
-            out[table] = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
         return out
     finally:
         con.close()
 
 
-def test_retention_removes_old_runs_and_keeps_the_restored_totals(
+def test_retention_removes_old_runs_with_every_row_naming_them(
     tmp_path: Path, clock: Clock
 ) -> None:
-    """Runs last seen before the retention go with every row naming them; what /metrics
-    counted for them stays, through more passes and a restart; newer runs stay whole."""
+    """Runs last seen before the retention go with every row naming them, through more
+    passes and a restart; newer runs stay whole."""
     path = tmp_path / "lw.duckdb"
     day = 86_400
     config = StoreConfig(
@@ -1402,8 +1338,7 @@ def test_retention_removes_old_runs_and_keeps_the_restored_totals(
         commit(store, full_run("loop", "repeated_action", agent="alpha"))
         done = full_run("done", "completed", agent="beta", tools=("fetch",))
         commit(store, done)
-        # Evidence is client text; a stop whose evidence is not JSON once made every
-        # retention pass fail (and the restore at start).
+        # Evidence is client text: a stop whose evidence is not JSON is removed too.
         garbled = stop_row("garbled", "repeated_action")
         garbled.evidence = "search x3"
         commit(store, batch(run_row("garbled"), garbled))
@@ -1418,7 +1353,6 @@ def test_retention_removes_old_runs_and_keeps_the_restored_totals(
         commit(store, batch(run_row("undecided"), step_row("undecided", 1)))
         flagged = full_run("canary", "no_progress", agent="alpha")
         flagged.canary_run_ids = frozenset({trace_of("canary")})
-        flagged.canary_hits = {"attribute": 2}
         commit(store, flagged)
         clock.now += day / 2
         # A retry of "done", all duplicates, flagged this time: a flag newer than its run.
@@ -1426,19 +1360,13 @@ def test_retention_removes_old_runs_and_keeps_the_restored_totals(
         assert commit(store, done).duplicates == done.spans_in
         fresh = full_run("fresh", "repeated_action", agent="alpha")
         fresh.canary_run_ids = frozenset({"fresh"})
-        fresh.canary_hits = {"attribute": 1, "name": 1}
         commit(store, fresh)
-        before = _restored(store)
-        assert sum(before["stops"].values()) == 6  # "undecided" has no stop
-        # These stops do not carry steps since progress: kept unknown through pruning
-        # (pruned_stops) and restarts, not folded into 0.
-        assert all(key[3] is None for key in before["stops"])
-        assert before["detections"][("triage", "", "repeated_action")] == 1  # garbled
+        assert sum(stop_totals(store).values()) == 6  # "undecided" has no stop
 
         clock.now += day / 2 + 1
         store.run_maintenance().result(timeout=30)
         assert store.pruned_runs == len(old)
-        assert _restored(store) == before
+        assert sum(stop_totals(store).values()) == 1  # "fresh"
         assert store.reader().get_run("loop") is None
         kept = store.reader().get_run("fresh")
         assert kept is not None and len(kept.steps) == 6 and kept.stop is not None
@@ -1446,39 +1374,27 @@ def test_retention_removes_old_runs_and_keeps_the_restored_totals(
         assert [r["run_id"] for r in flagged_now] == ["fresh"]
 
         store.run_maintenance().result(timeout=30)  # nothing more is due
-        assert store.pruned_runs == len(old) and _restored(store) == before
+        assert store.pruned_runs == len(old)
     rows = _rows_naming(path, old)
     assert {t: rows[t] for t in (*_RUN_TABLES, "canary_flags")} == dict.fromkeys(
         (*_RUN_TABLES, "canary_flags"), 0
     )
-    assert rows["canary_hits"] == 3  # one folded row (the old hits), two of "fresh"
     assert _rows_naming(path, ["fresh"])["runs"] == 1
 
-    with Store(path, config=config, clock=clock) as store:  # a restart restores the same
-        assert _restored(store) == before
-        clock.now += day + 1  # now "fresh" goes too; the folded rows add up
+    with Store(path, config=config, clock=clock) as store:
+        clock.now += day + 1  # now "fresh" goes too
         store.run_maintenance().result(timeout=30)
-        assert store.pruned_runs == 1 and _restored(store) == before
+        assert store.pruned_runs == 1 and stop_totals(store) == {}
         # A late span of a removed run starts a new run row (counted as new).
         commit(store, batch(step_row("loop", 9)))
         late = store.reader().get_run("loop")
         assert late is not None and late.run["tool_calls"] == 1
-    rows = _rows_naming(path, [])
-    assert rows["canary_hits"] == 2  # one row per location
-    con = duckdb.connect(str(path), read_only=True)
-    keys = con.execute(
-        "SELECT count(*), count(DISTINCT (agent, reason, step, steps_since_progress, "
-        "observe_reason, loop_tool)) FROM pruned_stops"
-    ).fetchone()
-    con.close()
-    assert keys is not None and keys[0] == keys[1]  # folded: one row per key
 
 
 def test_retention_removes_a_backlog_in_bounded_passes(make_store: Any, clock: Clock) -> None:
     store = make_store(retention_seconds=60, prune_max_runs=2)
     for i in range(5):
         commit(store, full_run(f"r{i}", "completed"))
-    before = _restored(store)
     clock.now += 61
     store.run_maintenance().result(timeout=30)
     deadline = time.monotonic() + 20
@@ -1486,7 +1402,6 @@ def test_retention_removes_a_backlog_in_bounded_passes(make_store: Any, clock: C
         time.sleep(0.05)
     assert store.pruned_runs == 5
     assert store.reader().list_runs().items == []
-    assert _restored(store) == before
 
 
 def test_retention_off_keeps_everything(make_store: Any, clock: Clock) -> None:
@@ -1572,8 +1487,8 @@ def test_a_step_of_a_declined_run_is_not_moved_by_a_later_request(
     declined = store.reader().get_run(trace)
     assert declined is not None
     assert (declined.run["tool_calls"], declined.steps) == (1, [])
-    restored, _ = store.reader().restore_tool_calls()
-    assert sum(n for (_, t, _), n in restored.items() if t == "alpha") == 1  # counted once
+    stored = tool_call_totals(store)
+    assert sum(n for (_, t, _), n in stored.items() if t == "alpha") == 1  # counted once
     if not takeover:
         agent = store.reader().get_run(a.span_id)
         assert agent is not None

@@ -246,7 +246,7 @@ def test_tools_needs_the_token(tmp_path: Path) -> None:
 
 
 def test_queries_public_names() -> None:
-    from loopwatch.collector import queries
+    from loopwatch.collector.store import reader as queries
 
     defined = {
         name

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 import pytest
 from loopwatch.collector import workers
-from loopwatch.collector.errors import DecodeError, UnsupportedMediaType
-from loopwatch.collector.workers import DecodePool, DecodeWorkerLost, RedactedBatch
+from loopwatch.collector.errors import DecodeError, DecodeWorkerLost, UnsupportedMediaType
+from loopwatch.collector.workers import DecodePool, RedactedBatch
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 from .spans import completed_run, looping_run, record

@@ -24,7 +24,7 @@ import pytest
 from loopwatch.collector import workers
 from loopwatch.collector.config import default_decode_workers, load_config
 from loopwatch.collector.errors import ConfigError, QueueFull
-from loopwatch.collector.http import create_otlp_app
+from loopwatch.collector.receive_http import create_otlp_app
 from loopwatch.collector.records import SpanBatch
 from loopwatch.collector.redact import RedactStage
 from loopwatch.collector.service import Collector

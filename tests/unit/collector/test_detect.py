@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from loopwatch.collector.decode import decode_json
 from loopwatch.collector.detect import DetectStage
-from loopwatch.collector.events import MapStage
+from loopwatch.collector.map import MapStage
 from loopwatch.collector.records import SpanBatch, SpanRecord
 
 TRACE = "5b8efff798038103d269b633813fc60c"

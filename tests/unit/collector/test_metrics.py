@@ -1,4 +1,4 @@
-"""Metrics: DESIGN section 7 names and labels, bounded label values, restore."""
+"""Metrics: DESIGN section 7 names and labels, bounded label values."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ from loopwatch.collector.metrics import (
     METRIC_NAMES,
     NO_TOOL,
     OTHER,
-    LabelBound,
     LoopwatchMetrics,
-    MetricsSnapshot,
 )
 from loopwatch.instrumentation import StopReason
 from prometheus_client import CollectorRegistry
@@ -77,19 +75,14 @@ def test_label_values_are_bounded() -> None:
 
 
 def test_a_detection_naming_no_tool_keeps_the_none_label_past_the_top_n() -> None:
-    # Was (helper review of 4b73cb2): "none" went through the tool top-N, so once
-    # top_n_tools names were admitted a no_progress detection was counted as _other,
-    # and the series the dashboards and runbooks read never appeared; live and restored.
+    # "none" is outside the tool top-N: once top_n_tools names are admitted a
+    # no_progress detection still has the series the dashboards and runbooks read.
     m = LoopwatchMetrics(top_n_agents=5, top_n_tools=2)
     for tool in ("search", "fetch", "third"):
         m.record_tool_call("a", tool, "ok")
     m.record_detection("a", None, "no_progress")
     m.record_detection("a", "", "repeated_decision")
-    m.restore(
-        MetricsSnapshot(
-            stops={}, tool_calls={}, detections={("a", "", "no_progress"): 2}, canaries={}
-        )
-    )
+    m.record_detection("a", "", "no_progress", 2)
     samples = {
         (labels["tool"], labels["detector"]): v
         for labels, v in scrape(m)["loopwatch_loop_detections_total"]
@@ -111,26 +104,3 @@ def test_unknown_closed_set_values_do_not_create_series() -> None:
     assert detectors == set(DETECTORS)  # the zero series only
     assert sum(s[1] for s in samples["loopwatch_loop_detections_total"]) == 0
     assert samples["loopwatch_tool_calls_total"][0][0]["outcome"] == "error"
-
-
-def test_restore_adds_store_totals() -> None:
-    m = LoopwatchMetrics()
-    m.restore(
-        MetricsSnapshot(
-            stops={("a", "completed", 4, 0): 3, ("a", "no_progress", 9, 6): 2},
-            tool_calls={("a", "t", "ok"): 11},
-            detections={("a", "t", "no_progress"): 2},
-            canaries={"name": 1},
-        )
-    )
-    samples = scrape(m)
-    stops = {s[0]["stop_reason"]: s[1] for s in samples["loopwatch_agent_stops_total"] if s[1]}
-    assert stops == {"completed": 3, "no_progress": 2}
-    counts = {(s[0]["stop_reason"]): s[1] for s in samples["loopwatch_agent_steps_count"]}
-    assert counts == {"completed": 3, "no_progress": 2}
-
-
-def test_label_bound_seed_keeps_the_most_important_first() -> None:
-    bound = LabelBound(2)
-    bound.seed(["busy", "busier", "quiet"])
-    assert bound("busy") == "busy" and bound("quiet") == OTHER and bound("new") == OTHER

@@ -166,7 +166,7 @@ def test_token_counts_past_int64_sums_are_capped_not_a_poison_batch(tmp_path: Pa
     """Two int64-max token counts on one model span summed past runs.tokens (BIGINT): the
     commit failed and the request got 503 on every retry (helper review, 2026-12-01).
     Counts are capped as the guard caps them, and run totals saturate."""
-    from loopwatch.collector.events import MapStage
+    from loopwatch.collector.map import MapStage
     from loopwatch.collector.records import SpanBatch, SpanRecord
     from loopwatch.collector.store import Store
     from loopwatch.instrumentation import _semconv as sc

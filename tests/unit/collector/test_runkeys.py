@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from loopwatch.collector import runkeys
-from loopwatch.collector.runkeys import RunKeyFilter
+from loopwatch.collector.store import keys as runkeys
+from loopwatch.collector.store.keys import RunKeyFilter
 
 KEYS = st.integers(min_value=0, max_value=2**64 - 1)
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loopwatch.collector.decode import MSG_MALFORMED_ATTRIBUTES, MSG_TRACE_ID
-from loopwatch.collector.events import MSG_NO_RUN_ID
+from loopwatch.collector.map import MSG_NO_RUN_ID
 from loopwatch.replay.importers import Document, Importer, detect, iter_files, read_file
 from loopwatch.replay.importers.chat import IMPORTER as CHAT
 from loopwatch.replay.importers.otlp_json import IMPORTER as OTLP

@@ -1,24 +1,4 @@
-"""Event rows and the ``map`` stage: decoded spans become runs, steps and stops.
-
-The map stage reads :class:`~loopwatch.collector.records.SpanBatch` (already decoded and
-redacted) and returns a :class:`MappedBatch` of rows for the store:
-
-- :class:`RunRow`: one per run span (loopwatch run span, agent span, or the root span of
-  a trace-level run). The store creates a run from whichever of its rows arrives first
-  and merges the rest (the run span's fields win; times widen over steps and stops).
-- :class:`StepRow`: a ``decision`` (model call) or a ``tool_result`` (tool call).
-- :class:`StopRow`: how a run ended, with the :data:`STOP_ORIGINS` precedence below.
-- :class:`RunReassignment`: third-party steps first filed under their trace, moved to the
-  agent run once its span arrives (see "Third-party runs").
-
-Every row carries the ``(trace_id, span_id)`` of the span it came from: that pair is the
-idempotency key the store deduplicates client retries with.
-
-Rows are plain slotted dataclasses, not frozen ones: a frozen dataclass sets each of a
-step's 29 fields through ``object.__setattr__`` (5 us per row, a third of the map stage,
-measured on 512-span batches). They are still treated as values: a stage that changes
-one builds a new row with :func:`dataclasses.replace` and swaps it in
-(:meth:`MappedBatch.replace_step`), never assigns to a field.
+"""The ``map`` stage: decoded spans become runs, steps and stops (:mod:`.rows`).
 
 loopwatch spans (DESIGN section 4) are recognised by ``loopwatch.event`` (decision,
 tool_result, stop) and, for the run span, ``gen_ai.operation.name=invoke_agent`` with
@@ -94,45 +74,36 @@ from .genai import attr_text as _text
 from .genai import span_role as _third_party_kind
 from .genai import tokens as _tokens
 from .records import STATUS_ERROR, Attributes, SpanBatch, SpanRecord, pickled_as_tuple
+from .rows import (
+    KIND_DECISION,
+    KIND_TOOL_RESULT,
+    SOURCE_GENAI,
+    SOURCE_LOOPWATCH,
+    SOURCE_OPENINFERENCE,
+    STOP_COMPLETED,
+    STOP_ERROR,
+    STOP_ORIGIN_INFERRED,
+    STOP_ORIGIN_RUN_SPAN,
+    STOP_ORIGIN_STOP_SPAN,
+    MappedBatch,
+    RunReassignment,
+    RunRow,
+    StepRow,
+    StopRow,
+)
 
 __all__ = [
-    "KIND_DECISION",
-    "KIND_TOOL_RESULT",
     "MAX_RUN_ID_CHARS",
     "MSG_LONG_RUN_ID",
     "MSG_NO_RUN_ID",
     "MSG_UNKNOWN_EVENT",
-    "SOURCES",
-    "SOURCE_GENAI",
-    "SOURCE_LOOPWATCH",
-    "SOURCE_OPENINFERENCE",
-    "STOP_COMPLETED",
-    "STOP_ERROR",
-    "STOP_ORIGINS",
-    "STOP_ORIGIN_INFERRED",
-    "STOP_ORIGIN_RUN_SPAN",
-    "STOP_ORIGIN_STOP_SPAN",
-    "UNKNOWN_AGENT",
     "MapStage",
-    "MappedBatch",
     "PartialMap",
-    "RunReassignment",
-    "RunRow",
-    "StepRow",
-    "StopRow",
     "premap",
     "refuse_unmappable",
     "unmappable_reason",
 ]
 
-SOURCE_LOOPWATCH: Final = "loopwatch"
-SOURCE_GENAI: Final = "genai"
-SOURCE_OPENINFERENCE: Final = "openinference"
-SOURCES: Final = (SOURCE_LOOPWATCH, SOURCE_GENAI, SOURCE_OPENINFERENCE)
-
-UNKNOWN_AGENT: Final = "unknown"
-"""The agent label of a tool call or stop whose span, and its run, named no agent (set by
-the collector before storing; a metric label and ``stops.agent``)."""
 MAX_RUN_ID_CHARS: Final = 4096
 """Longest ``loopwatch.run.id`` accepted, in characters: the longest run id the API's run
 view takes (``GET /api/v1/runs/{run_id}``, bound by the HTTP request line)."""
@@ -144,273 +115,9 @@ MSG_UNKNOWN_EVENT: Final = (
 )
 _LW_EVENTS: Final = frozenset({sc.EVENT_DECISION, sc.EVENT_TOOL_RESULT, sc.EVENT_STOP})
 
-KIND_DECISION: Final = sc.EVENT_DECISION
-KIND_TOOL_RESULT: Final = sc.EVENT_TOOL_RESULT
-
-STOP_COMPLETED: Final = "completed"
-STOP_ERROR: Final = "error"
-
-STOP_ORIGIN_INFERRED: Final = "inferred"
-STOP_ORIGIN_RUN_SPAN: Final = "run_span"
-STOP_ORIGIN_STOP_SPAN: Final = "stop_span"
-STOP_ORIGINS: Final = {STOP_ORIGIN_INFERRED: 0, STOP_ORIGIN_RUN_SPAN: 1, STOP_ORIGIN_STOP_SPAN: 2}
-"""Stop origins and their precedence (higher wins): a ``stop`` span, then the stop
-attributes on a loopwatch run span, then a stop inferred from a run or root span's end."""
 
 _RUN_NAME_PREFIX: Final = sc.SPAN_RUN.split("{", 1)[0]
 _MAX_ANCESTRY_DEPTH: Final = 256
-
-
-@pickled_as_tuple
-@dataclass(slots=True)
-class RunRow:
-    """What a run span tells about its run; the store merges it into the run row.
-
-    Attributes:
-        run_id: ``loopwatch.run.id``; for third-party runs the agent span id or trace id.
-        trace_id / span_id: the source span (32 / 16 lowercase hex chars).
-        source: ``loopwatch``, ``genai`` or ``openinference``.
-        is_run_span: the row comes from the run span itself (always, from the map stage);
-            its fields are authoritative. A row with ``False`` only widens times.
-        agent ... mode: run attributes; ``None`` when this span does not carry them.
-        start_unix_nano / end_unix_nano: the source span's times (ns since the epoch);
-            the store keeps the earliest start and latest end over the run's spans.
-        status_code: the run span's OTLP status code; ``None`` for partial rows.
-    """
-
-    run_id: str
-    trace_id: str
-    span_id: str
-    source: str
-    is_run_span: bool = False
-    agent: str | None = None
-    agent_id: str | None = None
-    conversation_id: str | None = None
-    parent_run_id: str | None = None
-    policy_name: str | None = None
-    policy_version: str | None = None
-    detector_version: str | None = None
-    limits: str | None = None
-    mode: str | None = None
-    start_unix_nano: int | None = None
-    end_unix_nano: int | None = None
-    status_code: int | None = None
-
-
-@pickled_as_tuple
-@dataclass(slots=True)
-class StepRow:
-    """One decision or tool call of a run.
-
-    Attributes:
-        trace_id / span_id: the source span; ``run_id``: its run.
-        source: ``loopwatch``, ``genai`` or ``openinference``.
-        kind: ``decision`` or ``tool_result``.
-        step: 1-based step index (``loopwatch.step``, or numbered by the map stage for
-            third-party runs); ``None`` when a loopwatch span omits it.
-        start_unix_nano / end_unix_nano: span times, ns since the epoch.
-        status_code: OTLP status code of the span.
-        decision_type: ``tool``, ``final``, ``refusal``, ``message``; ``None`` if unknown.
-        decision_fingerprint / action_fingerprint / observation_digest: sha256 hex from
-            the guard; ``None`` for third-party spans until a detect stage fills them.
-        tool, tool_call_id, outcome (``ok``/``error``/``blocked``), risk, error_type,
-            blocked_by, failure_class: tool-call attributes.
-        progress / steps_since_progress: progress evidence reported with the step.
-        input_tokens / output_tokens / cost_usd: model usage of a decision.
-        arguments / result: captured, redacted tool arguments and result (JSON text as
-            received), only when the agent opted in to content capture.
-    """
-
-    trace_id: str
-    span_id: str
-    run_id: str
-    source: str
-    kind: str
-    step: int | None
-    start_unix_nano: int
-    end_unix_nano: int
-    status_code: int = 0
-    decision_type: str | None = None
-    decision_fingerprint: str | None = None
-    tool: str | None = None
-    tool_call_id: str | None = None
-    outcome: str | None = None
-    risk: str | None = None
-    error_type: str | None = None
-    blocked_by: str | None = None
-    failure_class: str | None = None
-    action_fingerprint: str | None = None
-    observation_digest: str | None = None
-    progress: bool | None = None
-    steps_since_progress: int | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cost_usd: float | None = None
-    arguments: str | None = None
-    result: str | None = None
-    agent: str | None = None
-
-
-@pickled_as_tuple
-@dataclass(slots=True)
-class StopRow:
-    """How a run ended.
-
-    Attributes:
-        trace_id / span_id: the source span; ``run_id``: the run.
-        source: ``loopwatch``, ``genai`` or ``openinference``.
-        origin: ``stop_span``, ``run_span`` or ``inferred`` (precedence in
-            :data:`STOP_ORIGINS`).
-        reason: stop reason (DESIGN section 2 closed set, as received).
-        time_unix_nano: when the run stopped (the source span's end), ns since the epoch.
-        step: ``loopwatch.step`` of the stop, or the last step number for inferred stops.
-        dimension, limit_value, observed, basis: budget-stop details.
-        evidence: ``loopwatch.stop.evidence`` JSON text; ``message``: stop message.
-        steps_since_progress and the ``usage_*`` fields: the guard's counters at the stop
-            (``usage_elapsed_seconds`` in seconds, ``usage_cost_usd`` in US dollars).
-        observe_reason / observe_step / observe_evidence: what ``observe`` mode would
-            have stopped with, where, and its evidence (JSON); ``evidence`` stays the
-            real stop's.
-    """
-
-    trace_id: str
-    span_id: str
-    run_id: str
-    source: str
-    origin: str
-    reason: str
-    time_unix_nano: int
-    step: int | None = None
-    dimension: str | None = None
-    limit_value: float | None = None
-    observed: float | None = None
-    basis: str | None = None
-    evidence: str | None = None
-    message: str | None = None
-    steps_since_progress: int | None = None
-    usage_model_turns: int | None = None
-    usage_tool_attempts: int | None = None
-    usage_tool_successes: int | None = None
-    usage_tokens: int | None = None
-    usage_cost_usd: float | None = None
-    usage_elapsed_seconds: float | None = None
-    observe_reason: str | None = None
-    observe_step: int | None = None
-    observe_evidence: str | None = None
-    agent: str | None = None
-
-    @property
-    def stop_inferred(self) -> bool:
-        """Whether the stop was inferred from a span's end rather than reported."""
-        return self.origin == STOP_ORIGIN_INFERRED
-
-
-@pickled_as_tuple
-@dataclass(frozen=True, slots=True)
-class RunReassignment:
-    """Move third-party steps filed under their trace id to the agent run found later.
-
-    Attributes:
-        trace_id: the trace; ``from_run_id`` is the trace-level run id (the trace id).
-        span_ids: the steps' span ids.
-        to_run_id: the agent run, or ``None`` to drop the steps (the trace turned out to
-            be a loopwatch trace, whose own spans describe the run).
-    """
-
-    trace_id: str
-    span_ids: tuple[str, ...]
-    from_run_id: str
-    to_run_id: str | None
-
-
-@pickled_as_tuple
-@dataclass(slots=True)
-class MappedBatch:
-    """The rows mapped from one :class:`SpanBatch`; what the store commits as one unit.
-
-    Attributes:
-        runs / steps / stops / reassignments: mapped rows, in span order.
-        canary_run_ids: run ids (or trace ids) the redact stage flagged.
-        spans_in: spans in the input batch; ``spans_unmapped``: those yielding no row.
-        transport: the receiving transport (metric label).
-        metric_labels: ``(kind, label, order)`` of metric label values admitted and not
-            yet stored (``kind`` ``agent`` or ``tool``; see
-            :class:`~loopwatch.collector.metrics.LabelBound`), committed with the rows.
-    """
-
-    runs: list[RunRow] = field(default_factory=list)
-    steps: list[StepRow] = field(default_factory=list)
-    stops: list[StopRow] = field(default_factory=list)
-    reassignments: list[RunReassignment] = field(default_factory=list)
-    canary_run_ids: frozenset[str] = frozenset()
-    canary_hits: dict[str, int] = field(default_factory=dict)
-    spans_in: int = 0
-    spans_unmapped: int = 0
-    transport: str = ""
-    metric_labels: list[tuple[str, str, int]] = field(default_factory=list)
-    _step_positions: dict[tuple[str, str], int] = field(
-        default_factory=dict, repr=False, compare=False
-    )
-
-    def span_keys(self) -> set[tuple[str, str]]:
-        """Return the ``(trace_id, span_id)`` of every span that produced a row."""
-        keys = {(r.trace_id, r.span_id) for r in self.runs}
-        keys.update((s.trace_id, s.span_id) for s in self.steps)
-        keys.update((s.trace_id, s.span_id) for s in self.stops)
-        return keys
-
-    def third_party_tool_steps(self) -> dict[str, list[StepRow]]:
-        """Return third-party ``tool_result`` steps per run id, in step order.
-
-        The seam for the ``detect`` stage: it computes action fingerprints, observation
-        digests and loop detections, then writes them back with :meth:`replace_step`
-        (and a detected stop with :meth:`replace_stop`). Order is ``(step,
-        start_unix_nano, span_id)``; earlier steps of a run may be in earlier batches.
-        """
-        out: dict[str, list[StepRow]] = {}
-        for s in self.steps:
-            if s.kind == KIND_TOOL_RESULT and s.source != SOURCE_LOOPWATCH:
-                out.setdefault(s.run_id, []).append(s)
-        for rows in out.values():
-            rows.sort(key=lambda s: (s.step or 0, s.start_unix_nano, s.span_id))
-        return out
-
-    def replace_step(self, old: StepRow, new: StepRow) -> None:
-        """Replace the step with ``old``'s span key by ``new`` (same span key required).
-
-        Amortised constant time (a position index is built on first use).
-
-        Raises:
-            ValueError: ``new`` has another span key, or ``old`` is not in the batch.
-        """
-        key = (old.trace_id, old.span_id)
-        if (new.trace_id, new.span_id) != key:
-            raise ValueError("replacement step must keep the span key")
-        at = self._step_positions.get(key)
-        if at is None or at >= len(self.steps) or self.steps[at] is not old:
-            self._step_positions = {(s.trace_id, s.span_id): i for i, s in enumerate(self.steps)}
-            at = self._step_positions.get(key)
-            if at is None:
-                raise ValueError("step not in batch")
-        self.steps[at] = new
-
-    def replace_stop(self, old: StopRow, new: StopRow) -> None:
-        """Replace stop ``old`` (found by span key and run id) by ``new``.
-
-        A detect stage uses this to turn an inferred ``completed`` into the detected
-        reason before the store decides sampling.
-
-        Raises:
-            ValueError: ``new`` has another span key or run id, or ``old`` is not found.
-        """
-        key = (old.trace_id, old.span_id, old.run_id)
-        if (new.trace_id, new.span_id, new.run_id) != key:
-            raise ValueError("replacement stop must keep the span key and run id")
-        for i, s in enumerate(self.stops):
-            if (s.trace_id, s.span_id, s.run_id) == key:
-                self.stops[i] = new
-                return
-        raise ValueError("stop not in batch")
 
 
 @pickled_as_tuple
@@ -481,6 +188,8 @@ class MapStage:
         >>> mapped.runs, mapped.steps, mapped.stops
         ([], [], [])
     """
+
+    name = "map"
 
     def __init__(self, *, max_open_traces: int = 10_000, max_spans_per_trace: int = 10_000) -> None:
         if max_open_traces < 1:

@@ -54,7 +54,7 @@ from .errors import (
     QueueFull,
     Unauthorized,
 )
-from .http import (
+from .receive import (
     REASON_DECODE_ERROR,
     REASON_PAYLOAD_TOO_LARGE,
     REASON_QUEUE_FULL,
@@ -63,10 +63,10 @@ from .http import (
     InflightLimit,
     ReceiverCounters,
     Submit,
-    _check_bearer,
     export_response,
     submit_counted,
 )
+from .receive import check_bearer as _check_bearer
 from .records import SpanBatch
 
 __all__ = ["DEFAULT_GRPC_PORT", "EXPORT_METHOD", "SERVICE_NAME", "OtlpGrpcServer"]
@@ -85,8 +85,8 @@ class OtlpGrpcServer:
 
     Args:
         address: ``HOST:PORT`` to listen on (port ``0``: any free port, see :attr:`port`).
-        submit: the rest of the pipeline (:data:`~loopwatch.collector.http.Submit`).
-        decode: decodes bodies elsewhere (:data:`~loopwatch.collector.http.Decode`);
+        submit: the rest of the pipeline (:data:`~loopwatch.collector.receive.Submit`).
+        decode: decodes bodies elsewhere (:data:`~loopwatch.collector.receive.Decode`);
             default: :func:`~loopwatch.collector.decode.decode_body` on a thread.
         counters: span and request counts (the same as OTLP/HTTP's).
         token: if set, every call needs ``authorization: Bearer <token>`` metadata.

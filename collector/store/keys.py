@@ -1,4 +1,10 @@
-"""Which run keys may already be in the ``runs`` table: a Bloom filter for the writer.
+"""The keys the writer checks in memory: the dedup window of span keys and a Bloom filter
+of stored run keys.
+
+:class:`RecentKeys` holds the span keys committed within the dedup retention, so a client
+retry is recognised without reading DuckDB. :class:`RunKeyFilter`:
+
+Which run keys may already be in the ``runs`` table: a Bloom filter for the writer.
 
 Every group commit merges its spans into their run rows, so the writer must read the
 rows that already exist. For most groups none do (an agent's spans usually reach the
@@ -23,16 +29,26 @@ million; past that the writer simply looks up more keys, as it did without the f
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import math
+import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["DEFAULT_BITS_LOG2", "DEFAULT_HASHES", "RecentKeys", "RunKeyFilter", "span_key"]
+
+logger = logging.getLogger("loopwatch.collector.store")
+
 DEFAULT_BITS_LOG2: Final = 26
 DEFAULT_HASHES: Final = 7
 _CHUNK_KEYS: Final = 1 << 18  # keys per vectorised step when adding many (bounds memory)
 _LOW32: Final = 0xFFFFFFFF
+_MASK64: Final = 2**64 - 1
 
 
 class RunKeyFilter:
@@ -91,3 +107,77 @@ class RunKeyFilter:
         bits = (self._array[positions >> np.uint64(3)] >> (positions & np.uint64(7))) & 1
         found: list[bool] = bits.all(axis=0).tolist()
         return found
+
+
+def span_key(trace_id: str, span_id: str) -> tuple[int, int]:
+    try:
+        return int(span_id, 16) & _MASK64, int(trace_id[-16:], 16) & _MASK64
+    except ValueError:
+        digest = hashlib.blake2b(f"{trace_id}/{span_id}".encode(), digest_size=16).digest()
+        return int.from_bytes(digest[:8], "big"), int.from_bytes(digest[8:], "big")
+
+
+class RecentKeys:
+    """Span keys committed within the dedup window, in slices (writer thread only).
+
+    Keys are ``span_key << 64 | trace_key``. A slice holds the keys of at most 1/16 of
+    the retention and 1/16 of ``max_keys``; it is forgotten at the first maintenance
+    after its newest key's retention ended, so a key is kept at least ``retention``.
+    Past ``max_keys``, slices are dropped oldest first (logged at most once a minute).
+    """
+
+    def __init__(self, retention_ns: int, max_keys: int) -> None:
+        self._retention_ns = retention_ns
+        self._slice_ns = max(retention_ns // 16, 1)
+        self._slice_keys = max(max_keys // 16, 1)
+        self._max_keys = max_keys
+        # (slice index, [newest seen_ns], keys)
+        self._slices: deque[tuple[int, list[int], set[int]]] = deque()
+        self._size = 0
+        self._warned = -math.inf
+        self.dropped_early = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def unseen(self, keys: Iterable[int]) -> set[int]:
+        """The keys not in the window."""
+        fresh = set(keys)
+        for _, _, members in reversed(self._slices):
+            if not fresh:
+                break
+            fresh = fresh.difference(members)
+        return fresh
+
+    def add(self, keys: set[int], now_ns: int) -> None:
+        """Remember ``keys`` as seen at ``now_ns`` (disjoint from the window)."""
+        index = now_ns // self._slice_ns
+        last = self._slices[-1] if self._slices else None
+        if last is not None and last[0] >= index and len(last[2]) < self._slice_keys:
+            last[1][0] = max(last[1][0], now_ns)
+            last[2].update(keys)
+        else:
+            self._slices.append((max(index, last[0]) if last else index, [now_ns], set(keys)))
+        self._size += len(keys)
+        dropped = 0
+        while self._size > self._max_keys and len(self._slices) > 1:
+            _, _, members = self._slices.popleft()
+            self._size -= len(members)
+            dropped += len(members)
+        if dropped:
+            self.dropped_early += dropped
+            if time.monotonic() - self._warned >= 60:
+                self._warned = time.monotonic()
+                logger.warning(
+                    "dedup window full (dedup_max_keys=%d): %d span keys forgotten before "
+                    "their retention so far; a retry of those spans would be stored again",
+                    self._max_keys,
+                    self.dropped_early,
+                )
+
+    def expire(self, now_ns: int) -> None:
+        """Forget the slices whose newest key was seen ``retention`` before ``now_ns``."""
+        cutoff = now_ns - self._retention_ns
+        while self._slices and self._slices[0][1][0] < cutoff:
+            _, _, members = self._slices.popleft()
+            self._size -= len(members)

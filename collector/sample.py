@@ -30,6 +30,8 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
+from loopwatch.instrumentation import StopReason
+
 __all__ = [
     "NO_STOP_REASON",
     "RULE_ABNORMAL",
@@ -51,7 +53,7 @@ RULE_COMPLETED_SAMPLED: Final = "completed_sampled"
 RULE_COMPLETED_FRACTION: Final = "completed_fraction"
 RULE_HOURLY_CAP: Final = "hourly_cap"
 
-_COMPLETED: Final = "completed"
+_COMPLETED: Final = StopReason.COMPLETED.value
 _HOUR_SECONDS: Final = 3600
 
 

@@ -1,0 +1,611 @@
+"""The store's schema: numbered migrations, and every table's columns, spelled once.
+
+Free of pyarrow and of a runtime DuckDB import, so the dashboard (duckdb and pandas only)
+and the pure ``runs`` stage can import the column names.
+
+Schema (``SCHEMA_VERSION`` = 15; numbered migrations in :data:`MIGRATIONS` are applied in
+order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
+
+- ``runs``: one row per run (key ``run_key``), kept until retention removes it: counts,
+  the primary stop denormalized, the sampling decision (``sampled``, ``sample_rule``,
+  ``sample_tool``); ``span_start_unix_nano`` / ``span_end_unix_nano``: the times of its
+  run span rows alone, so a move out of the run narrows its times to what is left.
+- ``staged_steps`` / ``steps``: decision and tool_result rows (same columns).
+- ``stops`` (primary, one per run, key ``run_key``; ``counted``: whether ``/metrics``
+  counted it; ``loop_tool``: the tool label its loop detection was counted under,
+  :func:`~loopwatch.collector.detect.loop_tool`) and ``stop_anomalies`` (``kind``:
+  ``duplicate_stop``, or ``replaced_stop`` for a primary stop a stronger one replaced,
+  with its own ``counted``).
+- ``run_tools``: tool-call count deltas per (run, tool, outcome, agent), append-only;
+  sum them.
+- ``canary_flags``: run ids or trace ids the redact stage flagged.
+- ``spans_seen``: 64-bit span id and low 64 bits of the trace id of each stored span,
+  and when it was stored (no index: append-only, pruned by time).
+- ``sample_quota``: runs kept per (hour, stop_reason, tool), append-only: each group that
+  keeps runs appends the new totals and the largest ``kept`` of a key is its count.
+- ``schema_version``: applied migrations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from ..detect import LOOP_DETECTORS
+from ..errors import SchemaTooNew
+
+if TYPE_CHECKING:
+    import duckdb
+
+__all__ = [
+    "ANOMALY_COLUMNS",
+    "ANOMALY_DUPLICATE",
+    "ANOMALY_REPLACED",
+    "MIGRATIONS",
+    "RUN_ATTR_FIELDS",
+    "RUN_COLUMNS",
+    "RUN_LIST_COLUMNS",
+    "SCHEMA_VERSION",
+    "SQL_DETECTORS",
+    "STEP_COLUMNS",
+    "STEP_FIELDS",
+    "STOP_COLUMNS",
+    "STOP_FIELDS",
+    "Migration",
+    "apply_migrations",
+    "key_list",
+    "run_key_of",
+]
+
+ANOMALY_DUPLICATE: Final = "duplicate_stop"
+ANOMALY_REPLACED: Final = "replaced_stop"
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One numbered schema change, applied in its own transaction."""
+
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+_STEP_TABLE_COLUMNS: Final = """(
+    run_key UBIGINT NOT NULL,
+    trace_id VARCHAR NOT NULL,
+    span_id VARCHAR NOT NULL,
+    run_id VARCHAR NOT NULL,
+    source VARCHAR NOT NULL,
+    kind VARCHAR NOT NULL,
+    step BIGINT,
+    start_unix_nano BIGINT NOT NULL,
+    end_unix_nano BIGINT NOT NULL,
+    status_code SMALLINT,
+    decision_type VARCHAR,
+    decision_fingerprint VARCHAR,
+    tool VARCHAR,
+    tool_call_id VARCHAR,
+    outcome VARCHAR,
+    risk VARCHAR,
+    error_type VARCHAR,
+    blocked_by VARCHAR,
+    failure_class VARCHAR,
+    action_fingerprint VARCHAR,
+    observation_digest VARCHAR,
+    progress BOOLEAN,
+    steps_since_progress BIGINT,
+    input_tokens BIGINT,
+    output_tokens BIGINT,
+    cost_usd DOUBLE,
+    arguments VARCHAR,
+    result VARCHAR,
+    received_unix_nano BIGINT NOT NULL
+)"""
+
+_STOP_COLUMNS_DDL: Final = """
+    run_key UBIGINT NOT NULL,
+    run_id VARCHAR NOT NULL,
+    trace_id VARCHAR NOT NULL,
+    span_id VARCHAR NOT NULL,
+    source VARCHAR NOT NULL,
+    origin VARCHAR NOT NULL,
+    stop_inferred BOOLEAN NOT NULL,
+    reason VARCHAR NOT NULL,
+    time_unix_nano BIGINT NOT NULL,
+    step BIGINT,
+    dimension VARCHAR,
+    limit_value DOUBLE,
+    observed DOUBLE,
+    basis VARCHAR,
+    evidence VARCHAR,
+    message VARCHAR,
+    steps_since_progress BIGINT,
+    usage_model_turns BIGINT,
+    usage_tool_attempts BIGINT,
+    usage_tool_successes BIGINT,
+    usage_tokens BIGINT,
+    usage_cost_usd DOUBLE,
+    usage_elapsed_seconds DOUBLE,
+    observe_reason VARCHAR,
+    observe_step BIGINT,
+    received_unix_nano BIGINT NOT NULL"""
+
+SQL_DETECTORS: Final = ", ".join(f"'{d}'" for d in sorted(LOOP_DETECTORS))
+_SQL_LOOP_EVIDENCE: Final = (
+    f"CASE WHEN reason IN ({SQL_DETECTORS}) THEN evidence "
+    f"WHEN observe_reason IN ({SQL_DETECTORS}) THEN observe_evidence END"
+)
+_SQL_LOOP_TOOL: Final = (
+    f"CASE WHEN json_valid({_SQL_LOOP_EVIDENCE}) THEN CASE WHEN "
+    f"json_type({_SQL_LOOP_EVIDENCE}, '$.tool') = 'VARCHAR' THEN "
+    f"json_extract_string({_SQL_LOOP_EVIDENCE}, '$.tool') END END"
+)
+
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(
+        1,
+        "runs, steps, stops, run_tools, canary flags, dedup keys, sampling quota",
+        (
+            """CREATE TABLE runs (
+                run_key UBIGINT PRIMARY KEY,
+                run_id VARCHAR NOT NULL,
+                trace_id VARCHAR NOT NULL,
+                run_span_id VARCHAR,
+                source VARCHAR NOT NULL,
+                agent VARCHAR,
+                agent_id VARCHAR,
+                conversation_id VARCHAR,
+                parent_run_id VARCHAR,
+                policy_name VARCHAR,
+                policy_version VARCHAR,
+                detector_version VARCHAR,
+                limits VARCHAR,
+                mode VARCHAR,
+                start_unix_nano BIGINT,
+                end_unix_nano BIGINT,
+                status_code SMALLINT,
+                steps BIGINT NOT NULL DEFAULT 0,
+                decisions BIGINT NOT NULL DEFAULT 0,
+                tool_calls BIGINT NOT NULL DEFAULT 0,
+                tool_errors BIGINT NOT NULL DEFAULT 0,
+                tool_blocked BIGINT NOT NULL DEFAULT 0,
+                tokens BIGINT NOT NULL DEFAULT 0,
+                stop_reason VARCHAR,
+                stop_origin VARCHAR,
+                stop_inferred BOOLEAN,
+                stop_unix_nano BIGINT,
+                sample_tool VARCHAR,
+                sampled BOOLEAN,
+                sample_rule VARCHAR,
+                decided_unix_nano BIGINT,
+                first_seen_unix_nano BIGINT NOT NULL,
+                last_seen_unix_nano BIGINT NOT NULL
+            )""",
+            "CREATE TABLE staged_steps " + _STEP_TABLE_COLUMNS,
+            "CREATE TABLE steps " + _STEP_TABLE_COLUMNS,
+            "CREATE TABLE stops (" + _STOP_COLUMNS_DDL + ", PRIMARY KEY (run_key))",
+            """CREATE TABLE run_tools (
+                run_key UBIGINT NOT NULL,
+                tool VARCHAR NOT NULL,
+                outcome VARCHAR NOT NULL,
+                calls BIGINT NOT NULL
+            )""",
+            """CREATE TABLE canary_flags (
+                run_id VARCHAR PRIMARY KEY,
+                first_seen_unix_nano BIGINT NOT NULL
+            )""",
+            """CREATE TABLE spans_seen (
+                span_key UBIGINT NOT NULL,
+                trace_key UBIGINT NOT NULL,
+                seen_unix_nano BIGINT NOT NULL,
+                PRIMARY KEY (span_key, trace_key)
+            )""",
+            """CREATE TABLE sample_quota (
+                hour_unix BIGINT NOT NULL,
+                stop_reason VARCHAR NOT NULL,
+                tool VARCHAR NOT NULL,
+                kept BIGINT NOT NULL,
+                PRIMARY KEY (hour_unix, stop_reason, tool)
+            )""",
+        ),
+    ),
+    Migration(
+        2,
+        "stop anomalies (duplicate stops of one run)",
+        (
+            "CREATE TABLE stop_anomalies (" + _STOP_COLUMNS_DDL + ", kind VARCHAR NOT NULL)",
+            "ALTER TABLE runs ADD COLUMN duplicate_stops BIGINT DEFAULT 0",
+        ),
+    ),
+    Migration(
+        3,
+        "canary hits by location (restores loopwatch_canary_detections_total)",
+        (
+            """CREATE TABLE canary_hits (
+                location VARCHAR NOT NULL,
+                hits BIGINT NOT NULL,
+                received_unix_nano BIGINT NOT NULL
+            )""",
+        ),
+    ),
+    Migration(
+        4,
+        "spans_seen without its primary key (dedup checks moved to memory)",
+        (
+            """CREATE TABLE spans_seen_v4 (
+                span_key UBIGINT NOT NULL,
+                trace_key UBIGINT NOT NULL,
+                seen_unix_nano BIGINT NOT NULL
+            )""",
+            "INSERT INTO spans_seen_v4 SELECT span_key, trace_key, seen_unix_nano "
+            "FROM spans_seen ORDER BY seen_unix_nano",
+            "DROP TABLE spans_seen",
+            "ALTER TABLE spans_seen_v4 RENAME TO spans_seen",
+        ),
+    ),
+    Migration(
+        5,
+        "sample_quota append-only (the primary-key upsert cost 10-20 ms per group commit)",
+        (
+            """CREATE TABLE sample_quota_v5 (
+                hour_unix BIGINT NOT NULL,
+                stop_reason VARCHAR NOT NULL,
+                tool VARCHAR NOT NULL,
+                kept BIGINT NOT NULL
+            )""",
+            "INSERT INTO sample_quota_v5 SELECT hour_unix, stop_reason, tool, kept "
+            "FROM sample_quota",
+            "DROP TABLE sample_quota",
+            "ALTER TABLE sample_quota_v5 RENAME TO sample_quota",
+        ),
+    ),
+    Migration(
+        6,
+        "run_tools.agent: the agent a tool call was counted under when it was stored",
+        ("ALTER TABLE run_tools ADD COLUMN agent VARCHAR",),
+    ),
+    Migration(
+        7,
+        "observe_evidence: what observe mode would have stopped, beside the real stop's",
+        (
+            "ALTER TABLE stops ADD COLUMN observe_evidence VARCHAR",
+            "ALTER TABLE stop_anomalies ADD COLUMN observe_evidence VARCHAR",
+            # Schema 6 stored it in place of a completed run's evidence: move it back.
+            *(
+                f"UPDATE {table} SET observe_evidence = evidence, evidence = NULL "
+                "WHERE reason = 'completed' AND observe_reason IS NOT NULL "
+                "AND CASE WHEN json_valid(evidence) THEN "
+                "json_extract_string(evidence, '$.detector') END = observe_reason"
+                for table in ("stops", "stop_anomalies")
+            ),
+        ),
+    ),
+    Migration(
+        8,
+        "stops.agent: the agent a stop was counted under when it was stored",
+        (
+            "ALTER TABLE stops ADD COLUMN agent VARCHAR",
+            "ALTER TABLE stop_anomalies ADD COLUMN agent VARCHAR",
+        ),
+    ),
+    Migration(
+        9,
+        "stops.counted: whether /metrics counted the stop; replaced stops kept as anomalies",
+        (
+            "ALTER TABLE stops ADD COLUMN counted BOOLEAN",
+            "ALTER TABLE stop_anomalies ADD COLUMN counted BOOLEAN",
+            # Schema 8 restored every primary stop and no anomaly: keep those totals.
+            "UPDATE stops SET counted = true",
+            "UPDATE stop_anomalies SET counted = false",
+        ),
+    ),
+    Migration(
+        10,
+        "stops.counted NOT NULL: a NULL would drop a stop from the restored totals unseen",
+        # Its own transaction: DuckDB 1.5 refuses SET NOT NULL on a table with an index
+        # while the UPDATE that filled the column is uncommitted.
+        (
+            "ALTER TABLE stops ALTER COLUMN counted SET NOT NULL",
+            "ALTER TABLE stop_anomalies ALTER COLUMN counted SET NOT NULL",
+        ),
+    ),
+    Migration(
+        11,
+        "stops.loop_tool (the detection's tool label, counted live); pruned_stops and "
+        "pruned_tool_calls: totals of runs removed by retention",
+        (
+            *(
+                statement
+                for table in ("stops", "stop_anomalies")
+                for statement in (
+                    f"ALTER TABLE {table} ADD COLUMN loop_tool VARCHAR",
+                    # Rows stored before: the live rule (detect.loop_tool) in SQL, and
+                    # evidence that is not JSON names no tool instead of failing.
+                    f"UPDATE {table} SET loop_tool = {_SQL_LOOP_TOOL}",
+                )
+            ),
+            """CREATE TABLE pruned_stops (
+                agent VARCHAR NOT NULL,
+                reason VARCHAR NOT NULL,
+                step BIGINT NOT NULL,
+                steps_since_progress BIGINT NOT NULL,
+                observe_reason VARCHAR,
+                loop_tool VARCHAR,
+                stops BIGINT NOT NULL,
+                pruned_unix_nano BIGINT NOT NULL
+            )""",
+            """CREATE TABLE pruned_tool_calls (
+                agent VARCHAR NOT NULL,
+                tool VARCHAR NOT NULL,
+                outcome VARCHAR NOT NULL,
+                calls BIGINT NOT NULL,
+                pruned_unix_nano BIGINT NOT NULL
+            )""",
+        ),
+    ),
+    Migration(
+        12,
+        "metric_labels: the agent and tool label values /metrics admitted, in order",
+        (
+            """CREATE TABLE metric_labels (
+                kind VARCHAR NOT NULL,
+                label VARCHAR NOT NULL,
+                admitted BIGINT NOT NULL,
+                PRIMARY KEY (kind, label)
+            )""",
+        ),
+    ),
+    Migration(
+        13,
+        "runs.span_start_unix_nano / span_end_unix_nano: the times of the run spans alone",
+        (
+            "ALTER TABLE runs ADD COLUMN span_start_unix_nano BIGINT",
+            "ALTER TABLE runs ADD COLUMN span_end_unix_nano BIGINT",
+            # Rows stored before: their times so far stand in for their spans', so a
+            # later move never narrows them (as before this schema).
+            "UPDATE runs SET span_start_unix_nano = start_unix_nano, "
+            "span_end_unix_nano = end_unix_nano",
+        ),
+    ),
+    Migration(
+        14,
+        "pruned_stops.steps_since_progress nullable: a stop that does not say it is not "
+        "observed as 0 steps since progress",
+        ("ALTER TABLE pruned_stops ALTER COLUMN steps_since_progress DROP NOT NULL",),
+    ),
+    Migration(
+        15,
+        "drop the tables that restored /metrics totals at start (counters start from zero)",
+        tuple(
+            f"DROP TABLE {table}"
+            for table in ("metric_labels", "canary_hits", "pruned_stops", "pruned_tool_calls")
+        ),
+    ),
+)
+
+SCHEMA_VERSION: Final = MIGRATIONS[-1].version
+
+
+def apply_migrations(con: duckdb.DuckDBPyConnection, *, target: int | None = None) -> int:
+    """Bring a database to ``target`` (default: :data:`SCHEMA_VERSION`); return its version.
+
+    Each migration runs in its own transaction with its ``schema_version`` row, so a
+    crash mid-upgrade leaves the file at the previous version.
+
+    Raises:
+        SchemaTooNew: the file's version is above what this code knows.
+        duckdb.Error: a migration failed (the transaction is rolled back).
+    """
+    goal = SCHEMA_VERSION if target is None else target
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS schema_version ("
+        "version INTEGER PRIMARY KEY, description VARCHAR NOT NULL, "
+        "applied_unix_nano BIGINT NOT NULL)"
+    )
+    row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+    current = int(row[0]) if row is not None and row[0] is not None else 0
+    if current > SCHEMA_VERSION:
+        raise SchemaTooNew(current, SCHEMA_VERSION)
+    for migration in MIGRATIONS:
+        if migration.version <= current or migration.version > goal:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for statement in migration.statements:
+                con.execute(statement)
+            con.execute(
+                "INSERT INTO schema_version VALUES (?, ?, ?)",
+                [migration.version, migration.description, time.time_ns()],
+            )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        current = migration.version
+    return current
+
+
+STEP_FIELDS: Final = (
+    "trace_id",
+    "span_id",
+    "run_id",
+    "source",
+    "kind",
+    "step",
+    "start_unix_nano",
+    "end_unix_nano",
+    "status_code",
+    "decision_type",
+    "decision_fingerprint",
+    "tool",
+    "tool_call_id",
+    "outcome",
+    "risk",
+    "error_type",
+    "blocked_by",
+    "failure_class",
+    "action_fingerprint",
+    "observation_digest",
+    "progress",
+    "steps_since_progress",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "arguments",
+    "result",
+)
+STEP_COLUMNS: Final = ("run_key", *STEP_FIELDS, "received_unix_nano")
+STOP_FIELDS: Final = (
+    "run_id",
+    "trace_id",
+    "span_id",
+    "source",
+    "origin",
+    "stop_inferred",
+    "reason",
+    "time_unix_nano",
+    "step",
+    "dimension",
+    "limit_value",
+    "observed",
+    "basis",
+    "evidence",
+    "message",
+    "steps_since_progress",
+    "usage_model_turns",
+    "usage_tool_attempts",
+    "usage_tool_successes",
+    "usage_tokens",
+    "usage_cost_usd",
+    "usage_elapsed_seconds",
+    "observe_reason",
+    "observe_step",
+    "observe_evidence",
+    "agent",
+)
+# Table order: columns added by a migration come after ``received_unix_nano`` (and after
+# ``kind`` in stop_anomalies), in migration order.
+STOP_LATE: Final = 2  # observe_evidence (schema 7), agent (schema 8)
+STOP_COLUMNS: Final = (
+    "run_key",
+    *STOP_FIELDS[:-STOP_LATE],
+    "received_unix_nano",
+    *STOP_FIELDS[-STOP_LATE:],
+    "counted",  # schema 9; not a StopRow field
+    "loop_tool",  # schema 11; detect.loop_tool of the row
+)
+AFTER_RECEIVED: Final = STOP_LATE + 2
+ANOMALY_COLUMNS: Final = (
+    *STOP_COLUMNS[:-AFTER_RECEIVED],
+    "kind",
+    *STOP_COLUMNS[-AFTER_RECEIVED:],
+)
+
+RUN_ATTR_FIELDS: Final = (
+    "agent",
+    "agent_id",
+    "conversation_id",
+    "parent_run_id",
+    "policy_name",
+    "policy_version",
+    "detector_version",
+    "limits",
+    "mode",
+)
+RUN_COLUMNS: Final = (
+    "run_key",
+    "run_id",
+    "trace_id",
+    "run_span_id",
+    "source",
+    *RUN_ATTR_FIELDS,
+    "start_unix_nano",
+    "end_unix_nano",
+    "status_code",
+    "steps",
+    "decisions",
+    "tool_calls",
+    "tool_errors",
+    "tool_blocked",
+    "tokens",
+    "stop_reason",
+    "stop_origin",
+    "stop_inferred",
+    "stop_unix_nano",
+    "sample_tool",
+    "sampled",
+    "sample_rule",
+    "decided_unix_nano",
+    "first_seen_unix_nano",
+    "last_seen_unix_nano",
+    "duplicate_stops",
+    "span_start_unix_nano",  # schema 13
+    "span_end_unix_nano",
+)
+COUNT_COLUMNS: Final = ("decisions", "tool_calls", "tool_errors", "tool_blocked", "tokens")
+INT_FIELDS: Final = frozenset(
+    {
+        "step",
+        "start_unix_nano",
+        "end_unix_nano",
+        "status_code",
+        "steps_since_progress",
+        "input_tokens",
+        "output_tokens",
+        "time_unix_nano",
+        "usage_model_turns",
+        "usage_tool_attempts",
+        "usage_tool_successes",
+        "usage_tokens",
+        "observe_step",
+        "received_unix_nano",
+        "steps",
+        *COUNT_COLUMNS,
+        "stop_unix_nano",
+        "first_seen_unix_nano",
+        "last_seen_unix_nano",
+        "calls",
+        "seen_unix_nano",
+        "decided_unix_nano",
+        "kept",
+        "hour_unix",
+        "duplicate_stops",
+        "hits",
+        "span_start_unix_nano",
+        "span_end_unix_nano",
+    }
+)
+FLOAT_FIELDS: Final = frozenset(
+    {"cost_usd", "limit_value", "observed", "usage_cost_usd", "usage_elapsed_seconds"}
+)
+BOOL_FIELDS: Final = frozenset({"progress", "stop_inferred", "sampled"})
+UINT_FIELDS: Final = frozenset({"span_key", "trace_key", "run_key"})
+
+_NOT_LISTED: Final = frozenset(
+    {"run_key", "run_span_id", "detector_version", "limits", "decided_unix_nano"}
+    | {"last_seen_unix_nano", "span_start_unix_nano", "span_end_unix_nano"}
+)
+RUN_LIST_COLUMNS: Final = tuple(c for c in RUN_COLUMNS if c not in _NOT_LISTED)
+"""The columns of ``runs`` a run list returns (``StoreReader.list_runs``, ``/api/v1/runs``)."""
+
+RUN_ORDERS: Final = ("time", "first_seen")
+"""Orders of :meth:`StoreReader.list_runs` (and ``order`` of ``/api/v1/runs``)."""
+
+
+def run_key_of(run_id: str) -> int:
+    """64-bit key of a run id (blake2b); the runs and stops primary key."""
+    digest = hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def key_list(keys: Iterable[int]) -> str:
+    """Render run keys as a literal SQL list.
+
+    DuckDB answers a literal integer ``IN (...)`` list with primary-key index lookups,
+    while a bound list parameter or a join scans the table: this keeps per-commit cost
+    flat as tables grow. Only ints computed here are rendered, never client text.
+    """
+    return ",".join(str(int(k)) for k in keys) or "NULL"
