@@ -11,9 +11,9 @@ or ``error``): the agent was not stopped, and the record says so.
 Rules:
 
 - One guard per *run*, not per trace: a trace may hold several agents (nested or side by
-  side), and each agent's calls are judged alone. A call filed under its trace before
-  its agent span arrived (spans export when they end, children first) moves to the agent
-  run with the map stage's :class:`~loopwatch.collector.rows.RunReassignment`.
+  side), and each agent's calls are judged alone. A call that arrived before its agent
+  span (spans export when they end, children first) is held by the map stage and
+  reaches this stage once, released with its agent run's id.
 - Calls are replayed in span start-time order, not arrival order: a request retried
   after a later one succeeded must not turn A-B-A-B into A-A-B-B.
 - The verdict is taken when the run's stop is inferred, over all of its calls seen by
@@ -28,16 +28,17 @@ Rules:
   as stored (numbered per trace by the map stage), so they point at the rows the run
   view shows.
 - Per-step annotations (fingerprint, digest, progress, steps since progress) are the
-  arrival guard's: for a call filed under its trace before its agent span came, or one
-  that arrived out of order, ``progress`` and ``steps_since_progress`` are its view then
-  (stored rows are not rewritten); the verdict is not affected.
+  arrival guard's: for a call that arrived out of order, ``progress`` and
+  ``steps_since_progress`` are its view then (stored rows are not rewritten); the
+  verdict is not affected.
 
 State is bounded: at most ``max_open_runs`` runs, ``max_held_calls`` calls and
 ``max_held_bytes`` of their argument and result text are held (least recently seen
 runs are forgotten first: their verdict is lost), each run keeping its latest
 :data:`MAX_CALLS_PER_RUN` calls; a judged run's late calls are not held. Kept in memory
 only: a collector restarted in the middle of a run judges the calls it sees after the
-restart.
+restart. A request refused before its commit is taken back (:meth:`DetectStage.undo`):
+its retry is annotated and judged as the first attempt was.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ MAX_CALLS_PER_RUN: Final = 4096
 """Tool calls kept per run (the latest) for a replay in start order; the guard fed on
 arrival has seen them all."""
 _JUDGED_MEMORY: Final = 10_000
+_UNDO_MEMORY: Final = 64  # judged runs whose calls are kept for undo()
 _NOT_CAPTURED: Final = "loopwatch.not_captured"
 
 
@@ -253,12 +255,13 @@ def _text_bytes(call: _Call) -> int:
 class _RunReplay:
     """One run's calls (latest first out when over the cap) and its arrival guard."""
 
-    __slots__ = ("arrival", "calls", "fed", "in_order", "policy", "run_id")
+    __slots__ = ("arrival", "calls", "fed", "in_order", "notes", "policy", "run_id")
 
     def __init__(self, policy: Policy, run_id: str) -> None:
         self.policy = policy
         self.run_id = run_id
         self.calls: OrderedDict[str, _Call] = OrderedDict()  # in arrival order
+        self.notes: dict[str, _Annotation] = {}  # by span id, for a resent call
         self.arrival = _Feeder(policy, run_id)
         self.fed: tuple[int, str] | None = None  # latest start order fed
         self.in_order = True  # every call arrived after the ones before it, none left
@@ -279,12 +282,6 @@ class _RunReplay:
             dropped.append(self.calls.popitem(last=False)[1])
             self.in_order = False  # a replay could not see what the arrival guard saw
         return self.arrival.feed(call), dropped
-
-    def remove(self, span_id: str) -> _Call | None:
-        call = self.calls.pop(span_id, None)
-        if call is not None:
-            self.in_order = False  # the arrival guard saw a call that is not this run's
-        return call
 
     def verdict_feeder(self) -> _Feeder:
         """The arrival guard when it saw exactly this run's calls in start order, else a
@@ -341,6 +338,7 @@ class DetectStage:
         self._max_bytes = max_held_bytes
         self._runs: OrderedDict[tuple[str, str], _RunReplay] = OrderedDict()
         self._judged: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._undo: OrderedDict[tuple[str, str], _RunReplay] = OrderedDict()
         self._held_calls = 0
         self._held_bytes = 0
         self._lock = threading.Lock()
@@ -371,12 +369,32 @@ class DetectStage:
             self._held_bytes -= _text_bytes(call)
 
     def _add(self, replay: _RunReplay, call: _Call) -> _Annotation | None:
+        span_id = call.order[1]
+        if span_id in replay.notes:
+            return replay.notes[span_id]  # resent (a retry): the first annotation
         note, dropped = replay.add(call)
         if note is not None:
+            replay.notes[span_id] = note
             self._held_calls += 1
             self._held_bytes += _text_bytes(call)
+        for old in dropped:
+            replay.notes.pop(old.order[1], None)
         self._release(dropped)
         return note
+
+    def undo(self, batch: MappedBatch) -> None:
+        """Take back the verdicts ``batch`` took: it was refused before its commit, and
+        its retry must be judged again (over the same calls, annotated as before). Only
+        the :data:`_UNDO_MEMORY` latest judged runs can be taken back."""
+        with self._lock:
+            for stop in batch.stops:
+                key = (stop.trace_id, stop.run_id)
+                replay = self._undo.pop(key, None)
+                if replay is not None and stop.origin == STOP_ORIGIN_INFERRED:
+                    self._judged.pop(key, None)
+                    self._runs[key] = replay
+                    self._held_calls += len(replay.calls)
+                    self._held_bytes += sum(map(_text_bytes, replay.calls.values()))
 
     def _evict(self, keep: set[tuple[str, str]]) -> None:
         """Forget the least recently seen runs (but those of the batch at hand) while any
@@ -400,10 +418,9 @@ class DetectStage:
     def process(self, batch: MappedBatch) -> MappedBatch:
         """Annotate third-party tool steps and inferred stops in place.
 
-        Order within a batch: the map stage's reassignments move earlier calls to their
-        agent run (in start order); the batch's calls join their runs and get their
-        arrival guard's annotations; each inferred stop takes its run's verdict and ends
-        the run's state.
+        Order within a batch: the batch's calls join their runs and get their arrival
+        guard's annotations; each inferred stop takes its run's verdict and ends the
+        run's state.
 
         Returns:
             The same batch. :attr:`detections` holds the loop detections of the last
@@ -411,18 +428,6 @@ class DetectStage:
         """
         detections: list[Detection] = []
         with self._lock:
-            for move in batch.reassignments:
-                source = self._runs.get((move.trace_id, move.from_run_id))
-                if source is None:
-                    continue
-                moved = [c for c in map(source.remove, move.span_ids) if c is not None]
-                self._release(moved)
-                if move.to_run_id is not None:
-                    target = self._replay(move.trace_id, move.to_run_id)
-                    for call in sorted(moved, key=lambda c: c.order):
-                        self._add(target, call)
-                if not source.calls:
-                    self._runs.pop((move.trace_id, move.from_run_id), None)
             touched: set[tuple[str, str]] = set()
             for row in [row for row in batch.steps if _is_third_party_call(row)]:
                 key = (row.trace_id, row.run_id)
@@ -456,6 +461,9 @@ class DetectStage:
         self._judged[key] = None
         while len(self._judged) > _JUDGED_MEMORY:
             self._judged.popitem(last=False)
+        self._undo[key] = replay
+        while len(self._undo) > _UNDO_MEMORY:
+            self._undo.popitem(last=False)
         self._release(replay.calls.values())
         if not replay.calls:
             return

@@ -19,8 +19,13 @@ Third-party runs (``source`` ``genai`` or ``openinference``):
   ``AGENT`` spans are runs. Other spans (``CHAIN``, workflow spans) only link ancestry.
 - Run id: the nearest ancestor agent span's id; the trace id when the trace has none.
   Spans export when they end, so children arrive before their agent span, often in an
-  earlier request. Such a step is filed under the trace id and, when the agent span
-  arrives, a :class:`RunReassignment` moves it to the agent run.
+  earlier request. Such a step is *pending* (:attr:`MappedBatch.pending`): held here,
+  stored by the store as pending (durable, not counted), and released as a final step
+  (:attr:`MappedBatch.released`) once its run is known: to its agent run when the agent
+  span arrives; to the trace-level run (run id = trace id) when the trace's root span
+  ends, when the trace is evicted, or after ``max_idle_seconds`` without a span of the
+  trace (checked whenever a request is mapped); to no run when the trace turns out to be
+  a loopwatch trace (:attr:`MappedBatch.discarded`).
 - Steps are numbered per trace in span start-time order within a request and in arrival
   order across requests: each model call opens a step and the tool calls after it share
   that step; with no model-call span in the trace, each tool call is its own step. A
@@ -30,23 +35,24 @@ Third-party runs (``source`` ``genai`` or ``openinference``):
   ERROR. A later ``detect`` stage may replace it (:meth:`MappedBatch.replace_stop`).
 - Fingerprints, observation digests and loop detections are not computed here:
   :meth:`MappedBatch.third_party_tool_steps` is the seam for the ``detect`` stage. A
-  detect stage keeping per-run state across requests should key third-party state by
-  trace id, or follow :attr:`MappedBatch.reassignments`: a run's first steps may carry
-  the trace id as run id until its agent span arrives.
+  step reaches the detect stage once, with its final run id (pending steps do not).
 
 State and bounds: third-party numbering and ancestry need memory across requests, kept
 per trace in an LRU of ``max_open_traces`` traces, each remembering at most
 ``max_spans_per_trace`` span parents and step numbers; a trace's state is dropped when its
-root span ends.
-An evicted trace restarts its numbering and cannot reassign its earlier steps. Per-span
-work is constant; :meth:`MapStage.process` is thread-safe (one lock per call).
+root span ends. An evicted trace restarts its numbering. After a restart,
+:meth:`MapStage.restore` takes back the pending steps the store holds. Per-span work is
+constant (plus one pass over the trace's pending steps); :meth:`MapStage.process` is
+thread-safe (one lock per call).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from loopwatch.instrumentation import _semconv as sc
@@ -86,7 +92,6 @@ from .rows import (
     STOP_ORIGIN_RUN_SPAN,
     STOP_ORIGIN_STOP_SPAN,
     MappedBatch,
-    RunReassignment,
     RunRow,
     StepRow,
     StopRow,
@@ -166,10 +171,11 @@ def premap(batch: SpanBatch) -> PartialMap:
 class _TraceState:
     parents: dict[str, str] = field(default_factory=dict)
     agents: set[str] = field(default_factory=set)
-    provisional: set[str] = field(default_factory=set)
+    held: dict[str, StepRow] = field(default_factory=dict)  # pending steps by span id
     step: int = 0
     saw_model_call: bool = False
     numbered: dict[str, int] = field(default_factory=dict)  # step of each span mapped
+    seen: float = 0.0  # clock() when a span of the trace was last mapped
 
 
 class MapStage:
@@ -178,7 +184,11 @@ class MapStage:
     Args:
         max_open_traces: third-party traces whose ancestry and step numbering are
             remembered across requests (LRU); also bounds the loopwatch-trace memory.
-        max_spans_per_trace: span parents (and step numbers) remembered per open trace.
+        max_spans_per_trace: span parents, step numbers and pending steps remembered per
+            open trace (a step past it is not held: it goes to the trace-level run).
+        max_idle_seconds: a trace with no span for this long is forgotten, its pending
+            steps released to the trace-level run.
+        clock: monotonic clock in seconds.
 
     Raises:
         ValueError: a bound is not a positive integer.
@@ -191,7 +201,14 @@ class MapStage:
 
     name = "map"
 
-    def __init__(self, *, max_open_traces: int = 10_000, max_spans_per_trace: int = 10_000) -> None:
+    def __init__(
+        self,
+        *,
+        max_open_traces: int = 10_000,
+        max_spans_per_trace: int = 10_000,
+        max_idle_seconds: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_open_traces < 1:
             raise ValueError("max_open_traces must be >= 1")
         if max_spans_per_trace < 1:
@@ -200,6 +217,8 @@ class MapStage:
         self._max_spans = max_spans_per_trace
         self._traces: OrderedDict[str, _TraceState] = OrderedDict()
         self._loopwatch_traces: OrderedDict[str, None] = OrderedDict()
+        self._max_idle = max_idle_seconds
+        self._clock = clock
         self._lock = threading.Lock()
 
     @property
@@ -220,49 +239,100 @@ class MapStage:
         """Complete a :func:`premap` result with this stage's cross-batch state.
 
         Loopwatch traces are remembered (a third-party span of one is not mapped twice,
-        and rows filed provisionally under it are reassigned); third-party spans are
-        mapped, as they need the run structure seen in earlier batches.
+        and its pending steps are discarded); third-party spans are mapped, as they need
+        the run structure seen in earlier batches; pending steps are released.
 
         Returns:
             ``partial.mapped``, completed in place.
         """
         out = partial.mapped
         with self._lock:
+            now = self._clock()
             for trace_id in partial.loopwatch_traces:
-                self._mark_loopwatch(trace_id, out)
+                _remember(self._loopwatch_traces, trace_id, self._max_traces)
+                state = self._traces.pop(trace_id, None)
+                if state is not None:
+                    out.discarded += state.held.values()
             for trace_id, spans in partial.third_party.items():
                 if trace_id in partial.loopwatch_traces or trace_id in self._loopwatch_traces:
                     out.spans_unmapped += len(spans)
                     continue
-                out.spans_unmapped += self._map_third_party(trace_id, spans, out)
+                out.spans_unmapped += self._map_third_party(trace_id, spans, out, now)
+            while self._traces:
+                trace_id, state = next(iter(self._traces.items()))
+                if now - state.seen < self._max_idle:
+                    break
+                self._forget(trace_id, out)
+        # A step held and released by the same request is an ordinary step of it.
+        same = {(r.trace_id, r.span_id) for r, _ in out.pending} & out.released
+        if same:
+            out.pending = [p for p in out.pending if (p[0].trace_id, p[0].span_id) not in same]
+            out.released -= same
         return out
 
-    def _mark_loopwatch(self, trace_id: str, out: MappedBatch) -> None:
-        self._loopwatch_traces[trace_id] = None
-        self._loopwatch_traces.move_to_end(trace_id)
-        while len(self._loopwatch_traces) > self._max_traces:
-            self._loopwatch_traces.popitem(last=False)
-        state = self._traces.pop(trace_id, None)
-        if state is not None and state.provisional:
-            out.reassignments.append(
-                RunReassignment(trace_id, tuple(sorted(state.provisional)), trace_id, None)
-            )
+    def restore(self, pending: Iterable[tuple[StepRow, str]]) -> MappedBatch:
+        """Hold again the pending steps the store kept (``(step, parent span id)``, in
+        the order they were stored), after a restart.
 
-    def _state(self, trace_id: str) -> _TraceState:
+        Returns:
+            The steps released at once (their trace evicted by the bounds), to submit.
+        """
+        out = MappedBatch()
+        with self._lock:
+            now = self._clock()
+            for row, parent in pending:
+                state = self._state(row.trace_id, out, now)
+                if parent:
+                    state.parents.setdefault(row.span_id, parent)
+                state.numbered.setdefault(row.span_id, row.step or 0)
+                state.step = max(state.step, row.step or 0)
+                if len(state.held) < self._max_spans:
+                    state.held[row.span_id] = row
+                else:
+                    out.steps.append(row)
+                    out.released.add((row.trace_id, row.span_id))
+        return out
+
+    def undo(self, mapped: MappedBatch) -> None:
+        """Hold again the pending steps ``mapped`` released or discarded: it was refused
+        before its commit, so their pending rows are still stored, and its retry must
+        release them again (to the run they were released to, unless its ancestry now
+        names another). A trace evicted by the bounds meanwhile leaves them stored,
+        held again after the next restart."""
+        rows = [s for s in mapped.steps if (s.trace_id, s.span_id) in mapped.released]
+        with self._lock:
+            now, scratch = self._clock(), MappedBatch()
+            for row in [*rows, *mapped.discarded]:
+                self._state(row.trace_id, scratch, now).held[row.span_id] = row
+
+    def _release(self, state: _TraceState, span_id: str, run_id: str, out: MappedBatch) -> None:
+        row = state.held.pop(span_id)
+        out.steps.append(row if row.run_id == run_id else replace(row, run_id=run_id))
+        out.released.add((row.trace_id, span_id))
+
+    def _forget(self, trace_id: str, out: MappedBatch) -> None:
+        """Drop a trace's state, releasing its pending steps to its trace-level run."""
+        state = self._traces.pop(trace_id)
+        for span_id in list(state.held):
+            self._release(state, span_id, trace_id, out)
+
+    def _state(self, trace_id: str, out: MappedBatch, now: float) -> _TraceState:
         state = self._traces.get(trace_id)
         if state is None:
             state = self._traces[trace_id] = _TraceState()
             while len(self._traces) > self._max_traces:
-                self._traces.popitem(last=False)
+                self._forget(next(iter(self._traces)), out)
         else:
             self._traces.move_to_end(trace_id)
+        state.seen = now
         return state
 
-    def _map_third_party(self, trace_id: str, spans: list[SpanRecord], out: MappedBatch) -> int:
-        state = self._state(trace_id)
+    def _map_third_party(
+        self, trace_id: str, spans: list[SpanRecord], out: MappedBatch, now: float
+    ) -> int:
+        state = self._state(trace_id, out, now)
         spans.sort(key=lambda s: (s.start_unix_nano, s.span_id))
         kinds = [_third_party_kind(s.attributes) for s in spans]
-        new_agents: list[str] = []
         for span, kind in zip(spans, kinds, strict=True):
             if span.parent_span_id and (
                 span.span_id in state.parents or len(state.parents) < self._max_spans
@@ -270,18 +340,13 @@ class MapStage:
                 state.parents[span.span_id] = span.parent_span_id
             if kind == _AGENT and span.span_id not in state.agents:
                 state.agents.add(span.span_id)
-                new_agents.append(span.span_id)
-        if new_agents and state.provisional:
-            moves: dict[str, list[str]] = {}
-            for span_id in state.provisional:
-                run_id = _resolve(state, state.parents.get(span_id, ""))
-                if run_id is not None:
-                    moves.setdefault(run_id, []).append(span_id)
-            for run_id, span_ids in moves.items():
-                state.provisional.difference_update(span_ids)
-                out.reassignments.append(
-                    RunReassignment(trace_id, tuple(sorted(span_ids)), trace_id, run_id)
-                )
+        for span_id, row in list(state.held.items()):
+            # A row taken back by undo() keeps the run it was released to.
+            run_id = _resolve(state, state.parents.get(span_id, "")) or (
+                None if row.run_id == trace_id else row.run_id
+            )
+            if run_id is not None:
+                self._release(state, span_id, run_id, out)
         unmapped = 0
         ended_runs: list[tuple[SpanRecord, str, str]] = []
         root: tuple[SpanRecord, int] | None = None
@@ -294,10 +359,8 @@ class MapStage:
                 out.runs.append(_agent_run_row(span, span.span_id, source, parent_run))
                 ended_runs.append((span, span.span_id, source))
             elif kind in (_MODEL, _TOOL):
-                run_id = _resolve(state, span.parent_span_id)
-                if run_id is None:
-                    run_id = trace_id
-                    state.provisional.add(span.span_id)
+                found = _resolve(state, span.parent_span_id)
+                run_id = trace_id if found is None else found
                 # A resent span (a client retry) keeps its number: the store drops it as a
                 # duplicate, and a new number would leave a gap in the run's steps.
                 step = state.numbered.get(span.span_id)
@@ -306,30 +369,41 @@ class MapStage:
                     if step is None:
                         state.step += 1
                         step = state.step
-                    out.steps.append(_third_party_decision(span, run_id, source, step))
+                    row = _third_party_decision(span, run_id, source, step)
                 else:
                     if step is None:
                         if not state.saw_model_call or state.step == 0:
                             state.step += 1
                         step = state.step
-                    out.steps.append(_third_party_tool(span, run_id, source, step))
+                    row = _third_party_tool(span, run_id, source, step)
+                if found is None and len(state.held) < self._max_spans:
+                    state.held[span.span_id] = row
+                    out.pending.append((row, span.parent_span_id))
+                else:
+                    out.steps.append(row)
                 if len(state.numbered) < self._max_spans:
                     state.numbered[span.span_id] = step
             elif kind == _OTHER and span.parent_span_id:
                 unmapped += 1
         if root is not None:
             span, kind = root
-            if kind != _AGENT and (not state.agents or state.provisional):
+            if kind != _AGENT and (not state.agents or state.held):
                 source = _third_party_source(span.attributes)
                 out.runs.append(_agent_run_row(span, trace_id, source, None))
                 ended_runs.append((span, trace_id, source))
             elif kind == _OTHER:
                 unmapped += 1
+            self._forget(trace_id, out)
         for span, run_id, source in ended_runs:
             out.stops.append(_inferred_stop(span, run_id, source, state.step))
-        if root is not None:
-            self._traces.pop(trace_id, None)
         return unmapped
+
+
+def _remember(seen: OrderedDict[str, None], trace_id: str, bound: int) -> None:
+    seen[trace_id] = None
+    seen.move_to_end(trace_id)
+    while len(seen) > bound:
+        seen.popitem(last=False)
 
 
 def _third_party_source(attrs: Attributes) -> str:

@@ -8,8 +8,9 @@ redacted) and returns a :class:`MappedBatch` of rows for the store:
   and merges the rest (the run span's fields win; times widen over steps and stops).
 - :class:`StepRow`: a ``decision`` (model call) or a ``tool_result`` (tool call).
 - :class:`StopRow`: how a run ended, with the :data:`STOP_ORIGINS` precedence below.
-- :class:`RunReassignment`: third-party steps first filed under their trace, moved to the
-  agent run once its span arrives (see "Third-party runs").
+- pending steps: third-party steps whose agent run is not known yet, held by the map
+  stage and kept durably by the store until they are released as final steps
+  (:attr:`MappedBatch.pending`, :attr:`MappedBatch.released`).
 
 Every row carries the ``(trace_id, span_id)`` of the span it came from: that pair is the
 idempotency key the store deduplicates client retries with.
@@ -46,7 +47,6 @@ __all__ = [
     "STOP_ORIGIN_STOP_SPAN",
     "UNKNOWN_AGENT",
     "MappedBatch",
-    "RunReassignment",
     "RunRow",
     "StepRow",
     "StopRow",
@@ -219,30 +219,18 @@ class StopRow:
 
 
 @pickled_as_tuple
-@dataclass(frozen=True, slots=True)
-class RunReassignment:
-    """Move third-party steps filed under their trace id to the agent run found later.
-
-    Attributes:
-        trace_id: the trace; ``from_run_id`` is the trace-level run id (the trace id).
-        span_ids: the steps' span ids.
-        to_run_id: the agent run, or ``None`` to drop the steps (the trace turned out to
-            be a loopwatch trace, whose own spans describe the run).
-    """
-
-    trace_id: str
-    span_ids: tuple[str, ...]
-    from_run_id: str
-    to_run_id: str | None
-
-
-@pickled_as_tuple
 @dataclass(slots=True)
 class MappedBatch:
     """The rows mapped from one :class:`SpanBatch`; what the store commits as one unit.
 
     Attributes:
-        runs / steps / stops / reassignments: mapped rows, in span order.
+        runs / steps / stops: mapped rows, in span order.
+        pending: third-party steps whose agent run is not known yet (``run_id`` is the
+            trace id), with their span's parent id. Stored as pending, not counted: the
+            map stage releases each later as a final step.
+        released: span keys of ``steps`` that are pending steps of earlier requests,
+            released now as final steps; ``discarded``: pending steps released to no
+            run (their trace turned out to be a loopwatch trace).
         canary_run_ids: run ids (or trace ids) the redact stage flagged.
         spans_in: spans in the input batch; ``spans_unmapped``: those yielding no row.
         transport: the receiving transport (metric label).
@@ -251,7 +239,9 @@ class MappedBatch:
     runs: list[RunRow] = field(default_factory=list)
     steps: list[StepRow] = field(default_factory=list)
     stops: list[StopRow] = field(default_factory=list)
-    reassignments: list[RunReassignment] = field(default_factory=list)
+    pending: list[tuple[StepRow, str]] = field(default_factory=list)
+    released: set[tuple[str, str]] = field(default_factory=set)
+    discarded: list[StepRow] = field(default_factory=list)
     canary_run_ids: frozenset[str] = frozenset()
     spans_in: int = 0
     spans_unmapped: int = 0
@@ -261,9 +251,12 @@ class MappedBatch:
     )
 
     def span_keys(self) -> set[tuple[str, str]]:
-        """Return the ``(trace_id, span_id)`` of every span that produced a row."""
+        """Return the ``(trace_id, span_id)`` of every span of this request that produced
+        a row (released steps came with an earlier request)."""
         keys = {(r.trace_id, r.span_id) for r in self.runs}
         keys.update((s.trace_id, s.span_id) for s in self.steps)
+        keys.difference_update(self.released)
+        keys.update((s.trace_id, s.span_id) for s, _ in self.pending)
         keys.update((s.trace_id, s.span_id) for s in self.stops)
         return keys
 

@@ -26,9 +26,21 @@ rules to them (each has a test in ``tests/unit/collector/test_runs.py`` and
   group are applied in order, each as a unit, so grouping never changes what is counted
   or kept. ``CommitResult.counted_stops`` says what to count.
 
-Not yet here (issue 24, point 2): tying third-party steps to their agent run, late steps
-and the sampling staging are still applied by the writer (``store/apply.py``) as SQL
-moves of committed rows.
+State across requests, and its durable buffers (the store never moves a committed row
+to fix an assembly decision; it appends rows, and deletes a buffered row only in the
+transaction that stores its final row):
+
+- Third-party steps whose agent run is not known yet are held by the map stage
+  (:class:`~loopwatch.collector.map.MapStage`, which owns the traces' ancestry; bounded
+  by ``max_open_traces`` x ``max_spans_per_trace``, released to the trace-level run
+  after ``max_idle_seconds`` idle, on eviction, or when the root span ends) and are
+  durable in ``pending_steps`` from the commit of the request that brought them; the
+  map stage reads them back at start (:meth:`~loopwatch.collector.map.MapStage.
+  restore`). They are counted once, in their final run, when released.
+- Steps of a run whose sampling decision is not made yet are durable in
+  ``staged_steps``; the decision (this module's first stop, or the undecided timeout)
+  hands them to ``steps`` or drops them. Counts are final when first written: a step
+  is counted in its run once, whatever sampling keeps.
 """
 
 from __future__ import annotations
@@ -44,14 +56,13 @@ from .rows import (
     STOP_COMPLETED,
     STOP_ORIGINS,
     UNKNOWN_AGENT,
-    RunReassignment,
     RunRow,
     StepRow,
     StopRow,
 )
 from .store.schema import RUN_ATTR_FIELDS, RUN_COLUMNS, run_key_of
 
-__all__ = ["Group", "count_step", "merge_rows", "merge_stops", "new_run", "widen"]
+__all__ = ["Group", "merge_rows", "merge_stops", "new_run", "widen"]
 
 _INT64_MAX: Final = 2**63 - 1
 
@@ -76,22 +87,6 @@ def new_run(run_id: str, trace_id: str, source: str, now_ns: int) -> dict[str, A
     return row
 
 
-def count_step(
-    row: dict[str, Any], kind: str, step: int | None, outcome: str | None, tokens: int, *, sign: int
-) -> None:
-    if sign > 0 and step is not None and step > row["steps"]:
-        row["steps"] = step
-    if kind == KIND_DECISION:
-        row["decisions"] += sign
-    elif kind == KIND_TOOL_RESULT:
-        row["tool_calls"] += sign
-        if outcome == sc.OUTCOME_ERROR:
-            row["tool_errors"] += sign
-        elif outcome == sc.OUTCOME_BLOCKED:
-            row["tool_blocked"] += sign
-    row["tokens"] = min(row["tokens"] + sign * tokens, _INT64_MAX)  # BIGINT: saturate
-
-
 def widen(row: dict[str, Any], start: int | None, end: int | None, prefix: str = "") -> None:
     """Widen ``row``'s ``{prefix}start_unix_nano`` / ``{prefix}end_unix_nano`` to cover
     ``start`` / ``end`` (``None``: unknown, changes nothing)."""
@@ -110,17 +105,14 @@ class Group:
     runs: list[RunRow]
     steps: list[StepRow]
     stops: list[StopRow]
-    moves: list[RunReassignment]
     canaries: set[str]
     merged: dict[str, dict[str, Any]] = field(default_factory=dict)
     existing: set[str] = field(default_factory=set)
     tool_deltas: dict[tuple[int, str, str, str | None], int] = field(default_factory=dict)
-    move_jobs: list[int] = field(default_factory=list)  # job index of each of ``moves``
     step_jobs: list[int] = field(default_factory=list)  # job index of each of ``steps``
     settle: set[str] = field(default_factory=set)
     staged_in_db: set[str] = field(default_factory=set)
     stopped_before: set[str] = field(default_factory=set)
-    emptied: set[str] = field(default_factory=set)
     stop_jobs: list[int] = field(default_factory=list)  # job index of each of ``stops``
     primary: list[StopRow] = field(default_factory=list)  # the stops that win, to store
     counted: dict[str, StopRow] = field(default_factory=dict)  # run id -> stop counted now
@@ -219,14 +211,6 @@ def merge_rows(group: Group) -> None:
             row["steps"] = stop_row.step
         if row["end_unix_nano"] is None or stop_row.time_unix_nano > row["end_unix_nano"]:
             row["end_unix_nano"] = stop_row.time_unix_nano
-    touched = {s.run_id for s in group.steps} | {s.run_id for s in group.stops}
-    group.emptied = {
-        run_id
-        for run_id in group.emptied
-        if run_id not in touched
-        and group.merged[run_id]["run_span_id"] is None
-        and group.merged[run_id]["stop_origin"] is None
-    }
 
 
 def merge_stops(group: Group) -> tuple[list[StopRow], list[tuple[str, str | None, int]]]:

@@ -39,7 +39,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 import uvicorn
 from loopwatch.instrumentation.redaction import canaries_from_env, load_canaries
@@ -60,10 +60,6 @@ from .rows import (
     KIND_TOOL_RESULT,
     UNKNOWN_AGENT,
     MappedBatch,
-    RunReassignment,
-    RunRow,
-    StepRow,
-    StopRow,
 )
 from .sample import SamplingConfig
 from .store.writer import CommitResult, CommitStats, Store
@@ -84,98 +80,6 @@ class _Processed:
     mapped: MappedBatch
     canaries: dict[str, int]
     redactions: dict[str, int]
-
-
-_MAX_UNCOMMITTED_KEYS: Final = 20_000
-
-
-class _Uncommitted:
-    """The rows of requests mapped and then not committed, for their retries.
-
-    The map and detect stages keep state across requests, and a request changes it when
-    it is mapped, before the store commits it: the trace's agent spans and step numbers
-    are known, calls are held and judged, provisional rows are moved. A request refused
-    after that (the store's queue filled while it was mapped, a failed commit: 429/503)
-    leaves the state advanced, and its retry was mapped as a resend of spans already
-    stored: the observe-mode verdict and the per-call fingerprints would be gone, and the
-    moves of rows filed under the trace to their agent run never made.
-
-    So the rows of such a request are kept here, by span key, and a later request with
-    any of those spans takes them in place of its own rows for the same spans, with the
-    moves the refused one carried: a retry stores what the first attempt would have.
-    Bounded: at most :data:`_MAX_UNCOMMITTED_KEYS` span keys (oldest requests first
-    forgotten; their retries are then mapped as before). Thread-safe.
-    """
-
-    def __init__(self, max_keys: int = _MAX_UNCOMMITTED_KEYS) -> None:
-        self._max_keys = max_keys
-        self._rows: OrderedDict[tuple[str, str], list[Any]] = OrderedDict()
-        self._moves: dict[tuple[str, str], list[RunReassignment]] = {}
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def remember(self, mapped: MappedBatch) -> None:
-        """Keep the rows and moves of ``mapped``, which will not be committed."""
-        rows: dict[tuple[str, str], list[Any]] = {}
-        every: list[RunRow | StepRow | StopRow] = [*mapped.runs, *mapped.steps, *mapped.stops]
-        for row in every:
-            rows.setdefault((row.trace_id, row.span_id), []).append(row)
-        if not rows:
-            return
-        moves = list(mapped.reassignments)
-        with self._lock:
-            for key, kept in rows.items():
-                self._rows.pop(key, None)
-                self._rows[key] = kept
-                self._moves.pop(key, None)
-            if moves:
-                # Carried by whichever of its spans comes back first.
-                self._moves[next(iter(rows))] = moves
-            while len(self._rows) > self._max_keys:
-                old, _ = self._rows.popitem(last=False)
-                self._moves.pop(old, None)
-
-    def splice(self, mapped: MappedBatch) -> None:
-        """Replace ``mapped``'s rows of spans kept here by the kept rows, in place, and
-        put the kept moves first; those spans are forgotten here."""
-        if not self._rows:
-            return
-        keys = mapped.span_keys()
-        with self._lock:
-            found = {key: self._rows.pop(key) for key in keys if key in self._rows}
-            moves = [m for key in found for m in self._moves.pop(key, ())]
-        if not found:
-            return
-        mapped.runs = _spliced(mapped.runs, found, RunRow)
-        mapped.steps = _spliced(mapped.steps, found, StepRow)
-        mapped.stops = _spliced(mapped.stops, found, StopRow)
-        mapped.reassignments[:0] = moves
-        mapped._step_positions = {}
-
-
-_Row = TypeVar("_Row", RunRow, StepRow, StopRow)
-
-
-def _spliced(
-    rows: list[_Row], found: dict[tuple[str, str], list[Any]], kind: type[_Row]
-) -> list[_Row]:
-    """``rows`` with those of a span in ``found`` replaced by its kept rows of ``kind``
-    (where the first of them was; kept rows of a span with none here go last)."""
-    out: list[_Row] = []
-    placed: set[tuple[str, str]] = set()
-    for row in rows:
-        key = (row.trace_id, row.span_id)
-        if key not in found:
-            out.append(row)
-        elif key not in placed:
-            placed.add(key)
-            out += [r for r in found[key] if isinstance(r, kind)]
-    for key, kept in found.items():
-        if key not in placed:
-            out += [r for r in kept if isinstance(r, kind)]
-    return out
 
 
 class Collector:
@@ -209,7 +113,7 @@ class Collector:
                 hmac_key=hmac_key,
                 max_decompressed_bytes=config.limits.max_decompressed_bytes,
             )
-        self.map = MapStage()
+        self.map = MapStage(max_idle_seconds=config.sampling.stop_timeout_seconds)
         self.detect = DetectStage()
         self.pipeline = Pipeline((self.redact, self.map, self.detect))
         settings = StoreSettings(
@@ -238,12 +142,15 @@ class Collector:
             redaction_rules=self.redact.redactor.rule_names,
         )
         self.store = Store(config.store.db, config=settings, on_commit=self._on_commit)
+        released = self.map.restore(self.store.pending_at_open)
+        self.store.pending_at_open = []
+        if released.steps:
+            self.store.submit(released)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self.metrics)
         self._agents: OrderedDict[str, str] = OrderedDict()
         self._agents_lock = threading.Lock()
         self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loopwatch-pipeline")
-        self._uncommitted = _Uncommitted()
         self._started = time.time()
 
     # ------------------------------------------------------------- pipeline
@@ -267,7 +174,7 @@ class Collector:
         """
         with self._agents_lock:
             agents = self._agents
-            for step in mapped.steps:
+            for step in [*mapped.steps, *(row for row, _ in mapped.pending)]:
                 if step.kind == KIND_TOOL_RESULT and not step.agent:
                     step.agent = agents.get(step.run_id, UNKNOWN_AGENT)
             for stop in mapped.stops:
@@ -299,13 +206,12 @@ class Collector:
             redactions = counts_delta(
                 dict(after.redactions_by_rule), dict(before.redactions_by_rule)
             )
-        self._uncommitted.splice(mapped)
         self._remember_agents(mapped)
         self._label_counts(mapped)
         try:
             future = self.store.submit(mapped)
         except Exception:
-            self._uncommitted.remember(mapped)
+            self._undo(mapped)
             raise
         return _Processed(mapped, canaries, redactions), future
 
@@ -325,9 +231,15 @@ class Collector:
         try:
             result: CommitResult = await asyncio.wrap_future(future)
         except Exception:
-            self._uncommitted.remember(processed.mapped)
+            self._undo(processed.mapped)
             raise
         self._count(processed, result)
+
+    def _undo(self, mapped: MappedBatch) -> None:
+        """Take back what the map and detect stages did for ``mapped``, refused before
+        its commit (429/503), so that its retry is mapped as the first attempt was."""
+        self.map.undo(mapped)
+        self.detect.undo(mapped)
 
     def _count(self, processed: _Processed, result: CommitResult) -> None:
         mapped = processed.mapped
@@ -340,7 +252,7 @@ class Collector:
         everything_new = len(new) == result.spans
         by_labels: dict[tuple[str, str, str], int] = {}
         counted: set[tuple[str, str]] = set()
-        for step in mapped.steps:
+        for step in [*mapped.steps, *(row for row, _ in mapped.pending)]:
             if step.kind != "tool_result":
                 continue
             key = (step.trace_id, step.span_id)

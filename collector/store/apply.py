@@ -8,22 +8,19 @@ Bloom filter may hold), merges the group into them (:mod:`loopwatch.collector.ru
 and writes every table through Arrow. Rules applied here:
 
 - Steps of a run are staged (``staged_steps``, bounded by the undecided runs) until the
-  run's sampling decision, then moved to ``steps`` (sampled) or deleted (not sampled);
+  run's sampling decision, then handed to ``steps`` (sampled) or dropped (not sampled);
   when the decision falls in the same group they go straight to their table. Steps
   arriving after the decision go to ``steps`` or are dropped; they always count.
-- Third-party steps first filed under their trace id move to the agent run when the map
-  stage says so (:class:`~loopwatch.collector.rows.RunReassignment`), with their counts,
-  highest step and times: the trace-level run's are those of what it keeps (its run
-  span, stops and remaining steps), as if the steps had never been filed under it; the
-  emptied trace-level run row is deleted.
+- Pending steps (:attr:`~loopwatch.collector.rows.MappedBatch.pending`) are appended to
+  ``pending_steps``, not counted. A released step is stored as a new step of its run,
+  counted once, in the transaction that deletes its pending row; one whose pending row
+  is gone (released before, or its request never committed) is skipped.
 - Sampling (:mod:`loopwatch.collector.sample`) is decided once, when a run's first
   primary stop is committed, or by the periodic maintenance for runs with no stop and no
   new span for ``undecided_timeout_seconds``. A stop replacing another later does not
-  re-decide (deleted steps cannot come back). The hourly cap's tool is the run's most
+  re-decide (dropped steps cannot come back). The hourly cap's tool is the run's most
   called tool among the calls known at that request (earlier groups' and this group's
-  up to it), so grouping does not change it either. In a group, moves and decisions
-  are applied in request order too: a move in a later request than a run's stop finds
-  that run decided (a declined run's steps are gone by then, and stay counted there).
+  up to it), so grouping does not change it.
 
 State across groups: the sampling quota of the current hour (published after commit
 through :attr:`GroupWriter.after_commit`). Raises whatever DuckDB raises; the caller rolls
@@ -33,8 +30,8 @@ the transaction back.
 from __future__ import annotations
 
 import dataclasses
+import json
 import operator
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -42,8 +39,8 @@ import duckdb
 import pyarrow as pa
 
 from ..detect import loop_tool
-from ..rows import KIND_TOOL_RESULT, MappedBatch, RunReassignment, RunRow, StepRow, StopRow
-from ..runs import Group, count_step, merge_rows, merge_stops, widen
+from ..rows import KIND_TOOL_RESULT, MappedBatch, StepRow, StopRow
+from ..runs import Group, merge_rows, merge_stops
 from ..sample import NO_STOP_REASON, Sampler, hour_bucket
 from .keys import RecentKeys, RunKeyFilter, span_key
 from .schema import (
@@ -72,6 +69,7 @@ _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 _MASK64: Final = 2**64 - 1
 
+_STEP_VALUES: Final = operator.attrgetter(*(f.name for f in dataclasses.fields(StepRow)))
 _STEP_GETTERS: Final = tuple((name, operator.attrgetter(name)) for name in STEP_FIELDS)
 _get_stop: Final = operator.attrgetter(*[f for f in STOP_FIELDS if f != "stop_inferred"])
 _STOP_INFERRED_AT: Final = STOP_FIELDS.index("stop_inferred")
@@ -147,21 +145,6 @@ def _anomaly_tuple(
     return (*values[:-AFTER_RECEIVED], kind, *values[-AFTER_RECEIVED:])
 
 
-_SQL_KEPT_BOUNDS: Final = (
-    "SELECT count(step_row), max(step), min(start_ns), max(end_ns) FROM ("
-    "SELECT 1 AS step_row, step, start_unix_nano AS start_ns, end_unix_nano AS end_ns "
-    "FROM staged_steps WHERE run_key = {key} UNION ALL "
-    "SELECT 1, step, start_unix_nano, end_unix_nano FROM steps WHERE run_key = {key} "
-    "UNION ALL SELECT NULL, step, NULL, time_unix_nano FROM stops WHERE run_key = {key} "
-    "UNION ALL SELECT NULL, step, NULL, time_unix_nano FROM stop_anomalies "
-    "WHERE run_key = {key})"
-)
-"""Step rows, highest step, earliest start and latest end of a run's stored rows and
-stops (``key``: its run key, an int rendered here)."""
-
-_MOVED: Final = ""  # run_tools.agent of the -1/+1 rows of a moved call
-
-
 class GroupWriter:
     """Applies groups of mapped batches to the write connection (writer thread only).
 
@@ -191,6 +174,7 @@ class GroupWriter:
         self.after_commit: list[Callable[[], None]] = []
         self._quota_hour: int | None = None
         self._quota: dict[tuple[str, str], int] = {}
+        self._now_ns = 0
 
     def write(
         self, batches: list[MappedBatch]
@@ -201,14 +185,21 @@ class GroupWriter:
             Per batch: its distinct span keys, the keys stored now (the rest were
             duplicates), and the stops to count (at most one per run).
         """
-        now_ns = int(self._clock() * _NS)
+        now_ns = self._now_ns = int(self._clock() * _NS)
         owner: dict[tuple[str, str], int] = {}
         job_keys: list[set[tuple[str, str]]] = []
         repeated_steps = False
         total = 0
-        for index, batch in enumerate(batches):
-            keys = {(s.trace_id, s.span_id) for s in batch.steps}
-            repeated_steps = repeated_steps or len(keys) != len(batch.steps)
+        own_steps = [
+            [s for s in b.steps if (s.trace_id, s.span_id) not in b.released]
+            if b.released
+            else b.steps
+            for b in batches
+        ]
+        for index, (batch, steps) in enumerate(zip(batches, own_steps, strict=True)):
+            keys = {(s.trace_id, s.span_id) for s in steps}
+            keys.update((s.trace_id, s.span_id) for s, _ in batch.pending)
+            repeated_steps = repeated_steps or len(keys) != len(steps) + len(batch.pending)
             keys.update((r.trace_id, r.span_id) for r in batch.runs)
             keys.update((s.trace_id, s.span_id) for s in batch.stops)
             job_keys.append(keys)
@@ -219,26 +210,33 @@ class GroupWriter:
                 for key in keys:
                     owner.setdefault(key, index)
         new_keys = self._claim_keys(owner, now_ns)
-        group = Group(now_ns, [], [], [], [], set())
+        group = Group(now_ns, [], [], [], set())
+        handed_off = self._hand_off(batches, new_keys, owner)
         everything_new = len(new_keys) == len(owner) == total and not repeated_steps
         step_keys: set[tuple[str, str]] = set()
         stop_keys: set[tuple[str, str, str]] = set()
-        for index, batch in enumerate(batches):
+        for index, (batch, steps) in enumerate(zip(batches, own_steps, strict=True)):
             if everything_new:
                 group.runs += batch.runs
-                group.steps += batch.steps
-                group.step_jobs += [index] * len(batch.steps)
+                group.steps += steps
+                group.step_jobs += [index] * len(steps)
             else:
                 for run in batch.runs:
                     key = (run.trace_id, run.span_id)
                     if key in new_keys and owner[key] == index:
                         group.runs.append(run)
-                for step in batch.steps:
+                for step in steps:
                     key = (step.trace_id, step.span_id)
                     if key in new_keys and owner[key] == index and key not in step_keys:
                         step_keys.add(key)
                         group.steps.append(step)
                         group.step_jobs.append(index)
+            for step in batch.steps:
+                key = (step.trace_id, step.span_id)
+                if key in batch.released and handed_off.get(key) == index:
+                    del handed_off[key]
+                    group.steps.append(step)
+                    group.step_jobs.append(index)
             for stop_row in batch.stops:
                 key = (stop_row.trace_id, stop_row.span_id)
                 skey = (*key, stop_row.run_id)
@@ -246,24 +244,12 @@ class GroupWriter:
                     stop_keys.add(skey)
                     group.stops.append(stop_row)
                     group.stop_jobs.append(index)
-            group.moves.extend(batch.reassignments)
-            group.move_jobs += [index] * len(batch.reassignments)
             group.canaries.update(batch.canary_run_ids)
 
         self._load_runs(group)
         anomalies, deciding = merge_stops(group)
-        # One by one, a run is decided when its stop's request is committed, before any
-        # later request's move carries steps into or out of it: apply them in that order.
         stop_job = {run_id: job for run_id, _, job in deciding}
-        pending = deque(deciding)
-        for move, move_job in zip(group.moves, group.move_jobs, strict=True):
-            due: list[tuple[str, str | None]] = []
-            while pending and pending[0][2] < move_job:
-                run_id, reason, _ = pending.popleft()
-                due.append((run_id, reason))
-            self.decide(group, due, stop_job)
-            self._reassign(group, move, move_job)
-        self.decide(group, [(run_id, reason) for run_id, reason, _ in pending], stop_job)
+        self.decide(group, [(run_id, reason) for run_id, reason, _ in deciding], stop_job)
         merge_rows(group)
         self.write_rows(group, anomalies)
 
@@ -275,6 +261,54 @@ class GroupWriter:
                 mine = frozenset(k for k in keys if k in new_keys and owner[k] == index)
             outcomes.append((len(keys), mine, tuple(group.counted_by_job.get(index, ()))))
         return outcomes
+
+    def _hand_off(
+        self, batches: list[MappedBatch], new_keys: set[tuple[str, str]], owner: Mapping[Any, int]
+    ) -> dict[tuple[str, str], int]:
+        """Store the group's new pending steps, and take out those released or discarded
+        (earlier groups' from ``pending_steps``, in this transaction).
+
+        Returns:
+            Span key of each released step whose pending row this group takes out -> the
+            index of the request that released it (a step released twice is stored once).
+        """
+        held: dict[tuple[str, str], tuple[StepRow, str]] = {}
+        released: dict[tuple[str, str], int] = {}
+        gone: set[tuple[str, str]] = set()
+        for index, batch in enumerate(batches):
+            for row, parent in batch.pending:
+                key = (row.trace_id, row.span_id)
+                if key in new_keys and owner[key] == index:
+                    held[key] = (row, parent)
+            for key in [*batch.released, *((s.trace_id, s.span_id) for s in batch.discarded)]:
+                if held.pop(key, None) is not None:
+                    if key in batch.released:
+                        released.setdefault(key, index)
+                elif key not in released:
+                    gone.add(key)
+                    if key in batch.released:
+                        released[key] = index
+        if gone:
+            found = self._insert(
+                "pending_gone",
+                ("trace_id", "span_id"),
+                sorted(gone),
+                "DELETE FROM pending_steps p USING {t} k WHERE p.trace_id = k.trace_id "
+                "AND p.span_id = k.span_id RETURNING p.trace_id, p.span_id",
+            )
+            stored = {(t, s) for t, s in found}
+            released = {k: i for k, i in released.items() if k not in gone or k in stored}
+        if held:
+            self._insert(
+                "pending",
+                ("trace_id", "span_id", "parent_span_id", "row", "received_unix_nano"),
+                [
+                    (*key, parent, json.dumps(_STEP_VALUES(row)), self._now_ns)
+                    for key, (row, parent) in held.items()
+                ],
+                "INSERT INTO pending_steps SELECT * FROM {t}",
+            )
+        return released
 
     def _insert(
         self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], sql: str
@@ -331,10 +365,6 @@ class GroupWriter:
         run_ids = {r.run_id for r in group.runs}
         run_ids.update(s.run_id for s in group.steps)
         run_ids.update(s.run_id for s in group.stops)
-        for move in group.moves:
-            run_ids.add(move.from_run_id)
-            if move.to_run_id is not None:
-                run_ids.add(move.to_run_id)
         if not run_ids:
             return
         keys = sorted({run_key_of(r) for r in run_ids})
@@ -355,110 +385,6 @@ class GroupWriter:
         if row["stop_origin"] is not None:
             group.stopped_before.add(run_id)
 
-    def _reassign(self, group: Group, move: RunReassignment, move_job: int) -> None:
-        """Apply ``move``, carried by the group's request ``move_job``, after the decisions
-        of the group's earlier requests: a moved row counts for its new run's sampling
-        from that request on (``step_jobs``; a moved stored row is staged)."""
-        if move.to_run_id == move.from_run_id or not move.span_ids:
-            return
-        source = group.merged.get(move.from_run_id)
-        if source is not None and source["sampled"] is False:
-            # A declined run drops its steps (counted, not kept) on arrival, and its
-            # decision deleted the staged ones: one by one, a later move finds nothing.
-            return
-        span_ids = set(move.span_ids)
-        kept: list[StepRow] = []
-        jobs: list[int] = []
-        for step, job in zip(group.steps, group.step_jobs, strict=True):
-            if (
-                step.run_id == move.from_run_id
-                and step.trace_id == move.trace_id
-                and step.span_id in span_ids
-            ):
-                if move.to_run_id is not None:
-                    kept.append(dataclasses.replace(step, run_id=move.to_run_id))
-                    jobs.append(max(job, move_job))
-                continue
-            kept.append(step)
-            jobs.append(job)
-        group.steps, group.step_jobs = kept, jobs
-        runs: list[RunRow] = []
-        for run in group.runs:
-            if (
-                run.run_id == move.from_run_id
-                and run.trace_id == move.trace_id
-                and run.span_id in span_ids
-            ):
-                if move.to_run_id is not None:
-                    runs.append(dataclasses.replace(run, run_id=move.to_run_id))
-                continue
-            runs.append(run)
-        group.runs = runs
-        if source is None or move.from_run_id not in group.existing:
-            return
-        from_key = run_key_of(move.from_run_id)
-        tables = ["staged_steps"] + (["steps"] if source["sampled"] else [])
-        moved: list[tuple[Any, ...]] = []  # (kind, step, outcome, tool, tokens, start, end)
-        where = f"run_key = {from_key} AND trace_id = ? AND list_contains(?, span_id)"
-        returning = (
-            "RETURNING kind, step, outcome, COALESCE(tool, ''), "
-            "COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0), "
-            "start_unix_nano, end_unix_nano"
-        )
-        to_run_id = move.to_run_id
-        to_key = None if to_run_id is None else run_key_of(to_run_id)
-        to_sampled = None if to_run_id is None else group.merged.get(to_run_id, {}).get("sampled")
-        for table in tables:
-            params: list[Any] = [move.trace_id, sorted(span_ids)]
-            if to_run_id is None:
-                sql = f"DELETE FROM {table} WHERE {where} {returning}"
-            elif table == "staged_steps" or to_sampled:
-                # Staged rows follow the run's decision when its group settles.
-                sql = f"UPDATE {table} SET run_key = ?, run_id = ? WHERE {where} {returning}"
-                params = [to_key, to_run_id, *params]
-            elif to_sampled is None:
-                # A kept row of a sampled run, moved to a run not decided yet, waits for
-                # that run's decision like its own rows: one by one it would otherwise
-                # stay kept whatever the decision, while in a group it follows it.
-                self._con.execute(
-                    "INSERT INTO staged_steps SELECT * REPLACE (?::UBIGINT AS run_key, "
-                    f"?::VARCHAR AS run_id) FROM steps WHERE {where}",
-                    [to_key, to_run_id, *params],
-                )
-                sql = f"DELETE FROM steps WHERE {where} {returning}"
-            else:
-                # A declined run keeps no steps: the row is counted there, not kept.
-                sql = f"DELETE FROM steps WHERE {where} {returning}"
-            moved += self._con.execute(sql, params).fetchall()
-        if not moved:
-            return
-        target = None
-        if move.to_run_id is not None:
-            target = group.run(move.to_run_id, move.trace_id, source["source"])
-            group.settle.add(move.to_run_id)
-            group.staged_in_db.add(move.to_run_id)
-        # A moved call keeps the agent label it was counted under (its first row): the
-        # move's -1/+1 pair carries one label, "", so per-label totals are unchanged.
-        for kind, step, outcome, tool, tokens, start, end in moved:
-            count_step(source, kind, step, outcome, tokens, sign=-1)
-            if kind == KIND_TOOL_RESULT:
-                group.tool(from_key, tool, outcome or "", -1, _MOVED)
-            if target is not None:
-                count_step(target, kind, step, outcome, tokens, sign=1)
-                widen(target, start, end)
-                if kind == KIND_TOOL_RESULT:
-                    group.tool(target["run_key"], tool, outcome or "", 1, _MOVED)
-        # The highest step and the times are not sums: they are taken again over what
-        # the run keeps (earlier groups' rows; _merge_rows adds this group's).
-        found = self._con.execute(_SQL_KEPT_BOUNDS.format(key=from_key)).fetchone()
-        remaining, highest, start, end = found if found is not None else (0, None, None, None)
-        source["steps"] = max(0, highest or 0)
-        source["start_unix_nano"] = source["span_start_unix_nano"]
-        source["end_unix_nano"] = source["span_end_unix_nano"]
-        widen(source, start, end)
-        if source["run_span_id"] is None and source["stop_origin"] is None and not remaining:
-            group.emptied.add(move.from_run_id)
-
     def decide(
         self,
         group: Group,
@@ -468,7 +394,7 @@ class GroupWriter:
         """Decide sampling for ``runs`` (``(run_id, stop reason)``; ``None``: timed out).
 
         The cap's tool is the run's most called tool among the calls stored before its
-        decision: earlier groups' (``staged_steps``, with the moves applied so far), and
+        decision: earlier groups' (``staged_steps``), and
         this group's from the requests up to the one that carried the run's stop
         (``stop_job``; all of them when the run is not in it), so a group decides as its
         requests would one by one. The quota counts the group's earlier decisions
@@ -550,11 +476,7 @@ class GroupWriter:
         if group.existing:
             keys = key_list(group.merged[r]["run_key"] for r in group.existing)
             self._con.execute(f"DELETE FROM runs WHERE run_key IN ({keys})")
-        runs = [
-            [row[c] for c in RUN_COLUMNS]
-            for run_id, row in group.merged.items()
-            if run_id not in group.emptied
-        ]
+        runs = [[row[c] for c in RUN_COLUMNS] for row in group.merged.values()]
         if runs:
             self._append("runs", _table(RUN_COLUMNS, runs))
             # Before the commit: a key of a group that then rolls back is only a false
@@ -563,7 +485,7 @@ class GroupWriter:
             self._stored_runs.add(
                 row["run_key"]
                 for run_id, row in group.merged.items()
-                if run_id not in group.existing and run_id not in group.emptied
+                if run_id not in group.existing
             )
         staged: list[StepRow] = []
         kept: list[StepRow] = []

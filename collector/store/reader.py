@@ -277,8 +277,7 @@ class StoreReader:
         stored the run's first span, which never changes; with ``seen_before`` (the
         first page's :attr:`RunsPage.seen_before`, computed in the same snapshot as that
         page) later pages leave out runs first seen since. Offsets still shift when a
-        run listed on an earlier page is removed (a third-party trace's provisional run
-        merged into its agent run, retention), which skips a run; ``after`` (the
+        run listed on an earlier page is removed (retention), which skips a run; ``after`` (the
         previous page's :attr:`RunsPage.next_cursor`: keyset paging on
         ``(first_seen_unix_nano, run_key)``) does not, and leaves out runs first seen
         later by itself: each run that matches the filters throughout is listed exactly

@@ -3,14 +3,20 @@
 Free of pyarrow and of a runtime DuckDB import, so the dashboard (duckdb and pandas only)
 and the pure ``runs`` stage can import the column names.
 
-Schema (``SCHEMA_VERSION`` = 15; numbered migrations in :data:`MIGRATIONS` are applied in
+Schema (``SCHEMA_VERSION`` = 16; numbered migrations in :data:`MIGRATIONS` are applied in
 order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
 
 - ``runs``: one row per run (key ``run_key``), kept until retention removes it: counts,
   the primary stop denormalized, the sampling decision (``sampled``, ``sample_rule``,
   ``sample_tool``); ``span_start_unix_nano`` / ``span_end_unix_nano``: the times of its
-  run span rows alone, so a move out of the run narrows its times to what is left.
-- ``staged_steps`` / ``steps``: decision and tool_result rows (same columns).
+  run span rows alone.
+- ``staged_steps`` / ``steps``: decision and tool_result rows (same columns):
+  ``staged_steps`` holds the steps of runs not decided yet by sampling (the runs stage's
+  durable buffer, :mod:`loopwatch.collector.runs`).
+- ``pending_steps``: third-party steps whose agent run is not known yet (the map stage's
+  durable buffer): the step as JSON (``row``, the :class:`~loopwatch.collector.rows.
+  StepRow` field values in order) and its span's parent id; append-only, a row leaves
+  in the transaction that stores its final step.
 - ``stops`` (primary, one per run, key ``run_key``; ``counted``: whether ``/metrics``
   counted it; ``loop_tool``: the tool label its loop detection was counted under,
   :func:`~loopwatch.collector.detect.loop_tool`) and ``stop_anomalies`` (``kind``:
@@ -382,6 +388,15 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         tuple(
             f"DROP TABLE {table}"
             for table in ("metric_labels", "canary_hits", "pruned_stops", "pruned_tool_calls")
+        ),
+    ),
+    Migration(
+        16,
+        "pending_steps: third-party steps held until their agent run is known",
+        (
+            "CREATE TABLE pending_steps (trace_id VARCHAR NOT NULL, span_id VARCHAR NOT NULL, "
+            "parent_span_id VARCHAR NOT NULL, row VARCHAR NOT NULL, "
+            "received_unix_nano BIGINT NOT NULL)",
         ),
     ),
 )

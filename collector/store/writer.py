@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -69,7 +70,7 @@ from typing import Any, Final
 import duckdb
 
 from ..errors import QueueFull, StoreClosed, StoreError, StoreUnavailable
-from ..rows import MappedBatch, StopRow
+from ..rows import MappedBatch, StepRow, StopRow
 from ..runs import Group
 from ..sample import Sampler, SamplingConfig, hour_bucket
 from .apply import GroupWriter
@@ -285,6 +286,14 @@ class Store:
             self._load_recent_keys()
             self._stored_runs = RunKeyFilter()
             self._load_run_keys()
+            self.pending_at_open = [
+                (StepRow(*json.loads(row)), parent)
+                for row, parent in self._con.execute(
+                    "SELECT row, parent_span_id FROM pending_steps ORDER BY received_unix_nano"
+                ).fetchall()
+            ]
+            """The pending steps stored (``(step, parent span id)``), for
+            :meth:`~loopwatch.collector.map.MapStage.restore`."""
             self._read_root = self._con.cursor()
         except duckdb.Error as exc:
             self._con.close()
@@ -535,7 +544,7 @@ class Store:
                 [now_ns - timeout_ns],
             )
             if stale:
-                group = Group(now_ns, [], [], [], [], set())
+                group = Group(now_ns, [], [], [], set())
                 for row in stale:
                     self._writer.adopt(group, row)
                 self._writer.decide(group, [(row["run_id"], None) for row in stale])

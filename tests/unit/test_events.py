@@ -30,7 +30,6 @@ from loopwatch.collector.rows import (
     STOP_ORIGIN_RUN_SPAN,
     STOP_ORIGIN_STOP_SPAN,
     MappedBatch,
-    RunReassignment,
 )
 from loopwatch.instrumentation import _semconv as sc
 
@@ -358,7 +357,7 @@ def test_genai_run_in_one_batch() -> None:
         2,
     )
     assert stop.stop_inferred and stop.time_unix_nano == agent.end_unix_nano
-    assert not out.reassignments
+    assert not out.pending and not out.released
 
 
 def test_agent_error_status_infers_error_stop() -> None:
@@ -435,23 +434,19 @@ def test_trace_without_agent_span_is_one_run_stopped_at_root_end() -> None:
     )
 
 
-def test_agent_span_in_a_later_request_reassigns_earlier_steps() -> None:
+def test_agent_span_in_a_later_request_releases_the_pending_steps() -> None:
     stage = MapStage()
     agent, chat1, tool1, tool2, chat2 = genai_trace()
     first = mapped(chat1, tool1, stage=stage)
-    assert {s.run_id for s in first.steps} == {TRACE}
-    assert not first.stops
+    assert not first.steps and not first.stops
+    assert {(s.run_id, parent) for s, parent in first.pending} == {(TRACE, agent.span_id)}
     second = mapped(tool2, chat2, stage=stage)
-    assert [s.step for s in second.steps] == [1, 2]
-    assert {s.run_id for s in second.steps} == {TRACE}
+    assert [s.step for s, _ in second.pending] == [1, 2]
     third = mapped(agent, stage=stage)
-    move = only(third.reassignments)
-    assert move == RunReassignment(
-        TRACE,
-        tuple(sorted([chat1.span_id, tool1.span_id, tool2.span_id, chat2.span_id])),
-        TRACE,
-        agent.span_id,
-    )
+    spans = {chat1.span_id, tool1.span_id, tool2.span_id, chat2.span_id}
+    assert {s.span_id for s in third.steps} == spans
+    assert {s.run_id for s in third.steps} == {agent.span_id}
+    assert third.released == {(TRACE, span_id) for span_id in spans}
     stop = only(third.stops)
     assert (stop.run_id, stop.step) == (agent.span_id, 2)
     assert stage.open_traces == 0
@@ -473,9 +468,10 @@ def test_reassignment_follows_chains_and_keeps_other_agents_apart() -> None:
     ]
     mapped(*tools, stage=stage)
     out = mapped(chains[0], agents[0], stage=stage)
-    assert only(out.reassignments).span_ids == (tools[0].span_id,)
+    assert out.released == {(TRACE, tools[0].span_id)}
     out = mapped(chains[1], agents[1], root, stage=stage)
-    assert only(out.reassignments).to_run_id == agents[1].span_id
+    assert [(s.span_id, s.run_id) for s in out.steps] == [(tools[1].span_id, agents[1].span_id)]
+    assert out.released == {(TRACE, tools[1].span_id)}
     assert {s.run_id for s in out.stops} == {agents[1].span_id}
 
 
@@ -483,12 +479,12 @@ def test_third_party_spans_inside_a_loopwatch_trace_are_not_mapped_twice() -> No
     stage = MapStage()
     chat = make_span("chat", {sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT}, parent="00000000000000aa")
     early = mapped(chat, stage=stage)
-    assert len(early.steps) == 1
+    assert len(early.pending) == 1
     decision = make_span("decide triage", LW_DECISION)
     later_chat = make_span("chat", {sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT}, start=50)
     out = mapped(decision, later_chat, stage=stage)
     assert [s.source for s in out.steps] == [SOURCE_LOOPWATCH]
-    assert only(out.reassignments) == RunReassignment(TRACE, (chat.span_id,), TRACE, None)
+    assert [s.span_id for s in out.discarded] == [chat.span_id]
     assert (
         mapped(make_span("chat", {sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT}), stage=stage).steps == []
     )
@@ -590,8 +586,8 @@ def test_premap_is_pure_and_finish_completes_it() -> None:
         assert partial.mapped.spans_in == len(spans)
         got = split.finish(pickle.loads(pickle.dumps(partial)))
         assert got == expected
-    assert [len(m.steps) for m in (expected,)] == [0]
-    assert only(got.reassignments).to_run_id == agent.span_id
+    assert [len(m.steps) for m in (expected,)] == [4]  # the pending steps, released
+    assert {s.run_id for s in got.steps} == {agent.span_id} and got.released
     assert split.open_traces == whole.open_traces == 0
 
 
@@ -600,7 +596,7 @@ def test_rows_and_records_pickle_as_tuples() -> None:
     span.events = [SpanEventRecord("exception", 5, {"exception.message": "boom"})]
     span.links = [LinkRecord(TRACE, "1" * 16, {"k": [1, "v"]}, "ts")]
     out = mapped(*genai_trace(), LOOPWATCH_CASES[0][1])
-    out.reassignments.append(RunReassignment(TRACE, ("a" * 16,), TRACE, None))
+    out.discarded.append(out.steps[0])
     for value in (
         span,
         span.resource,
@@ -611,7 +607,6 @@ def test_rows_and_records_pickle_as_tuples() -> None:
         *out.runs,
         *out.steps,
         *out.stops,
-        *out.reassignments,
     ):
         reduced = value.__reduce__()
         assert reduced[0] is type(value) and type(reduced[1]) is tuple

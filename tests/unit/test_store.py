@@ -30,7 +30,6 @@ from loopwatch.collector.rows import (
     STOP_ORIGIN_STOP_SPAN,
     STOP_ORIGINS,
     MappedBatch,
-    RunReassignment,
     RunRow,
     StepRow,
     StopRow,
@@ -616,7 +615,7 @@ def _span(
     return SpanRecord(trace, sid(), parent, name, 1, start, start + 1, attrs)
 
 
-def test_third_party_steps_move_to_the_agent_run(store: Store) -> None:
+def test_third_party_steps_go_to_the_agent_run(store: Store) -> None:
     stage = MapStage()
     trace = "ab" * 16
     agent = _span(trace, "invoke_agent bot", {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT})
@@ -625,7 +624,7 @@ def test_third_party_steps_move_to_the_agent_run(store: Store) -> None:
         _span(trace, "execute_tool lookup", tool_attrs, agent.span_id, 5 + i) for i in range(3)
     ]
     commit(store, stage.process(SpanBatch(spans=tools[:2])))
-    assert store.reader().get_run(trace) is not None
+    assert store.reader().get_run(trace) is None  # pending: no run known yet
     result = commit(store, stage.process(SpanBatch(spans=[tools[2], agent])))
     assert len(result.new_span_keys) == 2
     assert store.reader().get_run(trace) is None
@@ -695,7 +694,7 @@ def _counted_live(requests: list[MappedBatch], results: list[CommitResult]) -> i
     return sum(
         1
         for mapped, result in zip(requests, results, strict=True)
-        for s in mapped.steps
+        for s in [*mapped.steps, *(row for row, _ in mapped.pending)]
         if s.kind == KIND_TOOL_RESULT and (s.trace_id, s.span_id) in result.new_span_keys
     )
 
@@ -822,7 +821,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con.execute("INSERT INTO run_tools VALUES (?, 'search', 'ok', 2)", [_run_key("old")])
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 15
+        assert store.schema_version == SCHEMA_VERSION == 16
         # A v1 count row has no agent of its own: it is restored under the run's.
         assert tool_call_totals(store) == {("legacy", "search", "ok"): 2}
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
@@ -855,40 +854,32 @@ def test_tool_counts_keep_their_agent_when_the_run_span_comes_later(tmp_path: Pa
     }
 
 
-def test_schema_13_keeps_the_times_of_older_runs_when_steps_move_out(tmp_path: Path) -> None:
-    """Before schema 13 a run's times did not say which of its spans they came from:
-    migration 13 takes them as its run spans' times, so a move out of an older run
-    narrows its highest step (taken again from its rows and stops) but not its times."""
-    path = tmp_path / "v12.duckdb"
+def test_pending_steps_survive_a_restart_and_go_to_their_agent_run(tmp_path: Path) -> None:
+    """Third-party steps acknowledged before their agent span are pending: stored (not
+    counted), taken back by the map stage after a restart, released to the agent run."""
+    path = tmp_path / "pending.duckdb"
     trace = "ee" * 16
-    con = duckdb.connect(str(path))
-    assert apply_migrations(con, target=12) == 12
-    con.execute(
-        "INSERT INTO runs (run_key, run_id, trace_id, source, start_unix_nano, end_unix_nano, "
-        "steps, tool_calls, first_seen_unix_nano, last_seen_unix_nano) "
-        "VALUES (?, ?, ?, 'genai', 3, 9, 2, 2, 1, 1)",
-        [_run_key(trace), trace, trace],
-    )
-    for span_id, step, start, end in (("00000000000000c2", 1, 3, 4), ("00000000000000c3", 2, 5, 9)):
-        con.execute(
-            "INSERT INTO staged_steps (run_key, trace_id, span_id, run_id, source, kind, step, "
-            "start_unix_nano, end_unix_nano, tool, outcome, received_unix_nano) "
-            "VALUES (?, ?, ?, ?, 'genai', 'tool_result', ?, ?, ?, 'alpha', 'ok', 1)",
-            [_run_key(trace), trace, span_id, trace, step, start, end],
-        )
-    con.close()
-    moved = MappedBatch(
-        runs=[RunRow("00000000000000c1", trace, "00000000000000c1", "genai", True, agent="A")],
-        reassignments=[RunReassignment(trace, ("00000000000000c3",), trace, "00000000000000c1")],
-    )
+    agent = _span(trace, "invoke_agent bot", {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT})
+    tool_attrs = {sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.GEN_AI_TOOL_NAME: "lookup"}
+    tools = [
+        _span(trace, "execute_tool lookup", tool_attrs, agent.span_id, 5 + i) for i in range(2)
+    ]
     with Store(path) as store:
-        commit(store, moved)
-        old = store.reader().get_run(trace)
-        agent = store.reader().get_run("00000000000000c1")
-    assert old is not None and agent is not None
-    assert [old.run[k] for k in ("steps", "start_unix_nano", "end_unix_nano")] == [1, 3, 9]
-    assert [agent.run[k] for k in ("steps", "start_unix_nano", "end_unix_nano")] == [2, 5, 9]
-    assert (old.run["tool_calls"], agent.run["tool_calls"]) == (1, 1)
+        first = MapStage().process(SpanBatch(spans=tools))
+        assert len(first.pending) == 2 and not first.steps
+        assert len(commit(store, first).new_span_keys) == 2
+        assert store.reader().get_run(trace) is None
+    with Store(path) as store:
+        stage = MapStage()
+        assert not stage.restore(store.pending_at_open).steps
+        commit(store, stage.process(SpanBatch(spans=[agent])))
+        detail = store.reader().get_run(agent.span_id)
+        assert detail is not None and detail.run["tool_calls"] == 2
+        assert detail.run["steps"] == 2
+        assert store.reader().get_run(trace) is None
+    con = duckdb.connect(str(path))
+    assert con.execute("SELECT count(*) FROM pending_steps").fetchall() == [(0,)]
+    con.close()
 
 
 def test_schema_7_moves_observe_evidence_out_of_a_completed_stop(tmp_path: Path) -> None:
@@ -1438,7 +1429,7 @@ def test_a_move_after_the_stop_does_not_change_the_cap_tool(
     beta = _span(trace, "execute_tool beta", {**tool, sc.GEN_AI_TOOL_NAME: "beta"}, a.span_id, 5)
     b = _span(trace, "invoke_agent B", agent, root.span_id, 6)
     requests = [stage.process(SpanBatch(spans=s)) for s in (alpha, [a, beta], [x, b])]
-    assert [len(r.reassignments) for r in requests] == [0, 0, 1]
+    assert [len(r.released) for r in requests] == [0, 0, 2]
     if mode == "last two grouped":
         commit(store, requests[0])
         requests = requests[1:]
@@ -1452,14 +1443,12 @@ def test_a_move_after_the_stop_does_not_change_the_cap_tool(
 
 @pytest.mark.parametrize("takeover", [False, True], ids=["agent span", "loopwatch span"])
 @pytest.mark.parametrize("mode", ["one by one", "last two grouped"])
-def test_a_step_of_a_declined_run_is_not_moved_by_a_later_request(
+def test_a_step_after_the_trace_level_run_was_declined_goes_to_its_agent(
     make_store: Any, gate: Gate, mode: str, takeover: bool
 ) -> None:
     """The trace-level run is decided (not sampled) at its root span; a tool span whose
-    agent is not known yet is filed under it again, and dropped one by one (counted, not
-    kept); then the agent span (or a loopwatch span) moves the trace's calls. In a group
-    with the tool span, the move carried the step to the agent run anyway: counted there,
-    kept, and sampling decided on it (a differential fuzz of 017a2fa)."""
+    agent is not known yet is pending; then the agent span releases it to the agent run
+    (declined: counted, not kept), or a loopwatch span discards it, in any grouping."""
     store = make_store(sampling=SamplingConfig(completed_fraction=0.0, max_full_runs_per_hour=1))
     stage = MapStage()
     trace = "ab" * 16
@@ -1480,16 +1469,17 @@ def test_a_step_of_a_declined_run_is_not_moved_by_a_later_request(
     requests = [
         stage.process(SpanBatch(spans=s)) for s in ([root], [tool], [lw if takeover else a])
     ]
-    assert len(requests[2].reassignments) == 1
+    assert len(requests[2].released) + len(requests[2].discarded) == 1
     commit(store, requests[0])
     assert store.reader().get_run(trace).run["sampled"] is False  # type: ignore[union-attr]
     _submit_requests(store, gate, requests[1:], grouped=mode != "one by one")
     declined = store.reader().get_run(trace)
     assert declined is not None
-    assert (declined.run["tool_calls"], declined.steps) == (1, [])
+    assert (declined.run["tool_calls"], declined.steps) == (0, [])
     stored = tool_call_totals(store)
-    assert sum(n for (_, t, _), n in stored.items() if t == "alpha") == 1  # counted once
+    alpha = sum(n for (_, t, _), n in stored.items() if t == "alpha")
+    assert alpha == (0 if takeover else 1)  # counted once, or discarded with its trace
     if not takeover:
         agent = store.reader().get_run(a.span_id)
         assert agent is not None
-        assert (agent.run["tool_calls"], agent.steps) == (0, [])
+        assert (agent.run["tool_calls"], agent.steps) == (1, [])

@@ -173,7 +173,7 @@ def test_token_counts_past_int64_sums_are_capped_not_a_poison_batch(tmp_path: Pa
     from loopwatch.instrumentation.guard import MAX_REPORTED_TOKENS
 
     trace, big = "cd" * 16, 2**63 - 1
-    mapper = MapStage()
+    mapper = MapStage(max_idle_seconds=0)  # no wait for an agent span: trace-level run
     with Store(tmp_path / "t.duckdb") as store:
         for n in range(3):  # the run's total grows over three requests
             usage = {sc.GEN_AI_USAGE_INPUT_TOKENS: big, sc.GEN_AI_USAGE_OUTPUT_TOKENS: big}

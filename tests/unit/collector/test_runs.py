@@ -62,7 +62,7 @@ STOP_CASES: dict[
 @pytest.mark.parametrize("case", list(STOP_CASES), ids=list(STOP_CASES))
 def test_stop_rules(case: str) -> None:
     stored, requests, (final, counted, duplicates, replaced) = STOP_CASES[case]
-    group = Group(now_ns=1, runs=[], steps=[], stops=[], moves=[], canaries=set())
+    group = Group(now_ns=1, runs=[], steps=[], stops=[], canaries=set())
     row = new_run("r1", TRACE, "loopwatch", 0)
     if stored is not None:
         row.update(stop_origin=_O[stored], stop_reason="x", sampled=True)
@@ -134,7 +134,7 @@ COUNT_CASES: dict[str, tuple[dict[str, int], list[StepRow], tuple[int, ...]]] = 
 @pytest.mark.parametrize("case", list(COUNT_CASES), ids=list(COUNT_CASES))
 def test_count_rules(case: str) -> None:
     earlier, steps, expected = COUNT_CASES[case]
-    group = Group(now_ns=1, runs=[], steps=steps, stops=[], moves=[], canaries=set())
+    group = Group(now_ns=1, runs=[], steps=steps, stops=[], canaries=set())
     row = new_run("r1", TRACE, "loopwatch", 0)
     row.update(earlier)
     group.merged["r1"] = row
@@ -150,7 +150,7 @@ def test_count_rules(case: str) -> None:
 
 
 def test_the_run_span_wins_and_times_widen() -> None:
-    group = Group(now_ns=1, runs=[], steps=[], stops=[], moves=[], canaries=set())
+    group = Group(now_ns=1, runs=[], steps=[], stops=[], canaries=set())
     group.runs = [
         RunRow("r1", TRACE, "a" * 16, "genai", start_unix_nano=50, end_unix_nano=60),
         RunRow(

@@ -274,6 +274,7 @@ def snapshot(path: Path) -> dict[str, Any]:
             "runs": sorted(runs.items(), key=repr),
             "steps": rows("SELECT * FROM steps"),
             "staged_steps": rows("SELECT * FROM staged_steps"),
+            "pending_steps": rows("SELECT * FROM pending_steps"),
             "stops": rows("SELECT * FROM stops"),
             "stop_anomalies": rows("SELECT * FROM stop_anomalies"),
             "run_tools": rows(
@@ -390,14 +391,12 @@ def _kept(snap: dict[str, Any], table: str = "steps") -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("groups", [[1, 1], [2]], ids=str)
-def test_a_move_takes_its_steps_highest_step_and_times_along(
+def test_a_released_step_takes_its_step_and_times_to_its_run(
     tmp_path: Path, groups: list[int]
 ) -> None:
-    """Two tool spans filed under the trace (their parents are not known yet); then the
-    agent span of one of them moves that one. One by one, the move lowered the trace-level
-    run's counts but left its highest step and its times, and did not widen the agent
-    run's times; in a group the step was never the trace-level run's. The trace-level
-    run keeps what it keeps, as if the step had been filed under its agent at once."""
+    """Two tool spans pending (their parents are not known yet); then the agent span of
+    one of them releases that one to its run, with its step and times; the other stays
+    pending, so there is no trace-level run yet."""
     trace = "ef" * 16
     a = SpanRecord(trace, "00000000000000c1", "00000000000000ff", "invoke_agent A", 1, 1, 2, AGENT)
     t1 = tool_span(trace, "00000000000000c2", "00000000000000fe", "alpha", 3)
@@ -405,21 +404,21 @@ def test_a_move_takes_its_steps_highest_step_and_times_along(
         tool_span(trace, "00000000000000c3", a.span_id, "alpha", 5), end_unix_nano=9
     )
     case = Case(map_requests([[t1, t2], [a]]), groups)
-    assert [len(r.reassignments) for r in case.requests] == [0, 1]
+    assert [len(r.released) for r in case.requests] == [0, 1]
     one, _ = assert_same(tmp_path, case)
     runs = _runs(one)
     bounds = ("steps", "start_unix_nano", "end_unix_nano", "tool_calls")
-    assert [runs[trace][k] for k in bounds] == [1, 3, 4, 1]
+    assert trace not in runs and [row[1] for row in one["pending_steps"]] == [t1.span_id]
     assert [runs[a.span_id][k] for k in bounds] == [2, 1, 9, 1]
 
 
 @pytest.mark.parametrize("groups", [[1, 1, 1], [1, 2], [3]], ids=str)
-def test_a_move_leaves_the_times_of_the_run_span_and_stop(
+def test_a_released_step_leaves_the_times_of_the_run_span_and_stop(
     tmp_path: Path, groups: list[int]
 ) -> None:
     """The root span (the trace-level run's run span and stop) arrives first; a tool span
-    that started earlier (clock skew) and ended later is filed under the trace, then moved
-    to its agent: the trace-level run's times are its root span's again."""
+    that started earlier (clock skew) and ended later is pending, then released to its
+    agent: the trace-level run's times are its root span's."""
     trace = "ad" * 16
     root = SpanRecord(trace, "00000000000000d1", "", "workflow", 1, 10, 20, {})
     a = SpanRecord(trace, "00000000000000d2", root.span_id, "invoke_agent A", 1, 11, 12, AGENT)
@@ -427,7 +426,7 @@ def test_a_move_leaves_the_times_of_the_run_span_and_stop(
         tool_span(trace, "00000000000000d3", a.span_id, "alpha", 5), end_unix_nano=30
     )
     case = Case(map_requests([[root], [tool], [a]]), groups)
-    assert [len(r.reassignments) for r in case.requests] == [0, 0, 1]
+    assert [len(r.released) for r in case.requests] == [0, 0, 1]
     one, _ = assert_same(tmp_path, case)
     runs = _runs(one)
     bounds = ("steps", "start_unix_nano", "end_unix_nano", "tool_calls")
@@ -474,7 +473,7 @@ def test_a_kept_step_moved_to_a_declined_run_is_not_kept(
     kept)."""
     case, trace, agent_run = _kept_step_moved_to_a_declined_run(declined_first)
     case.groups = groups
-    assert [len(r.reassignments) for r in case.requests][-1] == 1
+    assert len(case.requests[-1].released) == 1
     one, _ = assert_same(tmp_path, case)
     runs = _runs(one)
     assert (runs[trace]["sampled"], runs[trace]["tool_calls"]) == (True, 0)
@@ -492,16 +491,13 @@ def test_a_kept_step_moved_to_a_declined_run_is_not_kept(
 
 @pytest.mark.parametrize("takeover", [False, True], ids=["agent span", "loopwatch span"])
 @pytest.mark.parametrize("groups", [[1, 1, 1], [3], [2, 1], [1, 2]], ids=str)
-def test_a_run_declined_earlier_in_the_group_keeps_its_steps_from_a_move(
+def test_a_step_after_the_trace_level_run_was_declined_goes_to_its_agent(
     tmp_path: Path, groups: list[int], takeover: bool
 ) -> None:
     """The trace-level run is declined at its root span; a tool span whose agent is not
-    known yet is filed under it again (dropped, counted); then the agent span (or a
-    loopwatch span) moves the trace's calls. With all three requests in one group, the
-    group applied every move before any decision: the call moved to the agent run
-    (counted and kept there, or dropped with the takeover), where one by one the move
-    came after the decision and found nothing. Moves and decisions now follow the
-    requests' order."""
+    known yet is pending; then the agent span releases it to the agent run (declined:
+    counted, not kept), or a loopwatch span discards it (counted nowhere in the store),
+    in any grouping."""
     trace = "ab" * 16
     root = SpanRecord(trace, "00000000000000a1", "", "workflow", 1, 1, 2, {})
     a = SpanRecord(trace, "00000000000000a2", root.span_id, "invoke_agent A", 1, 3, 4, AGENT)
@@ -509,14 +505,16 @@ def test_a_run_declined_earlier_in_the_group_keeps_its_steps_from_a_move(
     attrs = {sc.LW_EVENT: sc.EVENT_DECISION, sc.LW_RUN_ID: "lw", sc.LW_STEP: 1}
     lw = SpanRecord(trace, "00000000000000a4", "", "decide", 1, 7, 8, attrs)
     case = Case(map_requests([[root], [tool], [lw if takeover else a]]), groups, fraction=0.0)
-    assert [len(r.reassignments) for r in case.requests] == [0, 0, 1]
+    assert [len(r.released) + len(r.discarded) for r in case.requests] == [0, 0, 1]
     one, _ = assert_same(tmp_path, case)
     runs = _runs(one)
     declined = runs[trace]
-    assert (declined["sampled"], declined["tool_calls"], declined["steps"]) == (False, 1, 1)
-    assert (declined["start_unix_nano"], declined["end_unix_nano"]) == (1, 6)
+    assert (declined["sampled"], declined["tool_calls"], declined["steps"]) == (False, 0, 0)
+    assert (declined["start_unix_nano"], declined["end_unix_nano"]) == (1, 2)
     if not takeover:
-        assert runs[a.span_id]["tool_calls"] == 0
+        assert (runs[a.span_id]["tool_calls"], runs[a.span_id]["sampled"]) == (1, False)
     rows = _kept(one) + _kept(one, "staged_steps")
     assert [run for run, _ in rows if run in (trace, a.span_id)] == []
-    assert sum(r[3] for r in one["run_tools"] if r[1] == "alpha") == 1  # counted once
+    alpha = sum(r[3] for r in one["run_tools"] if r[1] == "alpha")
+    assert alpha == (0 if takeover else 1)  # counted once, or discarded with its trace
+    assert one["pending_steps"] == []
