@@ -621,3 +621,77 @@ def test_pickled_as_tuple_refuses_classes_it_cannot_rebuild() -> None:
 
     with pytest.raises(TypeError, match="__init__"):
         pickled_as_tuple(Derived)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+_TOOL = {sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.GEN_AI_TOOL_NAME: "lookup"}
+_AGENT = {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT}
+
+
+@pytest.mark.parametrize(
+    ("then", "run"),
+    [
+        ("agent span", "agent"),
+        ("root span ends", TRACE),
+        ("idle timeout", TRACE),
+        ("evicted", TRACE),
+        ("loopwatch span", None),
+    ],
+)
+def test_where_a_pending_step_goes(then: str, run: str | None) -> None:
+    """A step whose agent span is not known yet is pending, and leaves once, final: to the
+    run its ancestry names, else to the trace-level run, or to no run in a loopwatch trace."""
+    clock = _Clock()
+    stage = MapStage(max_open_traces=1, max_idle_seconds=60, clock=clock)
+    root = make_span("workflow", {}, start=0, end=100)
+    agent = make_span("invoke_agent a", _AGENT, parent=root.span_id, start=1, end=50)
+    tool = make_span("execute_tool lookup", _TOOL, parent=agent.span_id, start=2, end=3)
+    first = mapped(tool, stage=stage)
+    assert [s.span_id for s, _ in first.pending] == [tool.span_id] and not first.steps
+    clock.now = 61 if then == "idle timeout" else 10
+    later = {
+        "agent span": [agent],
+        "root span ends": [root],
+        "idle timeout": [make_span("t", _TOOL, trace_id="a" * 32)],
+        "evicted": [make_span("t", _TOOL, trace_id="a" * 32)],
+        "loopwatch span": [make_span("decide", LW_DECISION)],
+    }[then]
+    out = mapped(*later, stage=stage)
+    key = (TRACE, tool.span_id)
+    if run is None:
+        assert [s.span_id for s in out.discarded] == [tool.span_id] and not out.released
+        return
+    step = next(s for s in out.steps if s.span_id == tool.span_id)
+    assert step.run_id == (agent.span_id if run == "agent" else run)
+    assert key in out.released and key not in {(s.trace_id, s.span_id) for s, _ in out.pending}
+    assert not mapped(agent, root, stage=stage).released  # released once
+
+
+def test_undo_holds_the_released_steps_again_for_the_retry() -> None:
+    stage = MapStage()
+    agent = make_span("invoke_agent a", _AGENT, start=1, end=50)
+    tool = make_span("execute_tool lookup", _TOOL, parent=agent.span_id, start=2, end=3)
+    mapped(tool, stage=stage)
+    refused = mapped(agent, stage=stage)
+    assert refused.released == {(TRACE, tool.span_id)}
+    stage.undo(refused)
+    retry = mapped(agent, stage=stage)
+    assert retry.released == refused.released
+    assert [(s.span_id, s.run_id) for s in retry.steps] == [(tool.span_id, agent.span_id)]
+
+
+def test_restore_holds_the_stored_pending_steps() -> None:
+    agent = make_span("invoke_agent a", _AGENT, start=1, end=50)
+    tool = make_span("execute_tool lookup", _TOOL, parent=agent.span_id, start=2, end=3)
+    stored = mapped(tool).pending
+    stage = MapStage()
+    assert not stage.restore(stored).steps
+    out = mapped(agent, stage=stage)
+    assert [(s.span_id, s.run_id, s.step) for s in out.steps] == [(tool.span_id, agent.span_id, 1)]

@@ -388,3 +388,21 @@ def test_calls_sent_without_content_never_make_a_loop(captured: str) -> None:
     assert stops[agent].observe_reason == expected
     fingerprints = {s.action_fingerprint for s in steps if s.kind == "tool_result"}
     assert len(fingerprints) == (5 if captured in ("neither", "result only") else 1)
+
+
+def test_a_refused_request_taken_back_is_judged_again_on_its_retry() -> None:
+    """A request refused before its commit (429/503) is undone: its retry, mapped as a
+    resend, gets the same annotations and the same verdict."""
+    spans = genai_trace([{"status": "pending"}] * 5)
+    mapper, stage = MapStage(), DetectStage()
+    first = stage.process(mapper.process(SpanBatch(list(spans))))
+    mapper.undo(first)
+    stage.undo(first)
+    retry = stage.process(mapper.process(SpanBatch(list(spans))))
+    for batch in (first, retry):
+        stop = next(s for s in batch.stops if s.stop_inferred)
+        assert (stop.observe_reason, stop.observe_step) == ("repeated_action", 3)
+    assert [s.action_fingerprint for s in retry.steps] == [
+        s.action_fingerprint for s in first.steps
+    ]
+    assert all(s.action_fingerprint for s in retry.steps if s.kind == "tool_result")
