@@ -2,8 +2,8 @@
 
 ::
 
-    receive ─> decode ─> redact ─> map ─> runs ─> detect ─> sample ─> store ─> metrics
-    receive_http    decode    redact    map    runs    detect    sample    store/    metrics
+    receive ─> decode ─> redact ─> map ─> detect ─> runs ─> sample ─> store ─> metrics
+    receive_http    decode    redact    map    detect    runs    sample    store/    metrics
     receive_grpc   (workers)
 
 Each stage is a module of its name (:data:`STAGES`). A request moves through them in
@@ -17,7 +17,10 @@ that order:
 - ``redact``, ``map`` and ``detect`` are transformers, ``process(batch) -> batch``, held
   in order by :class:`Pipeline` and run on one pipeline thread in arrival order;
 - ``runs`` (:mod:`.runs`) and ``sample`` (:mod:`.sample`) are applied by the store's
-  writer to each group commit, in request order, with the run rows already stored;
+  writer to each group commit, in request order, with the run rows already stored: the
+  merge rules need the rows earlier requests committed, so they run where those rows are
+  (DESIGN section 5 draws ``runs`` before ``detect``; detection works on the steps of
+  one run as ``map`` assigns them, and needs nothing ``runs`` decides);
 - ``store`` (:mod:`.store`) commits in groups and resolves each batch's future;
 - ``metrics`` (:mod:`.metrics`) counts what the commit stored for the first time.
 """
@@ -35,8 +38,8 @@ STAGES: Final = (
     "decode",
     "redact",
     "map",
-    "runs",
     "detect",
+    "runs",
     "sample",
     "store",
     "metrics",
