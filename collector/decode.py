@@ -125,7 +125,6 @@ _ZERO_TRACE_HEX = "0" * 32
 _ZERO_SPAN_HEX = "0" * 16
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
-_UINT64_MAX = 2**64 - 1
 _UINT32_MAX = 2**32 - 1
 _INT32_MAX = 2**31 - 1
 
