@@ -93,19 +93,13 @@ def _send_demo(
     problems = _ProblemPrinter(prefix)
     try:
         report = run_demo(list(corpus) or None, on_problem=problems, **options)
-    except CollectorUnreachable as exc:
-        click.echo(f"{prefix}: {exc}", err=True)
-        return 1
     except PolicyError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "invalid policy"
         click.echo(f"{prefix}: invalid policy: {first}", err=True)
         return 2
-    except ImportError as exc:
+    except (CollectorUnreachable, ImportError, ValueError) as exc:
         click.echo(f"{prefix}: {exc}", err=True)
-        return 2
-    except ValueError as exc:
-        click.echo(f"{prefix}: {exc}", err=True)
-        return 1
+        return 2 if isinstance(exc, ImportError) else 1
     finally:
         problems.close()
     if verbose:
