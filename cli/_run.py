@@ -93,19 +93,13 @@ def _send_demo(
     problems = _ProblemPrinter(prefix)
     try:
         report = run_demo(list(corpus) or None, on_problem=problems, **options)
-    except CollectorUnreachable as exc:
-        click.echo(f"{prefix}: {exc}", err=True)
-        return 1
     except PolicyError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "invalid policy"
         click.echo(f"{prefix}: invalid policy: {first}", err=True)
         return 2
-    except ImportError as exc:
+    except (CollectorUnreachable, ImportError, ValueError) as exc:
         click.echo(f"{prefix}: {exc}", err=True)
-        return 2
-    except ValueError as exc:
-        click.echo(f"{prefix}: {exc}", err=True)
-        return 1
+        return 2 if isinstance(exc, ImportError) else 1
     finally:
         problems.close()
     if verbose:
@@ -214,19 +208,10 @@ def _start_dashboard(
     collector_url: str, port: int, token_file: str | None
 ) -> subprocess.Popen[bytes]:
     """Streamlit over the collector's API, quiet: its banner and info log would bury the
-    URLs (warnings and errors still reach stderr)."""
-    import importlib.util
+    URLs."""
+    from loopwatch.dashboard.cli import start_dashboard
 
-    from loopwatch.dashboard.cli import build_command, build_env
-
-    if importlib.util.find_spec("streamlit") is None:
-        raise ImportError("the dashboard needs its extra: pip install 'loopwatch[dashboard]'")
-    return subprocess.Popen(
-        [*build_command(host="127.0.0.1", port=port), "--logger.level=warning"],
-        env=build_env(collector_url, None, token_file=token_file),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-    )
+    return start_dashboard(collector_url, port=port, token_file=token_file, quiet=True)
 
 
 def _port_free(host: str, port: int) -> bool:

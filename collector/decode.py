@@ -125,7 +125,6 @@ _ZERO_TRACE_HEX = "0" * 32
 _ZERO_SPAN_HEX = "0" * 16
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
-_UINT64_MAX = 2**64 - 1
 _UINT32_MAX = 2**32 - 1
 _INT32_MAX = 2**31 - 1
 
@@ -542,19 +541,16 @@ def _json_scope(scope: Any) -> ScopeRecord:
     )
 
 
+def _json_id(value: Any, pattern: Callable[[str], object], zero: str, message: str) -> str:
+    """A hex id, lowercased; anything else, or all zeros, rejects the span with ``message``."""
+    if type(value) is not str or pattern(value) is None or value.lower() == zero:
+        raise _Rejected(message)
+    return value.lower()
+
+
 def _json_span(span: dict[str, Any], resource: ResourceRecord, scope: ScopeRecord) -> SpanRecord:
-    trace_id = span.get("traceId")
-    if type(trace_id) is not str or _HEX32(trace_id) is None:
-        raise _Rejected(MSG_TRACE_ID)
-    trace_id = trace_id.lower()
-    if trace_id == _ZERO_TRACE_HEX:
-        raise _Rejected(MSG_TRACE_ID)
-    span_id = span.get("spanId")
-    if type(span_id) is not str or _HEX16(span_id) is None:
-        raise _Rejected(MSG_SPAN_ID)
-    span_id = span_id.lower()
-    if span_id == _ZERO_SPAN_HEX:
-        raise _Rejected(MSG_SPAN_ID)
+    trace_id = _json_id(span.get("traceId"), _HEX32, _ZERO_TRACE_HEX, MSG_TRACE_ID)
+    span_id = _json_id(span.get("spanId"), _HEX16, _ZERO_SPAN_HEX, MSG_SPAN_ID)
     parent = span.get("parentSpanId")
     if parent is None or parent == "":
         parent = ""

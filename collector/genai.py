@@ -30,7 +30,7 @@ import math
 from typing import Final
 
 from loopwatch.instrumentation import _semconv as sc
-from loopwatch.instrumentation.guard import MAX_REPORTED_TOKENS
+from loopwatch.instrumentation.budgets import MAX_REPORTED_TOKENS
 
 from .records import STATUS_ERROR, Attributes, AttrValue, SpanRecord
 

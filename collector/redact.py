@@ -268,12 +268,8 @@ class RedactStage:
             seen = shared[id(scope)] = attribute.get(RULE_CANARY, 0) > before
         canary |= seen
 
-        before = (
-            attribute.get(RULE_CANARY, 0)
-            + event.get(RULE_CANARY, 0)
-            + name.get(RULE_CANARY, 0)
-            + status.get(RULE_CANARY, 0)
-        )
+        counters = (attribute, event, name, status)
+        before = sum(c.get(RULE_CANARY, 0) for c in counters)
         span.name = r.scrub_text(span.name, name)
         span.attributes = r.scrub_value(span.attributes, attribute)
         if span.trace_state:
@@ -289,10 +285,5 @@ class RedactStage:
                 link.attributes = r.scrub_value(link.attributes, attribute)
             if link.trace_state:
                 link.trace_state = r.scrub_text(link.trace_state, attribute)
-        after = (
-            attribute.get(RULE_CANARY, 0)
-            + event.get(RULE_CANARY, 0)
-            + name.get(RULE_CANARY, 0)
-            + status.get(RULE_CANARY, 0)
-        )
+        after = sum(c.get(RULE_CANARY, 0) for c in counters)
         return canary or after > before

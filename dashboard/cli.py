@@ -87,8 +87,12 @@ def start_dashboard(
     port: int = 8501,
     *,
     token_file: str | None = None,
+    quiet: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start the app in a child process and return it (the caller waits or stops it).
+
+    ``quiet`` drops Streamlit's banner and info log (warnings and errors still reach
+    stderr), for a caller that prints its own URLs.
 
     Raises:
         ValueError: both sources given, a malformed URL, or a bad port.
@@ -99,10 +103,12 @@ def start_dashboard(
 
     if importlib.util.find_spec("streamlit") is None:
         raise ImportError("the dashboard needs its extra: pip install 'loopwatch[dashboard]'")
+    command = build_command(host=host, port=port)
     return subprocess.Popen(
-        build_command(host=host, port=port),
+        [*command, "--logger.level=warning"] if quiet else command,
         env=build_env(collector_url, db, token_file=token_file),
         stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL if quiet else None,
     )
 
 

@@ -92,24 +92,8 @@ class DuckDBSource:
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         """Run one parameterized query with the time limit; rows past the cap are dropped."""
-        cursor = self._cursor()
-        timer = threading.Timer(self.timeout_seconds, cursor.interrupt)
-        timer.daemon = True
-        timer.start()
-        try:
-            cursor.execute(sql, list(params))
-            names = [d[0] for d in cursor.description or ()]
-            rows = cursor.fetchmany(self.max_rows)
-        except duckdb.InterruptException:
-            raise data.QueryFailed(
-                "query_timeout", f"The query exceeded its {self.timeout_seconds:g} s limit."
-            ) from None
-        except duckdb.Error as exc:
-            raise data.QueryFailed("database_error", f"The database failed: {exc}") from None
-        finally:
-            timer.cancel()
-            cursor.close()
-        return [dict(zip(names, row, strict=True)) for row in rows]
+        rows, _ = self._call(self._reader._query, sql, params)
+        return rows  # type: ignore[no-any-return]
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call a reader method, mapping its errors to :class:`QueryFailed`."""

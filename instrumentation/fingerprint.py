@@ -30,13 +30,11 @@ from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-
 from typing import Any, Final
 
 __all__ = [
-    "EMPTY_DIGEST",
     "action_fingerprint",
     "canonical_json",
     "canonicalize",
     "digest",
     "fingerprint_with",
-    "is_empty_result",
     "key_text",
     "object_token",
     "observation_digest",
@@ -433,9 +431,6 @@ def _encode_plain(value: Any) -> str | None:
         return None
 
 
-EMPTY_DIGEST: Final = digest(canonical_json(None))
-
-
 def observation_digest(
     result: Any,
     volatile: frozenset[str] = frozenset(),
@@ -487,13 +482,6 @@ def text_fingerprint(text: str | None) -> str:
     """
     norm = _WS.sub(" ", (text or "").strip()).casefold()
     return digest(canonical_json({"decision": norm}))
-
-
-def is_empty_result(result: Any) -> bool:
-    """True for an empty but valid result: ``None``, ``""``, ``[]``, ``{}``."""
-    return result is None or (
-        isinstance(result, str | list | tuple | dict | set) and len(result) == 0
-    )
 
 
 def preview(tool: str, fingerprint: str) -> str:

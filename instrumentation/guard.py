@@ -51,8 +51,8 @@ import uuid
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, Literal
 
-from .budgets import MAX_REPORTED_TOKENS, Budget, usage_cost, usage_tokens
-from .detectors import MAX_LOOKBACK, REPEAT_ACROSS_PROGRESS_FACTOR, Detectors, ToolSettings
+from .budgets import Budget, usage_cost, usage_tokens
+from .detectors import Detectors, ToolSettings
 from .errors import RunStateError
 from .failures import FailureClass, classify_exception
 from .fingerprint import (
@@ -65,12 +65,10 @@ from .outcomes import (
     ALLOWED,
     Decision,
     DecisionType,
-    Dimension,
     Evidence,
     Outcome,
     Stop,
     StopReason,
-    ToolCall,
     ToolOutcome,
     ToolRecord,
     ToolTicket,
@@ -82,24 +80,7 @@ from .outcomes import (
 from .policy import Policy
 from .state import already_used, check, load, snapshot
 
-__all__ = [
-    "MAX_LOOKBACK",
-    "MAX_REPORTED_TOKENS",
-    "REPEAT_ACROSS_PROGRESS_FACTOR",
-    "Decision",
-    "DecisionType",
-    "Dimension",
-    "Evidence",
-    "Guard",
-    "Outcome",
-    "Stop",
-    "StopReason",
-    "ToolCall",
-    "ToolRecord",
-    "ToolTicket",
-    "Usage",
-    "Verdict",
-]
+__all__ = ["Guard"]
 
 Mode = Literal["enforce", "observe"]
 _MAX_OBSERVED_STOPS: Final = 32

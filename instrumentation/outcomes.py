@@ -277,6 +277,12 @@ class Stop:
             "retryable": self.retryable,
             "evidence": self.evidence.to_dict(),
         }
+        out.update(self.measures())
+        return out
+
+    def measures(self) -> dict[str, Any]:
+        """``dimension``, ``limit``, ``observed`` and ``basis``, those that are set."""
+        out: dict[str, Any] = {}
         if self.dimension is not None:
             out["dimension"] = self.dimension.value
         for key in ("limit", "observed", "basis"):

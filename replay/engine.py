@@ -294,17 +294,6 @@ def _stop(stop: Stop | None) -> Stop:
     return stop
 
 
-def _evidence(stop: Stop) -> dict[str, Any]:
-    out: dict[str, Any] = stop.evidence.to_dict()
-    if stop.dimension is not None:
-        out["dimension"] = stop.dimension.value
-    for name in ("limit", "observed", "basis"):
-        value = getattr(stop, name)
-        if value is not None:
-            out[name] = value
-    return out
-
-
 def replay_run(trajectory: Trajectory, policy: NamedPolicy | Policy) -> ReplayResult:
     """Replay one recorded run through one policy.
 
@@ -334,7 +323,7 @@ def _replay_one(trajectory: Trajectory, named: NamedPolicy, prep: _Prepared) -> 
         stop_dimension = stop.dimension.value if stop.dimension is not None else None
         stop_step = stop.step
         onset = loop_onset(stop, acts, named.policy, hit.saved_from_call, loop)
-        evidence = _evidence(stop)
+        evidence = {**stop.evidence.to_dict(), **stop.measures()}
         saved = max(calls_total - hit.saved_from_call, 0)
         model_saved = hit.model_saved
     return ReplayResult(

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 # One wording for a huge integer, in policy problems and import problems alike.
-from loopwatch.instrumentation.policy import _describe_int as describe_int
+from loopwatch.instrumentation.policy import _describe_int
 
-__all__ = ["check_fits", "describe_int", "too_large"]
+__all__ = ["check_fits", "too_large"]
 
 
 def too_large(value: Any) -> bool:
@@ -43,4 +43,4 @@ def check_fits(value: Any, where: str, *, error: type[ValueError] = ValueError) 
         check_fits(usage.get("prompt_tokens"), "messages[3].usage.prompt_tokens")
     """
     if too_large(value):
-        raise error(f"{where}: too large for a number, got {describe_int(value)}")
+        raise error(f"{where}: too large for a number, got {_describe_int(value)}")

@@ -70,7 +70,7 @@ from loopwatch.collector.records import STATUS_ERROR, Attributes, SpanBatch, Spa
 from loopwatch.instrumentation import DecisionType
 from loopwatch.instrumentation import _semconv as sc
 from loopwatch.replay.importers import Document
-from loopwatch.replay.importers._calls import OpenCalls
+from loopwatch.replay.importers._calls import CallDraft, OpenCalls
 from loopwatch.replay.importers._fields import json_or_text
 from loopwatch.replay.trajectory import (
     AGENT,
@@ -333,32 +333,20 @@ def _loopwatch_call(span: SpanRecord) -> ToolCall:
 
 
 @dataclass
-class _Call:
-    name: str
-    arguments: Any
-    call_id: str | None
-    observation: str | None = None
-    error: bool = False
-    answered: bool = False
-    started_at: float | None = None
-    ended_at: float | None = None
-
-
-@dataclass
 class _Draft:
     model_call: bool
     text: str | None
     timestamp: float | None
     input_tokens: int | None = None
     output_tokens: int | None = None
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[CallDraft] = field(default_factory=list)
 
 
 def _third_party_run(
     source: str, trace_id: str, spans: list[SpanRecord]
 ) -> Iterator[Trajectory | ImportProblem]:
     drafts: list[_Draft] = []
-    by_id: OpenCalls[_Call] = OpenCalls()
+    by_id: OpenCalls[CallDraft] = OpenCalls()
     agent: str | None = None
     stop: str | None = None
     failed = False
@@ -388,12 +376,7 @@ def _third_party_run(
             actor=AGENT,
             decision=_third_party_decision(d, is_last=d is last and not failed),
             text=d.text,
-            tool_calls=tuple(
-                ToolCall(
-                    c.name, c.arguments, c.observation, c.error, c.call_id, c.started_at, c.ended_at
-                )
-                for c in d.calls
-            ),
+            tool_calls=tuple(c.recorded() for c in d.calls),
             timestamp=d.timestamp,
             input_tokens=d.input_tokens,
             output_tokens=d.output_tokens,
@@ -450,7 +433,7 @@ def _genai_output(messages: list[Any], draft: _Draft) -> None:
                 name = part.get("name")
                 if isinstance(name, str) and name:
                     call_id = _id(part.get("id"))
-                    draft.calls.append(_Call(name, _arguments(part.get("arguments")), call_id))
+                    draft.calls.append(CallDraft(name, _arguments(part.get("arguments")), call_id))
             elif kind == "text" and isinstance(part.get("content"), str):
                 texts.append(part["content"])
     draft.text = "\n".join(texts) if texts else None
@@ -479,7 +462,7 @@ def _openinference_output(attrs: Attributes, draft: _Draft) -> None:
         name = fields.get("function.name")
         if name:
             arguments = _arguments(fields.get("function.arguments"))
-            draft.calls.append(_Call(name, arguments, fields.get("id") or None))
+            draft.calls.append(CallDraft(name, arguments, fields.get("id") or None))
     if texts:
         draft.text = "\n".join(texts[i] for i in sorted(texts))
 
@@ -501,10 +484,10 @@ def _openai_response(raw: str | None, draft: _Draft) -> None:
         name = function.get("name") if isinstance(function, dict) else None
         if isinstance(function, dict) and isinstance(name, str) and name:
             arguments = _arguments(function.get("arguments"))
-            draft.calls.append(_Call(name, arguments, _id(item.get("id"))))
+            draft.calls.append(CallDraft(name, arguments, _id(item.get("id"))))
 
 
-def _tool_result(span: SpanRecord, drafts: list[_Draft], by_id: OpenCalls[_Call]) -> None:
+def _tool_result(span: SpanRecord, drafts: list[_Draft], by_id: OpenCalls[CallDraft]) -> None:
     attrs = span.attributes
     name = genai.tool_name(span) or _UNKNOWN_TOOL
     call_id = genai.tool_call_id(attrs)
@@ -515,7 +498,7 @@ def _tool_result(span: SpanRecord, drafts: list[_Draft], by_id: OpenCalls[_Call]
         call = next((c for c in drafts[-1].calls if not c.answered and c.name == name), None)
     if call is None:
         arguments = json_or_text(genai.tool_arguments(attrs))
-        call = _Call(name, {} if arguments is None else arguments, call_id)
+        call = CallDraft(name, {} if arguments is None else arguments, call_id)
         start = _seconds(span.start_unix_nano)
         drafts.append(_Draft(model_call=False, text=None, timestamp=start, calls=[call]))
     call.answered = True

@@ -74,7 +74,6 @@ __all__ = ["IMPORTER", "ToolBenchImporter"]
 
 FINISH: Final = "Finish"
 GIVE_ANSWER: Final = "give_answer"
-GIVE_UP: Final = "give_up_and_restart"
 _NODE_TYPES: Final = frozenset({"Thought", "Action", "Action Input"})
 _FAILURE_CODES: Final = frozenset({1, 2, *range(5, 13)})
 _ERROR_FIELD = re.compile(r'^\s*\{\s*"error"\s*:\s*"((?:[^"\\]|\\.)*)"')

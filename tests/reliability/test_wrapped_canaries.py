@@ -1,6 +1,6 @@
 """Regression: a canary broken by line breaks (MIME-wrapped base64) is still found.
 
-Rule (``instrumentation/redaction.py``, ``Redactor._find_canaries``): line breaks (CR, LF,
+Rule (``instrumentation/redaction/_canaries.py``, ``find_canaries``): line breaks (CR, LF,
 CRLF and their JSON escapes ``\\r`` ``\\n``) and the spaces and tabs after them are ignored
 when matching canary forms, so base64 wrapped at 76 (MIME, RFC 2045; ``base64``) or 64
 (PEM, RFC 7468) characters per line, indented or folded text, and a canary split across

@@ -6,7 +6,7 @@ import pytest
 from loopwatch.collector import genai
 from loopwatch.collector.records import STATUS_ERROR, Attributes, AttrValue, SpanRecord
 from loopwatch.instrumentation import _semconv as sc
-from loopwatch.instrumentation.guard import MAX_REPORTED_TOKENS
+from loopwatch.instrumentation.budgets import MAX_REPORTED_TOKENS
 
 ROLES: list[tuple[Attributes, int]] = [
     ({sc.GEN_AI_OPERATION_NAME: "invoke_agent"}, genai.ROLE_AGENT),

@@ -170,7 +170,7 @@ def test_token_counts_past_int64_sums_are_capped_not_a_poison_batch(tmp_path: Pa
     from loopwatch.collector.records import SpanBatch, SpanRecord
     from loopwatch.collector.store import Store
     from loopwatch.instrumentation import _semconv as sc
-    from loopwatch.instrumentation.guard import MAX_REPORTED_TOKENS
+    from loopwatch.instrumentation.budgets import MAX_REPORTED_TOKENS
 
     trace, big = "cd" * 16, 2**63 - 1
     mapper = MapStage(max_idle_seconds=0)  # no wait for an agent span: trace-level run

@@ -640,7 +640,7 @@ def test_a_token_count_past_int64_is_capped_so_the_trace_keeps_its_usage() -> No
     replayed through a Run: the OTLP encoder dropped gen_ai.usage.input_tokens and
     loopwatch.usage.tokens ("Value out of range") with a log line only (helper review of
     10d3833). Every reported count is capped at MAX_REPORTED_TOKENS."""
-    from loopwatch.instrumentation.guard import MAX_REPORTED_TOKENS
+    from loopwatch.instrumentation.budgets import MAX_REPORTED_TOKENS
     from loopwatch.instrumentation.testing import ScriptedModel
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace import TracerProvider
