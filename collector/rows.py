@@ -250,16 +250,6 @@ class MappedBatch:
         default_factory=dict, repr=False, compare=False
     )
 
-    def span_keys(self) -> set[tuple[str, str]]:
-        """Return the ``(trace_id, span_id)`` of every span of this request that produced
-        a row (released steps came with an earlier request)."""
-        keys = {(r.trace_id, r.span_id) for r in self.runs}
-        keys.update((s.trace_id, s.span_id) for s in self.steps)
-        keys.difference_update(self.released)
-        keys.update((s.trace_id, s.span_id) for s, _ in self.pending)
-        keys.update((s.trace_id, s.span_id) for s in self.stops)
-        return keys
-
     def replace_step(self, old: StepRow, new: StepRow) -> None:
         """Replace the step with ``old``'s span key by ``new`` (same span key required).
 

@@ -524,7 +524,9 @@ def test_third_party_tool_steps_seam() -> None:
 def test_span_keys_and_counts() -> None:
     spans = genai_trace()
     out = mapped(*spans)
-    assert out.span_keys() == {(s.trace_id, s.span_id) for s in spans}
+    rows = (*out.runs, *out.steps, *out.stops, *(step for step, _ in out.pending))
+    assert not out.released
+    assert {(r.trace_id, r.span_id) for r in rows} == {(s.trace_id, s.span_id) for s in spans}
     assert out.spans_in == 5 and out.spans_unmapped == 0
 
 
