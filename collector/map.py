@@ -54,7 +54,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Final
 
 from loopwatch.instrumentation import _semconv as sc
 
@@ -422,36 +422,30 @@ def _resolve(state: _TraceState, parent_span_id: str) -> str | None:
     return None
 
 
-def _keys(span: SpanRecord, run_id: str, source: str) -> dict[str, Any]:
-    """The fields that place a row of ``span``: trace and span id, run id and source."""
-    return {"trace_id": span.trace_id, "span_id": span.span_id, "run_id": run_id, "source": source}
-
-
-def _timing(span: SpanRecord) -> dict[str, Any]:
-    """The run and step row fields copied from ``span``: start, end (ns) and status code."""
-    return {
-        "start_unix_nano": span.start_unix_nano,
-        "end_unix_nano": span.end_unix_nano,
-        "status_code": span.status_code,
-    }
-
-
 def _agent_run_row(span: SpanRecord, run_id: str, source: str, parent_run_id: str | None) -> RunRow:
     attrs = span.attributes
     return RunRow(
-        **_keys(span, run_id, source),
+        run_id=run_id,
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        source=source,
         is_run_span=True,
         agent=agent_name(span),
         agent_id=_str(attrs, sc.GEN_AI_AGENT_ID),
         conversation_id=_str(attrs, sc.GEN_AI_CONVERSATION_ID),
         parent_run_id=parent_run_id,
-        **_timing(span),
+        start_unix_nano=span.start_unix_nano,
+        end_unix_nano=span.end_unix_nano,
+        status_code=span.status_code,
     )
 
 
 def _inferred_stop(span: SpanRecord, run_id: str, source: str, step: int) -> StopRow:
     return StopRow(
-        **_keys(span, run_id, source),
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        run_id=run_id,
+        source=source,
         origin=STOP_ORIGIN_INFERRED,
         reason=STOP_ERROR if span.status_code == STATUS_ERROR else STOP_COMPLETED,
         time_unix_nano=span.end_unix_nano,
@@ -463,10 +457,15 @@ def _inferred_stop(span: SpanRecord, run_id: str, source: str, step: int) -> Sto
 def _third_party_decision(span: SpanRecord, run_id: str, source: str, step: int) -> StepRow:
     attrs = span.attributes
     return StepRow(
-        **_keys(span, run_id, source),
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        run_id=run_id,
+        source=source,
         kind=KIND_DECISION,
         step=step,
-        **_timing(span),
+        start_unix_nano=span.start_unix_nano,
+        end_unix_nano=span.end_unix_nano,
+        status_code=span.status_code,
         error_type=_str(attrs, sc.ERROR_TYPE),
         input_tokens=input_tokens(attrs),
         output_tokens=output_tokens(attrs),
@@ -476,10 +475,15 @@ def _third_party_decision(span: SpanRecord, run_id: str, source: str, step: int)
 def _third_party_tool(span: SpanRecord, run_id: str, source: str, step: int) -> StepRow:
     attrs = span.attributes
     return StepRow(
-        **_keys(span, run_id, source),
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        run_id=run_id,
+        source=source,
         kind=KIND_TOOL_RESULT,
         step=step,
-        **_timing(span),
+        start_unix_nano=span.start_unix_nano,
+        end_unix_nano=span.end_unix_nano,
+        status_code=span.status_code,
         tool=tool_name(span),
         tool_call_id=tool_call_id(attrs),
         outcome=sc.OUTCOME_ERROR if tool_failed(span) else sc.OUTCOME_OK,
@@ -562,7 +566,10 @@ def _map_loopwatch(span: SpanRecord, out: MappedBatch) -> bool:
 def _lw_run(span: SpanRecord, run_id: str) -> RunRow:
     attrs = span.attributes
     return RunRow(
-        **_keys(span, run_id, SOURCE_LOOPWATCH),
+        run_id=run_id,
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        source=SOURCE_LOOPWATCH,
         is_run_span=True,
         agent=_str(attrs, sc.GEN_AI_AGENT_NAME) or span_subject(span.name, _RUN_NAME_PREFIX),
         agent_id=_str(attrs, sc.GEN_AI_AGENT_ID),
@@ -573,7 +580,9 @@ def _lw_run(span: SpanRecord, run_id: str) -> RunRow:
         detector_version=_str(attrs, sc.LW_DETECTOR_VERSION),
         limits=_text(attrs, sc.LW_LIMITS),
         mode=_str(attrs, sc.LW_MODE),
-        **_timing(span),
+        start_unix_nano=span.start_unix_nano,
+        end_unix_nano=span.end_unix_nano,
+        status_code=span.status_code,
     )
 
 
@@ -583,10 +592,15 @@ def _lw_step(span: SpanRecord, run_id: str, kind: str) -> StepRow:
     if kind == KIND_TOOL_RESULT and outcome is None:
         outcome = sc.OUTCOME_ERROR if span.status_code == STATUS_ERROR else sc.OUTCOME_OK
     return StepRow(
-        **_keys(span, run_id, SOURCE_LOOPWATCH),
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        run_id=run_id,
+        source=SOURCE_LOOPWATCH,
         kind=kind,
         step=_int(attrs, sc.LW_STEP),
-        **_timing(span),
+        start_unix_nano=span.start_unix_nano,
+        end_unix_nano=span.end_unix_nano,
+        status_code=span.status_code,
         decision_type=_str(attrs, sc.LW_DECISION_TYPE),
         decision_fingerprint=_str(attrs, sc.LW_DECISION_FINGERPRINT),
         tool=_str(attrs, sc.GEN_AI_TOOL_NAME),
@@ -615,7 +629,10 @@ def _lw_stop(span: SpanRecord, run_id: str, origin: str) -> StopRow:
     if not reason:
         reason = STOP_ERROR if span.status_code == STATUS_ERROR else STOP_COMPLETED
     return StopRow(
-        **_keys(span, run_id, SOURCE_LOOPWATCH),
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        run_id=run_id,
+        source=SOURCE_LOOPWATCH,
         origin=origin,
         reason=reason,
         time_unix_nano=span.end_unix_nano,
