@@ -603,22 +603,9 @@ def _json_event(event: Any) -> SpanEventRecord:
 def _json_link(link: Any) -> LinkRecord:
     if type(link) is not dict:
         raise _Rejected(MSG_MALFORMED_SPAN)
-    trace_id = link.get("traceId")
-    span_id = link.get("spanId")
-    if (
-        type(trace_id) is not str
-        or type(span_id) is not str
-        or _HEX32(trace_id) is None
-        or _HEX16(span_id) is None
-    ):
-        raise _Rejected(MSG_LINK_ID)
-    trace_id = trace_id.lower()
-    span_id = span_id.lower()
-    if trace_id == _ZERO_TRACE_HEX or span_id == _ZERO_SPAN_HEX:
-        raise _Rejected(MSG_LINK_ID)
     return LinkRecord(
-        trace_id,
-        span_id,
+        _json_id(link.get("traceId"), _HEX32, _ZERO_TRACE_HEX, MSG_LINK_ID),
+        _json_id(link.get("spanId"), _HEX16, _ZERO_SPAN_HEX, MSG_LINK_ID),
         _json_attributes(link.get("attributes")),
         _json_str(link.get("traceState")),
     )
@@ -706,16 +693,15 @@ def _json_value(value: Any, depth: int) -> AttrValue:
     return None
 
 
-def _json_string_value(raw: Any, depth: int) -> AttrValue:
-    if type(raw) is not str:
-        raise _Rejected(MSG_MALFORMED_ATTRIBUTES)
-    return raw
+def _json_exact(kind: type[str | bool]) -> Callable[[Any, int], AttrValue]:
+    """The converter of a value that must already be of type ``kind`` (no coercion)."""
 
+    def convert(raw: Any, depth: int) -> AttrValue:
+        if type(raw) is not kind:
+            raise _Rejected(MSG_MALFORMED_ATTRIBUTES)
+        return raw
 
-def _json_bool_value(raw: Any, depth: int) -> AttrValue:
-    if type(raw) is not bool:
-        raise _Rejected(MSG_MALFORMED_ATTRIBUTES)
-    return raw
+    return convert
 
 
 def _json_int_value(raw: Any, depth: int) -> AttrValue:
@@ -779,9 +765,9 @@ def _json_nested_values(raw: Any, depth: int) -> list[Any]:
 
 
 _JSON_VALUE_CONVERTERS: dict[str, Callable[[Any, int], AttrValue]] = {
-    "stringValue": _json_string_value,
+    "stringValue": _json_exact(str),
     "intValue": _json_int_value,
-    "boolValue": _json_bool_value,
+    "boolValue": _json_exact(bool),
     "doubleValue": _json_double_value,
     "arrayValue": _json_array_value,
     "kvlistValue": _json_kvlist_value,

@@ -34,8 +34,9 @@ Third-party runs (``source`` ``genai`` or ``openinference``):
   ``stop_inferred=True``, reason ``completed``, or ``error`` when the span's status is
   ERROR. A later ``detect`` stage may replace it (:meth:`MappedBatch.replace_stop`).
 - Fingerprints, observation digests and loop detections are not computed here:
-  :meth:`MappedBatch.third_party_tool_steps` is the seam for the ``detect`` stage. A
-  step reaches the detect stage once, with its final run id (pending steps do not).
+  the ``detect`` stage computes them on the third-party ``tool_result`` steps of a batch
+  and writes them back with :meth:`MappedBatch.replace_step`. A step reaches the detect
+  stage once, with its final run id (pending steps do not).
 
 State and bounds: third-party numbering and ancestry need memory across requests, kept
 per trace in an LRU of ``max_open_traces`` traces, each remembering at most

@@ -250,32 +250,6 @@ class MappedBatch:
         default_factory=dict, repr=False, compare=False
     )
 
-    def span_keys(self) -> set[tuple[str, str]]:
-        """Return the ``(trace_id, span_id)`` of every span of this request that produced
-        a row (released steps came with an earlier request)."""
-        keys = {(r.trace_id, r.span_id) for r in self.runs}
-        keys.update((s.trace_id, s.span_id) for s in self.steps)
-        keys.difference_update(self.released)
-        keys.update((s.trace_id, s.span_id) for s, _ in self.pending)
-        keys.update((s.trace_id, s.span_id) for s in self.stops)
-        return keys
-
-    def third_party_tool_steps(self) -> dict[str, list[StepRow]]:
-        """Return third-party ``tool_result`` steps per run id, in step order.
-
-        The seam for the ``detect`` stage: it computes action fingerprints, observation
-        digests and loop detections, then writes them back with :meth:`replace_step`
-        (and a detected stop with :meth:`replace_stop`). Order is ``(step,
-        start_unix_nano, span_id)``; earlier steps of a run may be in earlier batches.
-        """
-        out: dict[str, list[StepRow]] = {}
-        for s in self.steps:
-            if s.kind == KIND_TOOL_RESULT and s.source != SOURCE_LOOPWATCH:
-                out.setdefault(s.run_id, []).append(s)
-        for rows in out.values():
-            rows.sort(key=lambda s: (s.step or 0, s.start_unix_nano, s.span_id))
-        return out
-
     def replace_step(self, old: StepRow, new: StepRow) -> None:
         """Replace the step with ``old``'s span key by ``new`` (same span key required).
 

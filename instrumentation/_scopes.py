@@ -113,7 +113,7 @@ class ToolCallScope(_SpanScope):
     """Context manager returned by :meth:`Run.tool_call`; ``with`` yields it as the handle
     (``ticket`` once entered, ``set_result``, and ``record`` after a normal exit)."""
 
-    __slots__ = ("_args", "_args_json", "_call_id", "_name", "_run", "record", "result", "ticket")
+    __slots__ = ("_args", "_call_id", "_name", "_run", "record", "result", "ticket")
 
     def __init__(
         self, run: Run, name: str, arguments: Mapping[str, Any], call_id: str | None
@@ -123,7 +123,6 @@ class ToolCallScope(_SpanScope):
         self._name = name
         self._args = arguments
         self._call_id = call_id
-        self._args_json: str | None = None
         self.ticket: ToolTicket | None = None
         self.result: Any = None
         self.record: ToolRecord | None = None

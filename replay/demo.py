@@ -73,9 +73,8 @@ from .export import (
     counting_provider,
     otlp_endpoint,
 )
-from .importers import ImportResult, load_paths, read_file
+from .importers import ImportResult, load_paths
 from .importers.native import FORMAT, write_trajectories
-from .importers.native import NAME as NATIVE_FORMAT_NAME
 from .policy_choice import DEFAULT_POLICY_FILE, recorded_policy, resolve_policy
 from .recorded import classify_recorded_error, decoded_observation, recorded_decision
 from .shipped_examples import EXAMPLES_DIR, record_examples
@@ -94,9 +93,7 @@ __all__ = [
     "check_collector",
     "default_corpus",
     "demo_run_id",
-    "load_trajectories",
     "otlp_endpoint",
-    "read_trajectories",
     "record_examples",
     "replay_trajectory",
     "resolve_policy",
@@ -129,17 +126,6 @@ def demo_run_id(prefix: str, index: int, trajectory: Trajectory) -> str:
     """
     part = _RUN_ID_CHARS.sub("-", trajectory.run_id).strip("-")[:_MAX_RUN_ID_PART]
     return f"{prefix}.{index:04d}.{part or 'run'}"
-
-
-def read_trajectories(path: str | Path) -> ImportResult:
-    """Read a ``loopwatch.trajectory/1`` file (see :mod:`loopwatch.replay.importers.native`)."""
-    return read_file(path, format=NATIVE_FORMAT_NAME)
-
-
-def load_trajectories(paths: Sequence[str | Path]) -> ImportResult:
-    """Every run under ``paths`` (files or folders, any importer format), in order;
-    problems (unknown format, malformed record) are collected, not raised."""
-    return load_paths(paths)
 
 
 def default_corpus(cwd: Path | None = None) -> Path | None:
@@ -462,7 +448,7 @@ def run_demo(
     else:
         found = default_corpus()
         paths = [found] if found is not None else []
-    loaded = load_trajectories(paths) if paths else ImportResult()
+    loaded = load_paths(paths) if paths else ImportResult()
     report.problems = list(loaded.problems)
     trajectories = loaded.trajectories
     examples = False
@@ -472,7 +458,7 @@ def run_demo(
                 f"no readable run in {', '.join(str(p) for p in corpus)}"
                 + (f" (first problem: {loaded.problems[0]})" if loaded.problems else "")
             )
-        shipped = load_trajectories([EXAMPLES_DIR])
+        shipped = load_paths([EXAMPLES_DIR])
         report.problems.extend(shipped.problems)
         trajectories = shipped.trajectories
         examples = True

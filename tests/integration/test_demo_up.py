@@ -246,12 +246,12 @@ def loop95_run_id(prefix: str) -> str:
     """
     if not TELECOM_FT.is_file():
         pytest.skip(f"corpus file absent: {TELECOM_FT}")
-    from loopwatch.replay.demo import demo_run_id, load_trajectories
-    from loopwatch.replay.importers import importers
+    from loopwatch.replay.demo import demo_run_id
+    from loopwatch.replay.importers import importers, load_paths
 
     if "tau2" not in {i.name for i in importers()}:
         pytest.skip("the tau2 importer is not built yet")
-    loaded = load_trajectories([TELECOM_FT])
+    loaded = load_paths([TELECOM_FT])
     matches = [
         demo_run_id(prefix, index, t)
         for index, t in enumerate(loaded.trajectories)

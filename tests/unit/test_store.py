@@ -170,7 +170,9 @@ def batch(*rows: RunRow | StepRow | StopRow, canaries: frozenset[str] = frozense
             out.steps.append(row)
         else:
             out.stops.append(row)
-    out.spans_in = len(out.span_keys())
+    # one span per distinct span key, as the map stage would have read them
+    keys = {(r.trace_id, r.span_id) for r in (*out.runs, *out.steps, *out.stops)}
+    out.spans_in = len(keys)
     return out
 
 

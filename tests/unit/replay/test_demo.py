@@ -17,6 +17,7 @@ from loopwatch.instrumentation.examples import EXAMPLES, run_example
 from loopwatch.instrumentation.testing import assert_trace_invariants, collect_runs
 from loopwatch.replay import demo
 from loopwatch.replay.engine import default_policy, replay_run
+from loopwatch.replay.importers import load_paths, read_file
 from loopwatch.replay.trajectory import AGENT, USER, Step, ToolCall, Trajectory
 
 from tests.conftest import CORPUS
@@ -38,7 +39,7 @@ SHAPES = {
 
 
 def _examples() -> list[Trajectory]:
-    loaded = demo.load_trajectories([demo.EXAMPLES_DIR])
+    loaded = load_paths([demo.EXAMPLES_DIR])
     assert loaded.problems == []
     return loaded.trajectories
 
@@ -94,7 +95,7 @@ def test_own_format_round_trips(tmp_path: Path) -> None:
     runs = _examples()
     path = tmp_path / "all.json"
     demo.write_trajectories(path, runs)
-    again = demo.read_trajectories(path)
+    again = read_file(path, format="loopwatch")
     assert again.problems == []
     assert [(t.run_id, t.steps, t.metadata) for t in again.trajectories] == [
         (t.run_id, t.steps, t.metadata) for t in runs
@@ -131,7 +132,7 @@ def test_a_bad_run_is_a_problem_naming_file_and_record(
     good = {"run_id": "ok", "steps": [{"actor": "agent", "decision": "final", "text": "x"}]}
     path = tmp_path / "runs.json"
     path.write_text(json.dumps({"format": demo.FORMAT, "runs": [bad, good]}))
-    result = demo.load_trajectories([path])
+    result = load_paths([path])
     assert [t.run_id for t in result.trajectories] == ["ok"]
     (problem,) = result.problems
     assert (problem.source, problem.record) == (str(path), record)
@@ -141,7 +142,7 @@ def test_a_bad_run_is_a_problem_naming_file_and_record(
 def test_an_unreadable_or_foreign_file_is_one_problem(tmp_path: Path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text('{"format": "loopwatch.trajectory/1", "runs": [')
-    result = demo.read_trajectories(broken)
+    result = read_file(broken, format="loopwatch")
     assert result.trajectories == [] and result.problems[0].record == "file"
 
 
@@ -248,7 +249,7 @@ def test_demo_and_replay_agree_on_the_telecom_runs() -> None:
     """``loopwatch demo`` and ``loopwatch replay`` judge every run the same way."""
     if not TELECOM_FT.is_file():
         pytest.skip(f"corpus file absent: {TELECOM_FT}")
-    loaded = demo.load_trajectories([TELECOM_FT])
+    loaded = load_paths([TELECOM_FT])
     if not loaded.trajectories:
         pytest.skip("the tau2 importer is not built yet")
     named = default_policy()
