@@ -358,6 +358,7 @@ def replay(
         raise SystemExit(2) from None
     if out_path is not None:
         click.echo(
-            f"loopwatch replay: {len(runs)} runs x {len(policies)} policies -> {out_path}",
+            f"loopwatch replay: {len(runs)} runs x {len(policies)} "
+            f"{'policy' if len(policies) == 1 else 'policies'} -> {out_path}",
             err=True,
         )
