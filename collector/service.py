@@ -252,12 +252,13 @@ class Collector:
         everything_new = len(new) == result.spans
         by_labels: dict[tuple[str, str, str], int] = {}
         counted: set[tuple[str, str]] = set()
+        released = mapped.released  # counted when they arrived, as pending steps
         for step in [*mapped.steps, *(row for row, _ in mapped.pending)]:
             if step.kind != "tool_result":
                 continue
             key = (step.trace_id, step.span_id)
-            if (not everything_new and key not in new) or key in counted:
-                continue  # a retry's span, or one sent twice in this request: stored once
+            if (not everything_new and key not in new) or key in counted or key in released:
+                continue  # a retry's span, one sent twice, or a pending call counted already
             counted.add(key)
             labels = (
                 step.agent or UNKNOWN_AGENT,

@@ -19,7 +19,7 @@ from loopwatch.instrumentation.testing import ConstantTool, FakeClock, ScriptedM
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from tests.unit.test_store import Gate
+from tests.unit.test_store import Gate, tool_call_totals
 
 from .spans import completed_run, looping_run, record, scripted_run, to_batch
 
@@ -772,5 +772,29 @@ def test_a_request_refused_by_a_full_queue_after_mapping_keeps_its_verdict(tmp_p
         assert detail["stop"]["observe_reason"] == "repeated_action"
         assert detail["run"]["tool_calls"] == 5 and detail["run"]["sampled"] is True
         assert value(c, "loopwatch_loop_detections_total", agent="triage", tool="lookup_order") == 1
+    finally:
+        c.close()
+
+
+def test_a_pending_call_is_counted_once_when_its_agent_span_releases_it(tmp_path: Path) -> None:
+    """A third-party tool span that arrives before its agent span is counted when it
+    arrives (pending); its release to the agent run in a later request counts nothing."""
+
+    def agent_with_one_call(provider: Any) -> None:
+        tracer = provider.get_tracer("third-party")
+        agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "triage"}
+        tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup"}
+        with tracer.start_as_current_span("invoke_agent triage", attributes=agent):
+            with tracer.start_as_current_span("execute_tool lookup", attributes=tool):
+                pass
+
+    spans = record(agent_with_one_call)
+    c = Collector(load_config(environ={}, overrides={"store": {"db": str(tmp_path / "lw.duckdb")}}))
+    try:
+        asyncio.run(c.submit(to_batch([s for s in spans if s.name.startswith("execute_tool")])))
+        assert value(c, "loopwatch_tool_calls_total") == 1
+        asyncio.run(c.submit(to_batch([s for s in spans if s.name.startswith("invoke_agent")])))
+        assert value(c, "loopwatch_tool_calls_total") == 1
+        assert sum(tool_call_totals(c.store).values()) == 1
     finally:
         c.close()
