@@ -356,6 +356,20 @@ class Policy:
         applied = self.with_overrides("env", **values) if values else self
         return replace(applied, env_applied=True)
 
+    def with_tool_risks(self, risks: Mapping[str, Risk]) -> Policy:
+        """A copy that declares the risk a framework knows for each tool (MCP annotations,
+        framework flags). A tool the policy already lists keeps its own settings: the
+        policy file is the operator's word and wins.
+
+        Args:
+            risks: ``{tool name: "read" | "write"}``.
+
+        Raises:
+            PolicyError: a risk other than ``"read"`` or ``"write"``.
+        """
+        added = {n: ToolPolicy(name=n, risk=r) for n, r in risks.items() if n not in self.tools}
+        return replace(self, tools={**self.tools, **added}) if added else self
+
     def tool(self, name: str) -> ToolPolicy:
         """Settings of tool ``name`` (defaults for an undeclared tool)."""
         found = self.tools.get(name)

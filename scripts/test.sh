@@ -14,3 +14,5 @@ bash scripts/typecheck.sh
 echo "== pytest"
 mkdir -p test-artifacts
 LOOPWATCH_BENCH=${LOOPWATCH_BENCH:-smoke} python -m pytest "$@"
+echo "== frameworks"
+bash scripts/frameworks.sh

@@ -1,0 +1,131 @@
+"""What every framework adapter shares: the missing-extra error, the price of a model
+turn, and the model turn as a loopwatch :class:`~loopwatch.instrumentation.Decision`.
+
+Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ..outcomes import Decision, DecisionType, ToolCall
+
+__all__ = ["Price", "import_framework", "price_of", "turn_decision"]
+
+
+def import_framework(module: str, extra: str) -> ModuleType:
+    """Import a framework module, or say which extra installs it.
+
+    Raises:
+        ImportError: the framework is not installed; the message names
+            ``pip install 'loopwatch[<extra>]'``.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"loopwatch's {extra} adapter needs {module.split('.', maxsplit=1)[0]}: "
+            f"pip install 'loopwatch[{extra}]'"
+        ) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """The cost of one model turn.
+
+    Attributes:
+        cost_usd: US dollars (0.0 when the model is not in the table).
+        source: where the price came from, for the stop's evidence:
+            ``"genai-prices <version>: <provider>/<model>"``, ``"framework"`` when the
+            framework reported the cost itself, or None when it is unknown.
+    """
+
+    cost_usd: float
+    source: str | None
+
+
+def price_of(
+    model: str | None,
+    input_tokens: int,
+    output_tokens: int,
+    *,
+    provider: str | None = None,
+    reported_cost_usd: float | None = None,
+) -> Price:
+    """Price one model turn.
+
+    A cost the framework reported wins. Otherwise the cost comes from the genai-prices
+    table (pydantic/genai-prices, a maintained snapshot of providers' published prices),
+    never from a constant of ours.
+
+    Args:
+        model: the model name the framework used (``gpt-4o``, ``openai:gpt-4o``).
+        input_tokens / output_tokens: counts for this turn.
+        provider: provider id when the framework knows it (``openai``, ``anthropic``).
+        reported_cost_usd: the cost the framework reported, if any.
+
+    Returns:
+        The :class:`Price`; ``Price(0.0, None)`` when genai-prices is not installed or
+        does not know the model (a scripted test model, a local model).
+    """
+    if reported_cost_usd is not None:
+        return Price(float(reported_cost_usd), "framework")
+    if not model or (input_tokens <= 0 and output_tokens <= 0):
+        return Price(0.0, None)
+    try:
+        import genai_prices
+    except ImportError:
+        return Price(0.0, None)
+    ref = model
+    if provider is None and ":" in model:
+        provider, ref = model.split(":", 1)
+    try:
+        calc = genai_prices.calc_price(
+            genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+            ref,
+            provider_id=provider,
+        )
+    except LookupError:
+        return Price(0.0, None)
+    return Price(
+        float(calc.total_price),
+        f"genai-prices {genai_prices.__version__}: {calc.provider.id}/{calc.model.id}",
+    )
+
+
+def turn_decision(
+    tool_calls: Iterable[tuple[str, Any, str | None]],
+    *,
+    final: Any = None,
+    text: str | None = None,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    cost_usd: float = 0.0,
+) -> Decision:
+    """The :class:`Decision` of one model turn as a framework reports it.
+
+    Args:
+        tool_calls: ``(tool name, arguments, call id)`` per call the model asked for;
+            arguments that are not a mapping are recorded as ``{"input": value}``.
+        final: the final answer when the turn asked for no tool.
+        text: the turn's message text when it is neither a call nor a final answer.
+        input_tokens / output_tokens / cost_usd: the turn's usage.
+
+    Returns:
+        A ``tool`` decision when there are calls, else ``final`` when ``final`` is given,
+        else ``message``.
+    """
+    usage = {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost_usd": cost_usd}
+    calls = tuple(
+        ToolCall(name, dict(args) if isinstance(args, dict) else {"input": args}, call_id)
+        for name, args, call_id in tool_calls
+    )
+    if calls:
+        return Decision(DecisionType.TOOL, tool_calls=calls, **usage)
+    if final is not None:
+        return Decision(DecisionType.FINAL, answer=final, **usage)
+    return Decision(DecisionType.MESSAGE, text=text, **usage)
