@@ -65,6 +65,7 @@ from .outcomes import (
     ALLOWED,
     Decision,
     DecisionType,
+    Dimension,
     Evidence,
     Outcome,
     Stop,
@@ -677,6 +678,48 @@ class Guard:
         with self._lock:
             if self._stop is None:
                 self._close(make_stop(StopReason.CANCELLED, self._budget.step))
+            return self.outcome()
+
+    def framework_stop(
+        self,
+        reason: StopReason,
+        *,
+        framework: str,
+        limit_name: str,
+        dimension: Dimension | None = None,
+        limit: float | None = None,
+        observed: float | None = None,
+        tool: str | None = None,
+    ) -> Outcome:
+        """End the run (if not already ended) because the framework's own limit stopped
+        it (OpenAI Agents ``MaxTurnsExceeded``, LangGraph ``GraphRecursionError``, CrewAI's
+        repeated-usage refusal...). The framework has already stopped, so observe mode
+        ends the run too.
+
+        Args:
+            reason: where it sits in the taxonomy (``budget_exhausted`` for turn and
+                usage limits, ``repeated_action`` for a refused repeat).
+            framework / limit_name: the evidence: which framework and which of its limits
+                (``openai-agents``, ``MaxTurnsExceeded``).
+            dimension / limit / observed: the budget that ran out and its figures.
+            tool: the tool involved, for a refused repeat.
+        """
+        detail = {"framework": framework, "limit": limit_name}
+        evidence = Evidence(detector="framework_limit", tool=tool, detail=detail)
+        with self._lock:
+            if self._stop is None:
+                step = self._budget.step
+                self._close(
+                    make_stop(
+                        reason,
+                        step,
+                        dimension=dimension,
+                        limit=limit,
+                        observed=observed,
+                        basis="observed" if limit is not None else None,
+                        evidence=evidence,
+                    )
+                )
             return self.outcome()
 
     def fail(self, exc: BaseException) -> Outcome:

@@ -202,7 +202,8 @@ class Evidence:
     Attributes:
         detector: ``repeated_action``, ``duplicate_intent``, ``action_cycle``,
             ``repeated_decision``, ``no_progress``, ``ceiling``, ``retry_rule``,
-            ``deadline``, ``goal_check``, ``exception``.
+            ``deadline``, ``goal_check``, ``exception``, ``framework_limit`` (a
+            framework's own limit ended the run).
         tool: the tool involved, if any.
         matched_period: the cycle period (``action_cycle``).
         repetitions: how many identical occurrences or cycle repetitions were seen,

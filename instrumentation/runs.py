@@ -47,7 +47,7 @@ from ._tracing import RunTelemetry
 from .errors import RunStateError, StopRun
 from .failures import FailureClass, ToolFailure
 from .guard import Guard
-from .outcomes import Decision, Outcome, ToolRecord, ToolTicket
+from .outcomes import Decision, Outcome, StopReason, ToolRecord, ToolTicket
 from .policy import Policy, builtin_profiles, load_policy
 
 __all__ = ["Run", "current_run"]
@@ -345,6 +345,12 @@ class Run:
         """End the run as ``cancelled`` (a run started with :meth:`start` also stops
         being the current run, as with :meth:`finish`)."""
         return self._ended(self._close(self.guard.cancel()))
+
+    def framework_stop(self, reason: StopReason, **facts: Any) -> Outcome:
+        """End the run because the framework's own limit stopped it; ``facts`` as for
+        :meth:`Guard.framework_stop` (``framework``, ``limit_name``, ``dimension``,
+        ``limit``, ``observed``, ``tool``)."""
+        return self._ended(self._close(self.guard.framework_stop(reason, **facts)))
 
     def _raise_if_stopped(self, verdict_stop: Any, *, refused: bool = False) -> None:
         """End the loop with :class:`StopRun` when the guard stopped the run: in

@@ -119,13 +119,19 @@ def turn_decision(
         A ``tool`` decision when there are calls, else ``final`` when ``final`` is given,
         else ``message``.
     """
-    usage = {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost_usd": cost_usd}
     calls = tuple(
         ToolCall(name, dict(args) if isinstance(args, dict) else {"input": args}, call_id)
         for name, args, call_id in tool_calls
     )
-    if calls:
-        return Decision(DecisionType.TOOL, tool_calls=calls, **usage)
-    if final is not None:
-        return Decision(DecisionType.FINAL, answer=final, **usage)
-    return Decision(DecisionType.MESSAGE, text=text, **usage)
+    kind = DecisionType.TOOL if calls else DecisionType.MESSAGE
+    if not calls and final is not None:
+        kind = DecisionType.FINAL
+    return Decision(
+        kind,
+        tool_calls=calls,
+        text=text if kind is DecisionType.MESSAGE else None,
+        answer=final if kind is DecisionType.FINAL else None,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cost_usd=cost_usd,
+    )
