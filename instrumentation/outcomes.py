@@ -154,6 +154,9 @@ class Decision:
             :data:`~.budgets.MAX_REPORTED_TOKENS`, infinity included, count as that).
         cost_usd: cost of the model call in US dollars (``None``, NaN, negative
             values and values that are not numbers count as 0).
+        model: the model that answered, when known (``gpt-4o``).
+        price_source: where ``cost_usd`` came from (``genai-prices 0.2.3:
+            openai/gpt-4o``, ``framework``); a cost stop names it in its evidence.
     """
 
     type: DecisionType
@@ -164,6 +167,8 @@ class Decision:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+    model: str | None = None
+    price_source: str | None = None
 
     @classmethod
     def tool(cls, *calls: ToolCall, **usage: Any) -> Decision:

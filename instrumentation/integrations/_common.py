@@ -105,6 +105,8 @@ def turn_decision(
     input_tokens: int = 0,
     output_tokens: int = 0,
     cost_usd: float = 0.0,
+    model: str | None = None,
+    price_source: str | None = None,
 ) -> Decision:
     """The :class:`Decision` of one model turn as a framework reports it.
 
@@ -114,6 +116,8 @@ def turn_decision(
         final: the final answer when the turn asked for no tool.
         text: the turn's message text when it is neither a call nor a final answer.
         input_tokens / output_tokens / cost_usd: the turn's usage.
+        model / price_source: the model that answered and where the cost came from
+            (:attr:`Price.source`).
 
     Returns:
         A ``tool`` decision when there are calls, else ``final`` when ``final`` is given,
@@ -134,4 +138,6 @@ def turn_decision(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         cost_usd=cost_usd,
+        model=model,
+        price_source=price_source,
     )
