@@ -1,0 +1,275 @@
+"""Live tests of the smolagents adapter (route B): ToolCallingAgent and CodeAgent driven by
+a scripted model (a ``smolagents.Model`` subclass whose ``generate`` returns scripted
+``ChatMessage`` objects), no network. smolagents has no async run, so there is no async
+path to test."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("smolagents")
+
+from loopwatch.instrumentation import Policy, StopReason, StopRun, ToolPolicy
+from loopwatch.instrumentation.integrations.smolagents import instrument
+from smolagents import CodeAgent, Model, ToolCallingAgent, tool
+from smolagents.memory import ActionStep
+from smolagents.models import (
+    ChatMessage,
+    ChatMessageToolCall,
+    ChatMessageToolCallFunction,
+    MessageRole,
+)
+from smolagents.monitoring import LogLevel, TokenUsage
+
+
+class ScriptedModel(Model):
+    """A model whose n-th turn (1-based) is ``script(n)``; each turn reports 10 input and
+    5 output tokens, as a provider's usage would."""
+
+    def __init__(self, script: Callable[[int], ChatMessage]) -> None:
+        super().__init__(model_id="scripted")
+        self.script = script
+        self.turns = 0
+
+    def generate(self, messages: Any, *args: Any, **kwargs: Any) -> ChatMessage:
+        self.turns += 1
+        message = self.script(self.turns)
+        message.token_usage = TokenUsage(input_tokens=10, output_tokens=5)
+        return message
+
+
+def call(name: str, n: int, **args: Any) -> ChatMessage:
+    function = ChatMessageToolCallFunction(name=name, arguments=args)
+    return ChatMessage(
+        role=MessageRole.ASSISTANT,
+        content="",
+        tool_calls=[ChatMessageToolCall(id=f"call_{n}", type="function", function=function)],
+    )
+
+
+def tool_agent(
+    script: Callable[[int], ChatMessage], tools: list[Any], **kw: Any
+) -> ToolCallingAgent:
+    return ToolCallingAgent(
+        tools=tools,
+        model=ScriptedModel(script),
+        name="smol_support",
+        verbosity_level=LogLevel.OFF,
+        **kw,
+    )
+
+
+def run_spans(exporter: Any) -> list[Any]:
+    return [s for s in exporter.get_finished_spans() if s.name.startswith("invoke_agent")]
+
+
+def make_lookup(bodies: list[str]) -> Any:
+    @tool
+    def lookup(q: str) -> str:
+        """Look an order up.
+
+        Args:
+            q: the order to look up.
+        """
+        bodies.append(q)
+        return "order 7: pending"
+
+    return lookup
+
+
+def test_runaway_tool_calling_agent_stops_as_repeated_action(
+    spans: Any, no_leftovers: None
+) -> None:
+    provider, exporter = spans
+    bodies: list[str] = []
+    agent = tool_agent(lambda n: call("lookup", n, q="order 7"), [make_lookup(bodies)])
+    guard = instrument(agent, Policy(repeat_limit=3), tracer_provider=provider)
+    began = time.monotonic()
+    with pytest.raises(StopRun) as raised:
+        agent.run("Where is order 7?")
+    assert time.monotonic() - began < 5
+    assert raised.value.stop.reason is StopReason.REPEATED_ACTION
+    outcome = guard.outcome
+    assert outcome is not None
+    assert outcome.stop.reason is StopReason.REPEATED_ACTION
+    assert len(bodies) <= 3
+    assert outcome.usage.model_turns >= 3
+    assert outcome.usage.tokens == 15 * outcome.usage.model_turns
+    assert len(set(outcome.stop.evidence.step_indices)) > 1  # steps advance per turn
+    assert agent.interrupt_switch  # smolagents' own stop is set too
+    (run_span,) = run_spans(exporter)  # named agent.name, never "smol_support.run"
+    assert run_span.name == "invoke_agent smol_support"
+
+
+def test_succeeding_agent_completes(no_leftovers: None) -> None:
+    bodies: list[str] = []
+
+    def script(n: int) -> ChatMessage:
+        return (
+            call("lookup", n, q="order 7") if n == 1 else call("final_answer", n, answer="pending")
+        )
+
+    agent = tool_agent(script, [make_lookup(bodies)])
+    guard = instrument(agent)
+    assert agent.run("Where is order 7?") == "pending"
+    outcome = guard.outcome
+    assert outcome is not None
+    assert outcome.stop.reason is StopReason.COMPLETED
+    assert outcome.answer == "pending"
+    assert (outcome.usage.model_turns, outcome.usage.tool_successes, bodies) == (2, 1, ["order 7"])
+
+
+def test_paginating_agent_is_not_stopped(no_leftovers: None) -> None:
+    @tool
+    def list_orders(page: int) -> str:
+        """List one page of orders.
+
+        Args:
+            page: the page number.
+        """
+        return f"orders {page * 10}..{page * 10 + 9}"
+
+    def script(n: int) -> ChatMessage:
+        return call("list_orders", n, page=n) if n <= 6 else call("final_answer", n, answer="60")
+
+    agent = tool_agent(script, [list_orders])
+    guard = instrument(agent, Policy(repeat_limit=3))
+    assert agent.run("How many orders?") == "60"
+    assert guard.outcome is not None
+    assert guard.outcome.stop.reason is StopReason.COMPLETED
+    assert guard.outcome.usage.tool_successes == 6
+
+
+def test_duplicate_write_is_stopped_at_the_second_call(no_leftovers: None) -> None:
+    created: list[str] = []
+
+    @tool
+    def create_ticket(title: str) -> str:
+        """Open a support ticket.
+
+        Args:
+            title: the ticket's title.
+        """
+        created.append(title)
+        return f"ticket #{len(created)} created"  # a new id each call: still a duplicate
+
+    agent = tool_agent(lambda n: call("create_ticket", n, title="refund"), [create_ticket])
+    policy = Policy(tools={"create_ticket": ToolPolicy(name="create_ticket", risk="write")})
+    guard = instrument(agent, policy)
+    with pytest.raises(StopRun):
+        agent.run("Open a refund ticket")
+    assert created == ["refund"]
+    assert guard.outcome is not None
+    assert guard.outcome.stop.reason is StopReason.REPEATED_ACTION
+    assert (guard.outcome.usage.tool_attempts, guard.outcome.usage.tool_blocked) == (1, 1)
+
+
+def test_max_steps_is_budget_exhausted_on_model_turns(no_leftovers: None) -> None:
+    @tool
+    def list_orders(page: int) -> str:
+        """List one page of orders.
+
+        Args:
+            page: the page number.
+        """
+        return f"orders page {page}"
+
+    def script(n: int) -> ChatMessage:
+        if n <= 3:
+            return call("list_orders", n, page=n)
+        return ChatMessage(role=MessageRole.ASSISTANT, content="I could not finish.")
+
+    agent = tool_agent(script, [list_orders], max_steps=3)
+    guard = instrument(agent, Policy(repeat_limit=3))
+    # smolagents answers as usual after max_steps: one more model call for a final answer
+    assert agent.run("List every order") == "I could not finish."
+    outcome = guard.outcome
+    assert outcome is not None
+    assert outcome.stop.reason is StopReason.BUDGET_EXHAUSTED
+    assert outcome.stop.dimension == "model_turns"
+    assert (outcome.stop.limit, outcome.stop.observed) == (3, 3)
+    assert outcome.stop.evidence.detail == {"framework": "smolagents", "limit": "max_steps"}
+    assert outcome.usage.model_turns == 4  # three steps and the forced final answer
+
+
+def test_model_turn_refused_before_the_request(no_leftovers: None) -> None:
+    @tool
+    def list_orders(page: int) -> str:
+        """List one page of orders.
+
+        Args:
+            page: the page number.
+        """
+        return f"orders page {page}"
+
+    agent = tool_agent(lambda n: call("list_orders", n, page=n), [list_orders])
+    guard = instrument(agent, Policy(max_model_turns=2))
+    with pytest.raises(StopRun):
+        agent.run("List every order")
+    assert agent.model.turns == 2  # the third turn never reached the model
+    assert guard.outcome is not None
+    assert guard.outcome.stop.reason is StopReason.BUDGET_EXHAUSTED
+
+
+def test_runaway_code_agent_stops_with_tools_run_in_its_executor(no_leftovers: None) -> None:
+    bodies: list[str] = []
+
+    def script(n: int) -> ChatMessage:
+        code = f"Thought: look it up.\n<code>\nprint(lookup(q='order 7'))  # attempt {n}\n</code>"
+        return ChatMessage(role=MessageRole.ASSISTANT, content=code)
+
+    agent = CodeAgent(
+        tools=[make_lookup(bodies)],
+        model=ScriptedModel(script),
+        name="smol_coder",
+        verbosity_level=LogLevel.OFF,
+    )
+    guard = instrument(agent, Policy(repeat_limit=3))
+    began = time.monotonic()
+    with pytest.raises(StopRun):
+        agent.run("Where is order 7?")
+    assert time.monotonic() - began < 5
+    assert guard.outcome is not None
+    assert guard.outcome.stop.reason is StopReason.REPEATED_ACTION
+    assert len(bodies) <= 3
+    assert guard.outcome.usage.model_turns >= 3
+
+
+def test_streamed_run_stops(no_leftovers: None) -> None:
+    bodies: list[str] = []
+    agent = tool_agent(lambda n: call("lookup", n, q="order 7"), [make_lookup(bodies)])
+    guard = instrument(agent, Policy(repeat_limit=3))
+    steps = []
+    with pytest.raises(StopRun):
+        for step in agent.run("Where is order 7?", stream=True):
+            steps.append(step)
+    assert steps
+    assert guard.outcome is not None
+    assert guard.outcome.stop.reason is StopReason.REPEATED_ACTION
+    assert len(bodies) <= 3
+
+
+def test_instrument_hooks_once() -> None:
+    agent = tool_agent(lambda n: call("final_answer", n, answer="x"), [make_lookup([])])
+    first = instrument(agent)
+    assert instrument(agent) is first
+    assert agent.run("go") == "x"
+    assert first.outcome is not None
+    assert first.outcome.usage.model_turns == 1
+
+
+def test_streamed_run_abandoned_by_its_reader_is_cancelled(no_leftovers: None) -> None:
+    agent = tool_agent(lambda n: call("lookup", n, q=f"order {n}"), [make_lookup([])])
+    guard = instrument(agent)
+    stream = agent.run("Where is order 7?", stream=True)
+    # Closed after a whole step: closed inside one, smolagents' own generator yields from
+    # its finally block and Python reports that it ignored GeneratorExit.
+    while not isinstance(next(stream), ActionStep):
+        pass
+    stream.close()
+    assert guard.outcome is not None
+    assert guard.outcome.stop.reason is StopReason.CANCELLED
