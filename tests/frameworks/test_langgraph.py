@@ -36,6 +36,7 @@ class ScriptedChatModel(BaseChatModel):
 
     script: Any
     turns: int = 0
+    model_name: str = "scripted"  # what LangChain reports as ls_model_name
 
     @property
     def _llm_type(self) -> str:
@@ -296,3 +297,21 @@ def test_mcp_annotations_declare_tool_risk() -> None:
     assert tool_risks([delete_order, get_order]) == {"delete_order": "write", "get_order": "read"}
     handler = LoopwatchHandler(tools=[delete_order, get_order])
     assert handler.policy.tool("delete_order").risk == "write"
+
+
+def test_cost_comes_from_the_price_table(no_leftovers: None) -> None:
+    @tool
+    def lookup(q: str) -> str:
+        """Look an order up."""
+        return "order 7: shipped"
+
+    def script(n: int, _m: Any) -> AIMessage:
+        return call("lookup", n, q="order 7") if n == 1 else AIMessage(content="Shipped.")
+
+    graph, model = react(script, [lookup])
+    model.model_name = "gpt-4o"
+    handler = LoopwatchHandler()
+    graph.invoke(inputs(), config={"callbacks": [handler]})
+    assert handler.outcome is not None
+    # genai-prices: gpt-4o at $2.50 / $10 per million input / output tokens
+    assert handler.outcome.usage.cost_usd == pytest.approx(2 * (10 * 2.5 + 5 * 10) / 1e6)

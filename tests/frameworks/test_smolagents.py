@@ -30,8 +30,8 @@ class ScriptedModel(Model):
     """A model whose n-th turn (1-based) is ``script(n)``; each turn reports 10 input and
     5 output tokens, as a provider's usage would."""
 
-    def __init__(self, script: Callable[[int], ChatMessage]) -> None:
-        super().__init__(model_id="scripted")
+    def __init__(self, script: Callable[[int], ChatMessage], model_id: str = "scripted") -> None:
+        super().__init__(model_id=model_id)
         self.script = script
         self.turns = 0
 
@@ -273,3 +273,17 @@ def test_streamed_run_abandoned_by_its_reader_is_cancelled(no_leftovers: None) -
     stream.close()
     assert guard.outcome is not None
     assert guard.outcome.stop.reason is StopReason.CANCELLED
+
+
+def test_cost_comes_from_the_price_table(no_leftovers: None) -> None:
+    agent = ToolCallingAgent(
+        tools=[make_lookup([])],
+        model=ScriptedModel(lambda n: call("final_answer", n, answer="x"), "openai/gpt-4o"),
+        verbosity_level=LogLevel.OFF,
+    )
+    guard = instrument(agent)
+    agent.run("go")
+    assert guard.outcome is not None
+    # genai-prices: gpt-4o at $2.50 / $10 per million input / output tokens
+    assert guard.outcome.usage.cost_usd == pytest.approx((10 * 2.5 + 5 * 10) / 1e6)
+    assert guard.outcome.stop.reason is StopReason.COMPLETED
