@@ -19,7 +19,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import StructuredTool, tool
 from langgraph.errors import GraphRecursionError
-from langgraph.graph import START, StateGraph
+from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import create_react_agent
 from loopwatch.instrumentation import Policy, Run, StopReason, StopRun, ToolPolicy
 from loopwatch.instrumentation.integrations.langgraph import (
@@ -315,3 +315,31 @@ def test_cost_comes_from_the_price_table(no_leftovers: None) -> None:
     assert handler.outcome is not None
     # genai-prices: gpt-4o at $2.50 / $10 per million input / output tokens
     assert handler.outcome.usage.cost_usd == pytest.approx(2 * (10 * 2.5 + 5 * 10) / 1e6)
+
+
+def test_nested_graph_is_part_of_its_parents_run(spans: Any, no_leftovers: None) -> None:
+    provider, exporter = spans
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look an order up."""
+        return "order 7: shipped"
+
+    def script(n: int, _m: Any) -> AIMessage:
+        return call("lookup", n, q="order 7") if n == 1 else AIMessage(content="Shipped.")
+
+    inner, _ = react(script, [lookup], name="researcher")
+
+    def research(state: dict[str, Any]) -> dict[str, Any]:
+        return {"messages": inner.invoke(state)["messages"][-1:]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("research", research)
+    builder.add_edge(START, "research")
+    outer = builder.compile(name="desk")
+    handler = LoopwatchHandler(tracer_provider=provider)
+    outer.invoke(inputs(), config={"callbacks": [handler]})
+    assert handler.outcome is not None
+    assert handler.outcome.stop.reason is StopReason.COMPLETED
+    assert handler.outcome.usage.model_turns == 2  # the inner agent's turns, counted once
+    assert [s.name for s in run_spans(exporter)] == ["invoke_agent desk"]

@@ -287,3 +287,38 @@ def test_cost_comes_from_the_price_table(no_leftovers: None) -> None:
     # genai-prices: gpt-4o at $2.50 / $10 per million input / output tokens
     assert guard.outcome.usage.cost_usd == pytest.approx((10 * 2.5 + 5 * 10) / 1e6)
     assert guard.outcome.stop.reason is StopReason.COMPLETED
+
+
+def test_managed_agent_runs_as_a_child_run(spans: Any, no_leftovers: None) -> None:
+    provider, exporter = spans
+    bodies: list[str] = []
+
+    def worker_script(n: int) -> ChatMessage:
+        return call("lookup", n, q="order 7") if n == 1 else call("final_answer", n, answer="ok")
+
+    worker = ToolCallingAgent(
+        tools=[make_lookup(bodies)],
+        model=ScriptedModel(worker_script),
+        name="smol_worker",
+        description="Looks orders up.",
+        verbosity_level=LogLevel.OFF,
+    )
+
+    def manager_script(n: int) -> ChatMessage:
+        if n == 1:
+            return call("smol_worker", n, task="find order 7")
+        return call("final_answer", n, answer="done")
+
+    manager = tool_agent(manager_script, [], managed_agents=[worker])
+    guard = instrument(manager, tracer_provider=provider)
+    worker_guard = instrument(worker)
+    assert manager.run("Where is order 7?") == "done"
+    assert guard.outcome is not None and worker_guard.outcome is not None
+    assert guard.outcome.stop.reason is StopReason.COMPLETED
+    assert worker_guard.outcome.stop.reason is StopReason.COMPLETED
+    assert bodies == ["order 7"]
+    names = sorted(s.name for s in run_spans(exporter))
+    assert names == ["invoke_agent smol_support", "invoke_agent smol_worker"]
+    by_name = {s.name: s for s in run_spans(exporter)}
+    child = by_name["invoke_agent smol_worker"]
+    assert child.parent is not None  # the child run's span sits under its manager's
