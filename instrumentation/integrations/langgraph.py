@@ -37,10 +37,16 @@ A stop raises loopwatch's :class:`~loopwatch.instrumentation.StopRun` out of ``i
 ``ainvoke`` (its ``stop`` says why). It is a ``BaseException``, like the guard's own stop,
 so ``ToolNode``'s ``handle_tool_errors`` and ``except Exception`` in a node cannot turn it
 into one more tool message the model answers; LangGraph ends the graph and propagates it.
-Inside ``with Run(...)`` the block catches it as usual. Honest limits: a tool call is not
-given the guard's per-call timeout (LangChain runs the tool body itself), and one handler
-serves one invocation at a time for ``outcome`` (concurrent invocations each get their own
-run, but ``outcome`` holds the last one that ended).
+Inside ``with Run(...)`` the block catches it as usual.
+
+Honest limits: a tool call is not given the guard's per-call timeout (LangChain runs the
+tool body itself). ``outcome`` holds the last run that ended (concurrent invocations each
+get their own run). The run this handler starts is not the current run inside the graph
+(LangChain may end it from another asyncio task than the one it started in), so a model
+client's own spans nest under the graph's, not under the ``decide`` span, and a tool
+function also decorated with loopwatch's ``@tool`` runs unguarded there: drop the
+decorator. A graph paused by ``interrupt()`` ends its run when ``invoke`` returns, as
+``completed``; its resume is a new run with a fresh budget.
 """
 
 from __future__ import annotations

@@ -33,8 +33,10 @@ A stop raises loopwatch's :class:`~loopwatch.instrumentation.StopRun` out of
 ``agent.run`` (its ``stop`` says why). It is a ``BaseException``: smolagents' ``except
 Exception`` around tool calls and model calls would otherwise turn it into one more error
 the model reads. The agent's ``interrupt()`` is set as well, so no further step starts.
-Honest limit: a tool body is not given the guard's per-call timeout (smolagents runs it;
-a CodeAgent's executor has its own ``timeout_seconds``).
+Honest limits: a tool body is not given the guard's per-call timeout (smolagents runs it;
+a CodeAgent's executor has its own ``timeout_seconds``). A tool function also decorated
+with loopwatch's ``@tool`` would be guarded twice: drop the decorator. smolagents has no
+async run.
 """
 
 from __future__ import annotations
