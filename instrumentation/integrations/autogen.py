@@ -46,7 +46,7 @@ import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
-from ..errors import StopRun
+from ..errors import RunStateError, StopRun
 from ..outcomes import Dimension, Outcome, Stop, StopReason
 from ..policy import Policy, Risk
 from ..runs import Mode, Run, resolve_policy
@@ -424,8 +424,7 @@ class GuardedAutoGen:
                         run.finish(_answer(result))
         finally:
             self._session.run = None
-            if run.stopped:
-                self._outcome = run.guard.outcome()
+            self._outcome = _ended(run)
         return result
 
     def _wrap(self) -> None:
@@ -538,6 +537,14 @@ def _answer(result: Any) -> Any:
     if not msgs:
         return None
     return getattr(msgs[-1], "content", None)
+
+
+def _ended(run: Run) -> Outcome | None:
+    """The run's outcome once it has ended (the one its stop span carries), else None."""
+    try:
+        return run.outcome
+    except RunStateError:
+        return None
 
 
 def instrument(
