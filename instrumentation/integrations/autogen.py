@@ -29,8 +29,10 @@ answered with an error ``ToolResult``. The next model request is then refused wi
 turns it into its own error), and a team's termination condition ends it between turns.
 :meth:`GuardedAutoGen.run` turns that end into AutoGen's normal ``TaskResult`` whose
 ``stop_reason`` starts with ``"loopwatch: "``; the guard's ``Outcome`` is
-``guarded.outcome``. A ``CancellationToken`` is left alone: cancelling it cancels the
-tool futures AutoGen links to it, which is the very hang above.
+``guarded.outcome``. loopwatch never cancels AutoGen's ``CancellationToken``: that
+cancels the tool futures AutoGen links to it, and AutoGen 0.7.5 then hangs in the same
+way. When the caller cancels it, the adapter ends the run as ``cancelled`` the same
+clean way (an answered call, then a refused request), so that hang is gone too.
 
 AutoGen's own limits map onto the taxonomy: a team's ``max_turns`` and
 ``MaxMessageTermination`` are ``budget_exhausted`` (model_turns), ``TokenUsageTermination``
@@ -41,6 +43,7 @@ agent that ran out of ``max_tool_iterations`` (set above 1) is ``budget_exhauste
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -91,6 +94,17 @@ class _Session:
         self.run: Run | None = None
         # A single agent's text reply is its final answer; in a team it is one turn.
         self.text_is_final = text_is_final
+
+
+def _token_cancelled(token: Any) -> bool:
+    """The AutoGen ``CancellationToken`` was cancelled, and the current task itself is not
+    being cancelled (that one must go on)."""
+    task = asyncio.current_task()
+    return (
+        token is not None
+        and bool(token.is_cancelled())
+        and (task is None or task.cancelling() == 0)
+    )
 
 
 def _stop_text(stop: Stop) -> str:
@@ -153,6 +167,8 @@ class _GuardedModelClient(_core_models.ChatCompletionClient):  # type: ignore[mi
         run = self._session.run
         if run is None:
             return await self._inner.create(messages, **kwargs)
+        if _token_cancelled(kwargs.get("cancellation_token")):
+            raise RunStopped(run.cancel().stop)
         result = None
         try:
             with run.model_call() as call:
@@ -172,6 +188,8 @@ class _GuardedModelClient(_core_models.ChatCompletionClient):  # type: ignore[mi
             async for chunk in self._inner.create_stream(messages, **kwargs):
                 yield chunk
             return
+        if _token_cancelled(kwargs.get("cancellation_token")):
+            raise RunStopped(run.cancel().stop)
         final = None
         try:
             with run.model_call() as call:
@@ -252,6 +270,13 @@ class _GuardedWorkbench(_core_tools.Workbench):  # type: ignore[misc, name-defin
             await run.acall_tool(name, args, fn=body, call_id=call_id)
         except StopRun as stop:
             return self._stopped(name, stop.stop, box)
+        except asyncio.CancelledError:
+            if not _token_cancelled(cancellation_token):
+                raise
+            # The caller's token cancelled the tool's future: AutoGen 0.7 lets that
+            # CancelledError end its tool task and then waits on the queue forever.
+            # End the run as cancelled and answer the call instead.
+            return self._stopped(name, run.cancel().stop, box)
         except Exception as exc:
             if box:
                 return box[-1]

@@ -12,18 +12,19 @@ from typing import Any
 import pytest
 
 pytest.importorskip("autogen_agentchat")
-replay = pytest.importorskip("autogen_ext.models.replay")
+pytest.importorskip("autogen_ext.models.replay")
 
-from autogen_agentchat.agents import AssistantAgent  # noqa: E402
-from autogen_agentchat.conditions import MaxMessageTermination  # noqa: E402
-from autogen_agentchat.teams import RoundRobinGroupChat  # noqa: E402
-from autogen_core import FunctionCall  # noqa: E402
-from autogen_core.models import CreateResult, ModelFamily, ModelInfo, RequestUsage  # noqa: E402
-from autogen_core.tools import FunctionTool  # noqa: E402
-from loopwatch.instrumentation import Policy, StopReason  # noqa: E402
-from loopwatch.instrumentation.errors import StopRun  # noqa: E402
-from loopwatch.instrumentation.integrations.autogen import instrument  # noqa: E402
-from loopwatch.instrumentation.policy import ToolPolicy  # noqa: E402
+from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.teams import RoundRobinGroupChat
+from autogen_core import CancellationToken, FunctionCall
+from autogen_core.models import CreateResult, ModelFamily, ModelInfo, RequestUsage
+from autogen_core.tools import FunctionTool
+from autogen_ext.models.replay import ReplayChatCompletionClient
+from loopwatch.instrumentation import Policy, StopReason
+from loopwatch.instrumentation.errors import StopRun
+from loopwatch.instrumentation.integrations.autogen import instrument
+from loopwatch.instrumentation.policy import ToolPolicy
 
 INFO = ModelInfo(
     vision=False,
@@ -57,7 +58,7 @@ def _text(text: str) -> CreateResult:
 
 
 def _model(*turns: CreateResult) -> Any:
-    return replay.ReplayChatCompletionClient(list(turns), model_info=INFO)
+    return ReplayChatCompletionClient(list(turns), model_info=INFO)
 
 
 def _agent(tools: list[Any], *turns: CreateResult, **kw: Any) -> AssistantAgent:
@@ -126,6 +127,31 @@ def test_stop_run_raised_in_a_tool_body_never_hangs(no_leftovers: None) -> None:
     holder["g"] = guarded = instrument(agent, POLICY)
     result, elapsed = _timed(lambda: guarded.run(task="where is A1?"))
     assert elapsed < 5
+    assert guarded.outcome.stop.reason is StopReason.CANCELLED
+    assert result.stop_reason == "loopwatch: cancelled"
+
+
+def test_caller_cancelling_its_token_mid_tool_never_hangs(no_leftovers: None) -> None:
+    """Plain AutoGen 0.7.5 hangs here: the token cancels the tool's future, the
+    CancelledError ends the tool task, and the agent waits on its queue forever."""
+
+    async def slow_lookup(order_id: str) -> str:
+        """Look an order up, slowly."""
+        await asyncio.sleep(2)
+        return "status: pending"
+
+    agent = _agent(
+        [slow_lookup], *[_calls(("slow_lookup", {"order_id": "A1"}))] * 3, max_tool_iterations=3
+    )
+    guarded = instrument(agent, POLICY)
+
+    async def cancel_soon() -> Any:
+        token = CancellationToken()
+        asyncio.get_running_loop().call_later(0.2, token.cancel)
+        return await guarded.run(task="where is A1?", cancellation_token=token)
+
+    result, elapsed = _timed(cancel_soon)
+    assert elapsed < 2
     assert guarded.outcome.stop.reason is StopReason.CANCELLED
     assert result.stop_reason == "loopwatch: cancelled"
 
