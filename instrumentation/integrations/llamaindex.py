@@ -116,17 +116,35 @@ def _usage(response: Any) -> tuple[int, int]:
     return 0, 0
 
 
+def _react_step(parser: Any, text: str) -> tuple[list[tuple[str, Any, str | None]], Any]:
+    """A ReAct reply read with the agent's own output parser: ``([call], None)`` for an
+    action, ``([], answer)`` for an answer, ``([], None)`` when it is neither (a thought
+    the agent will retry): recorded as a message."""
+    try:
+        step = parser.parse(text, is_streaming=False)
+    except Exception:  # the agent retries a reply its parser refuses; so do we
+        return [], None
+    action = getattr(step, "action", None)
+    if isinstance(action, str):
+        return [(action, dict(getattr(step, "action_input", None) or {}), None)], None
+    response = getattr(step, "response", None)
+    return [], response if isinstance(response, str) else None
+
+
 class _GuardedLLM(_llms.FunctionCallingLLM):  # type: ignore[misc, name-defined]
     """A ``FunctionCallingLLM`` around the agent's LLM: chat requests are checked before
     and recorded after; everything else is the wrapped LLM's."""
 
     _lw_inner: Any = _pydantic.PrivateAttr(default=None)
     _lw_session: Any = _pydantic.PrivateAttr(default=None)
+    _lw_parser: Any = _pydantic.PrivateAttr(default=None)
 
-    def __init__(self, inner: Any, session: _Session) -> None:
+    def __init__(self, inner: Any, session: _Session, parser: Any = None) -> None:
         super().__init__(callback_manager=inner.callback_manager)
         self._lw_inner = inner
         self._lw_session = session
+        # A ReActAgent's calls are in the text: its own parser reads them.
+        self._lw_parser = parser
 
     @classmethod
     def class_name(cls) -> str:
@@ -139,20 +157,23 @@ class _GuardedLLM(_llms.FunctionCallingLLM):  # type: ignore[misc, name-defined]
     def _decision(self, response: Any, *, with_tools: bool) -> Any:
         inner = self._lw_inner
         calls: list[tuple[str, Any, str | None]] = []
+        text = response.message.content
+        final: Any = None
         if with_tools:
             for sel in inner.get_tool_calls_from_response(response, error_on_no_tool_call=False):
                 calls.append((sel.tool_name, sel.tool_kwargs, sel.tool_id or None))
-        text = response.message.content
+            # A response to a request with tools and no tool call ends a FunctionAgent
+            # or AgentWorkflow run (a handoff is a tool call).
+            final = text if not calls else None
+        elif self._lw_parser is not None and text:
+            calls, final = _react_step(self._lw_parser, text)
         tin, tout = _usage(response)
         model = getattr(inner.metadata, "model_name", None) or getattr(inner, "model", None)
         model = model if isinstance(model, str) else None
         price = price_of(model, tin, tout)
-        # A response to a request with tools and no tool call ends a FunctionAgent or
-        # AgentWorkflow run (a handoff is a tool call); a plain chat (ReAct, the
-        # early-stopping answer) is one step whose text the agent still parses.
         return turn_decision(
             calls,
-            final=text if with_tools and not calls else None,
+            final=final,
             text=text,
             input_tokens=tin,
             output_tokens=tout,
@@ -452,7 +473,8 @@ class GuardedLlamaIndex:
         for agent in members:
             llm = getattr(agent, "llm", None)
             if llm is not None and not isinstance(llm, _GuardedLLM):
-                agent.llm = _GuardedLLM(llm, self._session)
+                parser = getattr(agent, "output_parser", None)
+                agent.llm = _GuardedLLM(llm, self._session, parser)
             if agent.tools:
                 agent.tools = [_wrap_tool(t, self._session) for t in agent.tools]
 

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("llama_index.core")
 
-from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent
+from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent, ReActAgent
 from llama_index.core.base.llms.types import ChatResponse, ToolCallBlock
 from llama_index.core.llms import ChatMessage
 from llama_index.core.llms.mock import MockFunctionCallingLLM
@@ -285,3 +285,46 @@ def test_agent_workflow_guards_each_agent_under_the_root_agents_name(
     assert guarded.name == "triage"
     assert guarded.outcome.stop.reason is StopReason.REPEATED_ACTION
     assert ran[0] <= 3
+
+
+REACT_LOOKUP = 'Thought: I need the order.\nAction: lookup\nAction Input: {"order_id": "A1"}'
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["achat", "astream"])
+def test_react_agent_calls_are_read_from_its_text(no_leftovers: None, streaming: bool) -> None:
+    """A ReActAgent's tool calls are in its text: read with its own parser, they are tool
+    decisions, so the loop is a repeated action (not a repeated message)."""
+    ran = [0]
+
+    def lookup(order_id: str) -> str:
+        """Look an order up."""
+        ran[0] += 1
+        return "status: pending"
+
+    agent = ReActAgent(
+        name="react_bot", llm=ScriptedLLM([REACT_LOOKUP]), tools=[lookup], streaming=streaming
+    )
+    guarded = instrument(agent, POLICY)
+    raised, elapsed = _timed(lambda: guarded.run(user_msg="where is A1?", max_iterations=25))
+    assert elapsed < 5
+    assert isinstance(raised, RunStopped), raised
+    assert guarded.outcome.stop.reason is StopReason.REPEATED_ACTION, guarded.outcome.stop
+    assert ran[0] <= 3
+
+
+def test_react_agent_answer_completes(no_leftovers: None) -> None:
+    def lookup(order_id: str) -> str:
+        """Look an order up."""
+        return "status: shipped"
+
+    answer = "Thought: I can answer now.\nAnswer: A1 has shipped."
+    agent = ReActAgent(
+        name="react_bot", llm=ScriptedLLM([REACT_LOOKUP, answer]), tools=[lookup], streaming=False
+    )
+    guarded = instrument(agent, POLICY)
+    result, _ = _timed(lambda: guarded.run(user_msg="where is A1?"))
+    assert not isinstance(result, Exception), result
+    out = guarded.outcome
+    assert out.stop.reason is StopReason.COMPLETED, out.stop
+    assert out.answer == "A1 has shipped."
+    assert (out.usage.model_turns, out.usage.tool_successes) == (2, 1)
