@@ -55,9 +55,7 @@ from ..policy import Policy, Risk
 from ..runs import Mode, Run, resolve_policy
 from ._common import import_framework, price_of, turn_decision
 
-_agents = import_framework("autogen_agentchat.agents", "autogen")
 _base = import_framework("autogen_agentchat.base", "autogen")
-_conditions = import_framework("autogen_agentchat.conditions", "autogen")
 _messages = import_framework("autogen_agentchat.messages", "autogen")
 _core_models = import_framework("autogen_core.models", "autogen")
 _core_tools = import_framework("autogen_core.tools", "autogen")
@@ -66,6 +64,7 @@ __all__ = ["GuardedAutoGen", "RunStopped", "instrument"]
 
 FRAMEWORK = "autogen"
 STOP_PREFIX = "loopwatch: "
+_FINAL = (StopReason.COMPLETED, StopReason.FINAL_UNVERIFIED)
 
 
 class RunStopped(RuntimeError):
@@ -97,8 +96,8 @@ class _Session:
 
 
 def _token_cancelled(token: Any) -> bool:
-    """The AutoGen ``CancellationToken`` was cancelled, and the current task itself is not
-    being cancelled (that one must go on)."""
+    """The AutoGen ``CancellationToken`` was cancelled while the current task itself is
+    not being cancelled (a cancellation aimed at the task must propagate as it is)."""
     task = asyncio.current_task()
     return (
         token is not None
@@ -161,7 +160,7 @@ class _GuardedModelClient(_core_models.ChatCompletionClient):  # type: ignore[mi
     @staticmethod
     def _answered(stop: StopRun) -> bool:
         """The turn was made and ended the run with its final answer: hand it back."""
-        return stop.stop.reason in (StopReason.COMPLETED, StopReason.FINAL_UNVERIFIED)
+        return stop.stop.reason in _FINAL
 
     async def create(self, messages: Sequence[Any], **kwargs: Any) -> Any:
         run = self._session.run
@@ -437,16 +436,19 @@ class GuardedAutoGen:
                     # wrapping it: the guard's stop is the run's end.
                     if not run.stopped:
                         raise
-                if run.stopped:
-                    stop = run.guard.outcome().stop
-                    if result is None or not str(result.stop_reason or "").startswith(STOP_PREFIX):
-                        result = _base.TaskResult(
-                            messages=messages, stop_reason=STOP_PREFIX + str(stop.reason)
-                        )
-                else:
+                if not run.stopped:
                     self._framework_limits(run, result)
                     if not run.stopped:
                         run.finish(_answer(result))
+                else:
+                    stop = run.guard.outcome().stop
+                    answered = stop.reason in _FINAL and result is not None
+                    if not answered and not str(
+                        getattr(result, "stop_reason", None) or ""
+                    ).startswith(STOP_PREFIX):
+                        result = _base.TaskResult(
+                            messages=messages, stop_reason=STOP_PREFIX + str(stop.reason)
+                        )
         finally:
             self._session.run = None
             self._outcome = _ended(run)

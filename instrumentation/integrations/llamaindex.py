@@ -210,14 +210,12 @@ class _GuardedLLM(_llms.FunctionCallingLLM):  # type: ignore[misc, name-defined]
                 raise RunStopped(stop.stop) from None
         return response
 
-    async def _aguard_stream(
-        self, request: Callable[[], Awaitable[Any]], with_tools: bool
-    ) -> AsyncGenerator[Any, None]:
-        """Check before the request; record the last chunk (the whole response) once the
-        stream is read to its end."""
+    async def _aguard_stream(self, request: Callable[[], Awaitable[Any]], with_tools: bool) -> Any:
+        """Check before the request; return the stream, whose last chunk (LlamaIndex's
+        chunks carry the whole response so far) is recorded once it is read to its end."""
         run = self._lw_session.live()
         if run is None:
-            return await request()  # type: ignore[no-any-return]
+            return await request()
         scope = run.model_call()
         try:
             scope.__enter__()
@@ -489,6 +487,7 @@ class GuardedLlamaIndex:
             RunStopped: loopwatch stopped the run; ``outcome`` is attached.
             WorkflowRuntimeError / WorkflowTimeoutError: LlamaIndex's own limits, passed
                 on (the outcome says ``budget_exhausted`` / ``deadline_exceeded``).
+            WorkflowCancelledByUser: ``handler.cancel_run()`` was called (``cancelled``).
             Exception: whatever else the workflow raised (the run ends ``error``).
         """
         run = Run(
@@ -506,6 +505,9 @@ class GuardedLlamaIndex:
                     result = await self.handler
                 except RunStopped as exc:
                     exc.outcome = run.outcome
+                    raise
+                except _workflow_errors.WorkflowCancelledByUser:
+                    run.cancel()  # handler.cancel_run(): the caller's own cancellation
                     raise
                 except (
                     _workflow_errors.WorkflowRuntimeError,

@@ -180,6 +180,7 @@ def test_succeeding_agent_completes(no_leftovers: None, spans: Any) -> None:
     assert out.usage.model_turns == 2
     assert out.usage.tool_successes == 1
     assert result.messages[-1].content == "A1 has shipped."
+    assert result.stop_reason is None  # AutoGen's own result, untouched
     names = [s.name for s in exporter.get_finished_spans()]
     assert names.count("execute_tool lookup") == 1
     assert "invoke_agent support_bot" in names

@@ -27,7 +27,7 @@ from loopwatch.instrumentation.integrations.llamaindex import (
     instrument,
 )
 from loopwatch.instrumentation.policy import ToolPolicy
-from workflows.errors import WorkflowRuntimeError, WorkflowTimeoutError
+from workflows.errors import WorkflowCancelledByUser, WorkflowRuntimeError, WorkflowTimeoutError
 
 POLICY = Policy(max_model_turns=30, max_tool_attempts=30, repeat_limit=3)
 Turn = list[tuple[str, dict[str, Any]]] | str
@@ -258,6 +258,32 @@ def test_workflow_timeout_is_deadline_exceeded(no_leftovers: None) -> None:
     stop = guarded.outcome.stop
     assert stop.reason is StopReason.DEADLINE_EXCEEDED, stop
     assert stop.limit == 0.5
+
+
+def test_cancel_run_from_another_task_ends_the_run_as_cancelled(no_leftovers: None) -> None:
+    async def slow(query: str) -> str:
+        """A slow search."""
+        await asyncio.sleep(3)
+        return "nothing yet"
+
+    agent = _agent([slow], [[("slow", {"query": "late"})]])
+    guarded = instrument(agent, POLICY)
+
+    async def cancel_soon() -> Any:
+        async def cancel() -> None:
+            await asyncio.sleep(0.3)
+            await guarded.handler.cancel_run()
+
+        canceller = asyncio.create_task(cancel())
+        try:
+            return await guarded.run(user_msg="list")
+        finally:
+            await canceller
+
+    raised, elapsed = _timed(cancel_soon)
+    assert elapsed < 3
+    assert isinstance(raised, WorkflowCancelledByUser), raised
+    assert guarded.outcome.stop.reason is StopReason.CANCELLED
 
 
 def test_agent_workflow_guards_each_agent_under_the_root_agents_name(
