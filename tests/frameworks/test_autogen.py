@@ -25,6 +25,7 @@ from loopwatch.instrumentation import Policy, StopReason
 from loopwatch.instrumentation.errors import StopRun
 from loopwatch.instrumentation.integrations.autogen import instrument
 from loopwatch.instrumentation.policy import ToolPolicy
+from loopwatch.instrumentation.testing import assert_trace_invariants
 
 INFO = ModelInfo(
     vision=False,
@@ -85,7 +86,8 @@ class Counter:
         self.calls = 0
 
 
-def test_runaway_agent_stops_inside_the_unawaited_tool_task(no_leftovers: None) -> None:
+def test_runaway_agent_stops_inside_the_unawaited_tool_task(no_leftovers: None, spans: Any) -> None:
+    provider, exporter = spans
     runs = Counter()
 
     async def lookup(order_id: str) -> str:
@@ -98,7 +100,7 @@ def test_runaway_agent_stops_inside_the_unawaited_tool_task(no_leftovers: None) 
         *[_calls(("lookup", {"order_id": "A1"}))] * 12,
         max_tool_iterations=12,
     )
-    guarded = instrument(agent, POLICY)
+    guarded = instrument(agent, POLICY, tracer_provider=provider)
     result, elapsed = _timed(lambda: guarded.run(task="where is A1?"))
     assert elapsed < 5
     out = guarded.outcome
@@ -107,6 +109,10 @@ def test_runaway_agent_stops_inside_the_unawaited_tool_task(no_leftovers: None) 
     assert out.usage.model_turns > 0
     assert result.stop_reason == f"loopwatch: {out.stop.reason}"
     assert guarded.name == "support_bot"
+    # one run, one stop, each tool call once (counters equal spans), nothing after the stop
+    (trace,) = assert_trace_invariants(exporter.get_finished_spans()).values()
+    assert trace.run.name == "invoke_agent support_bot"
+    assert out.usage.tool_successes == runs.calls
 
 
 def test_stop_run_raised_in_a_tool_body_never_hangs(no_leftovers: None) -> None:

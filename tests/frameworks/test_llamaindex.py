@@ -27,6 +27,7 @@ from loopwatch.instrumentation.integrations.llamaindex import (
     instrument,
 )
 from loopwatch.instrumentation.policy import ToolPolicy
+from loopwatch.instrumentation.testing import assert_trace_invariants
 from workflows.errors import WorkflowCancelledByUser, WorkflowRuntimeError, WorkflowTimeoutError
 
 POLICY = Policy(max_model_turns=30, max_tool_attempts=30, repeat_limit=3)
@@ -95,7 +96,10 @@ def _timed(coro: Callable[[], Coroutine[Any, Any, Any]]) -> tuple[Any, float]:
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["achat", "astream"])
-def test_runaway_agent_stops_as_repeated_action(no_leftovers: None, streaming: bool) -> None:
+def test_runaway_agent_stops_as_repeated_action(
+    no_leftovers: None, spans: Any, streaming: bool
+) -> None:
+    provider, exporter = spans
     ran = [0]
 
     def lookup(order_id: str) -> str:
@@ -104,7 +108,7 @@ def test_runaway_agent_stops_as_repeated_action(no_leftovers: None, streaming: b
         return "status: pending"
 
     agent = _agent([lookup], [[("lookup", {"order_id": "A1"})]], streaming=streaming)
-    guarded = instrument(agent, POLICY)
+    guarded = instrument(agent, POLICY, tracer_provider=provider)
     raised, elapsed = _timed(lambda: guarded.run(user_msg="where is A1?", max_iterations=25))
     assert elapsed < 5
     assert isinstance(raised, RunStopped), raised
@@ -115,6 +119,11 @@ def test_runaway_agent_stops_as_repeated_action(no_leftovers: None, streaming: b
     assert out.usage.model_turns > 0
     assert out.stop.evidence is not None and out.stop.evidence.step_indices == (1, 2, 3)
     assert guarded.name == "support_bot"
+    # one run, one stop, each model turn and tool call once, nothing after the stop
+    (trace,) = assert_trace_invariants(exporter.get_finished_spans()).values()
+    assert trace.run.name == "invoke_agent support_bot"
+    assert len(trace.decisions) == out.usage.model_turns
+    assert out.usage.tool_successes == ran[0]
 
 
 class OrderTool(AsyncBaseTool):
