@@ -227,6 +227,10 @@ class _GuardedModelClient(_core_models.ChatCompletionClient):  # type: ignore[mi
     def model_info(self) -> Any:
         return self._inner.model_info
 
+    def dump_component(self) -> Any:
+        # An agent's saved config names the real client, not the guard around it.
+        return self._inner.dump_component()
+
 
 class _ToolFailed(Exception):
     """The wrapped workbench answered with an error result (recorded as the tool's error)."""
@@ -312,6 +316,9 @@ class _GuardedWorkbench(_core_tools.Workbench):  # type: ignore[misc, name-defin
 
     async def load_state(self, state: Mapping[str, Any]) -> None:
         await self._inner.load_state(state)
+
+    def dump_component(self) -> Any:
+        return self._inner.dump_component()
 
 
 class _GuardStopped(_base.TerminationCondition):  # type: ignore[misc, name-defined]

@@ -190,6 +190,10 @@ def test_succeeding_agent_completes(no_leftovers: None, spans: Any) -> None:
     names = [s.name for s in exporter.get_finished_spans()]
     assert names.count("execute_tool lookup") == 1
     assert "invoke_agent support_bot" in names
+    # the agent's saved config names its own client and tools, not loopwatch's wrappers
+    config = agent.dump_component().config
+    assert config["model_client"]["provider"].endswith("ReplayChatCompletionClient")
+    assert "lookup" in json.dumps(config["workbench"])
 
 
 def test_paginating_agent_is_not_stopped(no_leftovers: None) -> None:
