@@ -333,12 +333,13 @@ class Policy:
         return cls(name=name, version=version, tools=tools, sources=sources, **overrides)
 
     def with_overrides(self, source: LimitSource = "call", **overrides: Any) -> Policy:
-        """A copy with some limits replaced; the new values record ``source``.
+        """A copy with some limits (or ``infer_write_risk``) replaced; the new values
+        record ``source``.
 
         Raises:
             PolicyError: an unknown field or an invalid value.
         """
-        unknown = sorted(set(overrides) - set(LIMIT_SPEC))
+        unknown = sorted(set(overrides) - {*LIMIT_SPEC, _INFER})
         problems = [PolicyProblem(f"profiles.{self.name}.{k}", "unknown key") for k in unknown]
         problems += validate_values(overrides, f"profiles.{self.name}", f"<{source}>")
         if problems:

@@ -184,6 +184,11 @@ def test_inference_off_in_code_and_in_a_file(tmp_path: Path) -> None:
     assert loaded.infer_write_risk is False and loaded.tool("create_ticket").risk == "read"
     assert loaded.limits()["infer_write_risk"] == {"value": False, "source": "file"}
     assert Policy().limits()["infer_write_risk"] == {"value": True, "source": "default"}
+    later = Policy().with_overrides(infer_write_risk=False)
+    assert later.limits()["infer_write_risk"] == {"value": False, "source": "call"}
+    assert later.tool("create_ticket").risk_source == "default"
+    with pytest.raises(PolicyError, match="infer_write_risk"):
+        Policy().with_overrides(infer_write_risk="no")
 
 
 def test_limits_show_declared_tool_risks_and_their_source() -> None:
