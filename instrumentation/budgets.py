@@ -16,11 +16,13 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from .outcomes import Basis, Dimension, Evidence, Stop, StopReason, Usage, make_stop
+from .outcomes import Basis, Decision, Dimension, Evidence, Stop, StopReason, Usage, make_stop
 from .policy import Policy
 
 __all__ = [
     "COST_DECIMALS",
+    "MAX_PRICED_IN_EVIDENCE",
+    "MAX_PRICES_KEPT",
     "MAX_REPORTED_TOKENS",
     "Budget",
     "dollars",
@@ -47,6 +49,17 @@ raising, so the decision's usage and the run's totals would silently vanish from
 trace. Capped per report, a run's totals stay within range for 2**23 reports.
 """
 
+
+MAX_PRICES_KEPT: Final = 16
+"""Distinct (model, price source) pairs a run keeps the cost of; the costs of any pair
+past these are summed under the model ``other``, so a run's memory stays bounded."""
+
+MAX_PRICED_IN_EVIDENCE: Final = 3
+"""(model, price source) pairs a cost stop names, the costliest first (``detail.priced_by``;
+``detail.priced_by_more`` counts the rest)."""
+
+_NAME_CHARS: Final = 120
+_OTHER: Final = ("other", None)
 
 _ONE_TOOL_CALL: Final[Mapping[Dimension, float]] = {
     Dimension.TOOL_ATTEMPTS: 1,
@@ -120,6 +133,10 @@ class Budget:
         steps_since_progress: steps ended without progress evidence, in a row.
         closed_by: the reason the run stopped, once it has (children refuse calls then).
         elapsed_offset: seconds used before a resume.
+        priced: US dollars per ``(model, price_source)`` of the decisions that reported a
+            cost (:meth:`charge_decision`; at most :data:`MAX_PRICES_KEPT` pairs), named by
+            a cost stop's evidence. Not serialized: after a resume it names the models
+            priced since.
     """
 
     def __init__(
@@ -133,6 +150,7 @@ class Budget:
         self.errors = self.blocked = self.retries_total = 0
         self.input_tokens = self.output_tokens = 0
         self.cost = 0.0
+        self.priced: dict[tuple[str | None, str | None], float] = {}
         self.step = self.steps_since_progress = 0
         self.step_open = self.step_progress = False
         self.closed_by: StopReason | None = None
@@ -227,9 +245,7 @@ class Budget:
             if (
                 estimate_cost_usd is not None and projected_cost > p.max_cost_usd
             ) or cost >= p.max_cost_usd:
-                return _spent(
-                    step, Dimension.COST, p.max_cost_usd, max(projected_cost, cost), "projected"
-                )
+                return self.cost_stop(step, p.max_cost_usd, max(projected_cost, cost), "projected")
         if self.parent is not None:
             needs: dict[Dimension, float] = {
                 Dimension.MODEL_TURNS: 1,
@@ -274,15 +290,60 @@ class Budget:
         if tokens > p.max_tokens:
             return _spent(step, Dimension.TOKENS, p.max_tokens, tokens, "observed")
         if dollars(self.cost) > p.max_cost_usd:
-            return _spent(step, Dimension.COST, p.max_cost_usd, dollars(self.cost), "observed")
+            return self.cost_stop(step, p.max_cost_usd, dollars(self.cost), "observed")
         node = self.parent
         while node is not None:
             for dim in (Dimension.TOKENS, Dimension.COST):
                 used, limit = node.used_and_limit(dim)
                 if used > limit:
-                    return _spent(step, dim, limit, round(used, 6), "observed", scope="parent")
+                    return node.spent(step, dim, limit, round(used, 6), "observed", scope="parent")
             node = node.parent
         return None
+
+    def spent(
+        self, step: int, dim: Dimension, limit: float, observed: float, basis: Basis, *, scope: str
+    ) -> Stop:
+        """The budget stop of ``dim`` on this run's counters (a cost stop names its prices)."""
+        if dim is Dimension.COST:
+            return self.cost_stop(step, limit, observed, basis, scope=scope)
+        return _spent(step, dim, limit, observed, basis, scope=scope)
+
+    def cost_stop(
+        self, step: int, limit: float, observed: float, basis: Basis, *, scope: str = "run"
+    ) -> Stop:
+        """The ``budget_exhausted`` stop on cost, its evidence naming the models and price
+        sources that made the cost (:data:`MAX_PRICED_IN_EVIDENCE`, costliest first)."""
+        ranked = sorted(self.priced.items(), key=lambda item: -item[1])
+        named = []
+        for (model, source), usd in ranked[:MAX_PRICED_IN_EVIDENCE]:
+            entry: dict[str, Any] = {"cost_usd": dollars(usd)}
+            if model is not None:
+                entry["model"] = model
+            if source is not None:
+                entry["price_source"] = source
+            named.append(entry)
+        detail: dict[str, Any] = {"priced_by": named} if named else {}
+        if len(ranked) > MAX_PRICED_IN_EVIDENCE:
+            detail["priced_by_more"] = len(ranked) - MAX_PRICED_IN_EVIDENCE
+        return _spent(step, Dimension.COST, limit, observed, basis, scope=scope, detail=detail)
+
+    def charge_decision(self, decision: Decision) -> None:
+        """Add a decision's reported tokens and cost (and the model and price source behind
+        the cost) here and to every ancestor."""
+        input_tokens = usage_tokens(decision.input_tokens)
+        output_tokens = usage_tokens(decision.output_tokens)
+        cost = usage_cost(decision.cost_usd)
+        price = (_name(decision.model), _name(decision.price_source)) if cost > 0 else None
+        node: Budget | None = self
+        while node is not None:
+            node.input_tokens += input_tokens
+            node.output_tokens += output_tokens
+            node.cost += cost
+            if price is not None:
+                room = price in node.priced or len(node.priced) < MAX_PRICES_KEPT
+                key = price if room else _OTHER
+                node.priced[key] = node.priced.get(key, 0.0) + cost
+            node = node.parent
 
     # ---------------------------------------------------------------- parents
 
@@ -305,7 +366,7 @@ class Budget:
             for dim, amount in needs.items():
                 used, limit = node.used_and_limit(dim)
                 if used + amount > limit or (amount == 0 and used >= limit):
-                    return _spent(step, dim, limit, used + amount, "projected", scope="parent")
+                    return node.spent(step, dim, limit, used + amount, "projected", scope="parent")
             node = node.parent
         return None
 
@@ -328,6 +389,27 @@ class Budget:
                 return True
             node = node.parent
         return False
+
+    def dispatch(self, is_retry: bool, tool_timeout: float, elapsed: float) -> float:
+        """Charge a dispatched tool call (an attempt, a held success slot, a retry) here and
+        to every ancestor; returns its timeout in seconds: ``tool_timeout``, capped by
+        the wall clock this run and its ancestors have left at ``elapsed``."""
+        self.attempts += 1
+        self.in_flight += 1
+        if is_retry:
+            self.retries_total += 1
+        if self.parent is None:
+            left = self.policy.max_elapsed_seconds - elapsed
+            return min(tool_timeout, left if left > 0.0 else 0.0)
+        self.charge_parents(attempts=1, in_flight=1)
+        return min(tool_timeout, self.remaining(elapsed))
+
+    def release(self) -> None:
+        """A dispatched call's result or error arrived: its success slot is free again
+        (here and in every ancestor)."""
+        self.in_flight -= 1
+        if self.parent is not None:
+            self.charge_parents(in_flight=-1)
 
     def charge_parents(
         self,
@@ -394,6 +476,18 @@ class Budget:
         )
 
 
+def _name(value: Any) -> str | None:
+    """A model or price-source name as bounded text (``None`` stays unknown)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value[:_NAME_CHARS]
+    try:
+        return str(value)[:_NAME_CHARS]
+    except Exception:  # a broken __str__ must not end the run as an error
+        return type(value).__name__
+
+
 def _spent(
     step: int,
     dimension: Dimension,
@@ -403,6 +497,7 @@ def _spent(
     *,
     scope: str = "run",
     tool: str | None = None,
+    detail: Mapping[str, Any] | None = None,
 ) -> Stop:
     """A budget stop (``deadline_exceeded`` for the elapsed-seconds budget)."""
     deadline = dimension is Dimension.ELAPSED_SECONDS
@@ -413,5 +508,10 @@ def _spent(
         limit=limit,
         observed=observed,
         basis=basis,
-        evidence=Evidence(detector="deadline" if deadline else "ceiling", tool=tool, scope=scope),
+        evidence=Evidence(
+            detector="deadline" if deadline else "ceiling",
+            tool=tool,
+            scope=scope,
+            detail=dict(detail) if detail else {},
+        ),
     )

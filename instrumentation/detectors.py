@@ -2,7 +2,9 @@
 
 - repeated action: the same fingerprint with an unchanged observation, in a row, with no
   progress evidence between (or :attr:`RepeatLimits.across_progress` in a row
-  whatever came between); for writes, the same *intent* anywhere in the window.
+  whatever came between); for writes (declared, or inferred from the tool's name:
+  :mod:`.tool_risk`), the same *intent* anywhere in the window after it succeeded,
+  whatever it returned (``duplicate_intent``; the evidence names ``risk_source``).
 - action cycle: periods ``2..cycle_max_period`` repeated ``cycle_repetitions`` times with
   unchanged observations.
 - repeated decision: the same non-tool decision ``repeated_decision_limit`` times.
@@ -143,6 +145,7 @@ class ToolSettings:
         "key_field",
         "repeat",
         "risk",
+        "risk_source",
         "suffix",
         "timeout",
         "unknown",
@@ -162,6 +165,7 @@ class ToolSettings:
         self.suffix = tool_suffix(tool)
         self.key_field = tp.idempotency_key.lower() if tp.idempotency_key else None
         self.risk = tp.risk
+        self.risk_source = tp.risk_source
         self.write = tp.risk == "write"
         self.repeat = RepeatLimits.of(policy, tp)
         self.timeout = policy.timeout_for(tp)
@@ -291,7 +295,7 @@ class Detectors:
         triggering duplicate is recorded but not executed."""
         limits = ts.repeat
         if ts.write:
-            stop = self._duplicate_intent(ticket, limits.in_a_row, step)
+            stop = self._duplicate_intent(ticket, ts, limits.in_a_row, step)
             if stop is not None:
                 return stop
         streak = self.streak
@@ -310,6 +314,8 @@ class Detectors:
         detail: dict[str, Any] = {"observation": streak.observation[:12]}
         if across:
             detail["across_progress"] = True
+        if ts.write:
+            detail["risk"], detail["risk_source"] = "write", ts.risk_source
         return make_stop(
             StopReason.REPEATED_ACTION,
             step,
@@ -325,7 +331,12 @@ class Detectors:
             ),
         )
 
-    def _duplicate_intent(self, ticket: ToolTicket, limit: int, step: int) -> Stop | None:
+    def _duplicate_intent(
+        self, ticket: ToolTicket, ts: ToolSettings, limit: int, step: int
+    ) -> Stop | None:
+        """The same write intent (loose fingerprint, idempotency key left out) already
+        succeeded ``limit - 1`` times in the window: refused whatever those calls
+        returned (a ticket created twice is not progress, even with a new id each time)."""
         prior: list[tuple[str | None, int]] = self.writes.get(ticket.intent) or []
         key = ticket.idempotency_key
         if key is not None and any(k == key for k, _ in prior):
@@ -345,7 +356,11 @@ class Detectors:
                 repetitions=len(duplicates) + 1,
                 step_indices=steps[-self.window :],
                 fingerprint_previews=(preview(ticket.tool, ticket.intent),),
-                detail={"risk": "write", "idempotency_key_changed": key is not None},
+                detail={
+                    "risk": "write",
+                    "risk_source": ts.risk_source,
+                    "idempotency_key_changed": key is not None,
+                },
             ),
         )
 

@@ -51,7 +51,7 @@ import uuid
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, Literal
 
-from .budgets import Budget, usage_cost, usage_tokens
+from .budgets import Budget
 from .detectors import Detectors, ToolSettings
 from .errors import RunStateError
 from .failures import FailureClass, classify_exception
@@ -294,10 +294,9 @@ class Guard:
                 if not ended.allowed:
                     return ended
                 observed = ended.would_stop
-            stop = None
-            if b.parent is not None or elapsed >= self.policy.max_elapsed_seconds:
-                stop = b.deadline_stop(b.step, elapsed)
-            stop = stop or b.model_call_stop(b.step, estimate_tokens, estimate_cost_usd)
+            stop = b.deadline_stop(b.step, elapsed) or b.model_call_stop(
+                b.step, estimate_tokens, estimate_cost_usd
+            )
             if stop is not None:
                 verdict = self._decide(stop)
                 if not verdict.allowed:
@@ -333,14 +332,7 @@ class Guard:
                         return verdict
             if not b.step_open:
                 self._open_step()
-            input_tokens = usage_tokens(decision.input_tokens)
-            output_tokens = usage_tokens(decision.output_tokens)
-            cost = usage_cost(decision.cost_usd)
-            b.input_tokens += input_tokens
-            b.output_tokens += output_tokens
-            b.cost += cost
-            if b.parent is not None:
-                b.charge_parents(input_tokens=input_tokens, output_tokens=output_tokens, cost=cost)
+            b.charge_decision(decision)
             dtype = decision.type
             if dtype.__class__ is not DecisionType:
                 dtype = DecisionType(dtype)
@@ -469,18 +461,9 @@ class Guard:
                 return ticket
             ticket.allowed = True
             ticket.is_retry = is_retry
-            b.attempts += 1
-            b.in_flight += 1
-            if b.parent is not None:
-                b.charge_parents(attempts=1, in_flight=1)
             if is_retry:
                 d.count_retry(ticket.retry_key)
-                b.retries_total += 1
-            if b.parent is None:
-                left = self.policy.max_elapsed_seconds - elapsed
-                ticket.timeout_seconds = min(ts.timeout, left if left > 0.0 else 0.0)
-            else:
-                ticket.timeout_seconds = min(ts.timeout, b.remaining(elapsed))
+            ticket.timeout_seconds = b.dispatch(is_retry, ts.timeout, elapsed)
             return ticket
 
     def _unknown_tool(self, ticket: ToolTicket, ts: ToolSettings) -> ToolTicket:
@@ -566,9 +549,7 @@ class Guard:
         with self._lock:
             b = self._budget
             if ticket.allowed and not ticket.done:
-                b.in_flight -= 1
-                if b.parent is not None:
-                    b.charge_parents(in_flight=-1)
+                b.release()
             if (
                 ticket.done
                 or not ticket.allowed
@@ -643,10 +624,9 @@ class Guard:
         b.step_open = False
         if not b.step_progress:
             b.steps_since_progress += 1
-        if b.parent is not None or elapsed >= self.policy.max_elapsed_seconds:
-            stop = b.deadline_stop(b.step, elapsed)
-            if stop is not None:
-                return self._decide(stop)
+        stop = b.deadline_stop(b.step, elapsed)
+        if stop is not None:
+            return self._decide(stop)
         verdict = self._observed_ceilings(None) if b.past_observed_ceiling() else ALLOWED
         if not verdict.allowed:
             return verdict

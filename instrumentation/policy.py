@@ -20,6 +20,12 @@ Every effective limit records where it came from: ``default``, ``file``, ``env``
 budget). Precedence, highest first: call > env > file > default. Environment overrides are
 ``LOOPWATCH_POLICY_<FIELD>`` (e.g. ``LOOPWATCH_POLICY_MAX_MODEL_TURNS=5``).
 
+Tool risk has a provenance too (:attr:`ToolPolicy.risk_source`): ``declared`` (a policy
+file or a :class:`ToolPolicy` built in code), ``framework`` (:meth:`Policy.with_tool_risks`:
+MCP annotations, framework flags), ``inferred`` (an undeclared tool whose name marks a
+likely write, :mod:`.tool_risk`; a profile turns this off with ``infer_write_risk =
+false``) or ``default`` (undeclared: a read).
+
 Validation reports every problem with its path (:class:`PolicyError`): unknown keys, bad
 types (a bool is not a number), negative or non-finite numbers (``inf`` and ``nan`` are
 refused: an omitted limit takes its documented default, never "unbounded"), a zero wall
@@ -29,7 +35,6 @@ clock. Zero tool attempts is legal (a model-only profile).
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
 import tomllib
@@ -38,12 +43,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from ._policy_checks import INT, LIMIT_SPEC, tool_problems, validate_values
 from .errors import PolicyError, PolicyProblem
+from .tool_risk import infer_write_risk
 
 __all__ = [
     "DEFAULT_VOLATILE_FIELDS",
     "LIMIT_FIELDS",
     "MAX_POLICY_FILE_BYTES",
+    "RISK_SOURCES",
     "Policy",
     "ToolPolicy",
     "builtin_profiles",
@@ -55,6 +63,9 @@ __all__ = [
 
 Risk = Literal["read", "write"]
 LimitSource = Literal["default", "file", "env", "call", "parent"]
+RiskSource = Literal["declared", "framework", "inferred", "default"]
+RISK_SOURCES: Final[tuple[str, ...]] = ("declared", "framework", "inferred", "default")
+"""Where a tool's risk came from, strongest first (see :attr:`ToolPolicy.risk_source`)."""
 
 # Dropped before fingerprinting at any depth, for every tool (DESIGN section 3: request ids,
 # trace ids and timestamps vary per call and say nothing about what the action or the
@@ -82,31 +93,13 @@ DEFAULT_VOLATILE_FIELDS: Final[frozenset[str]] = frozenset(
     }
 )
 
-_INT = "int"
-_FLOAT = "float"
-# field -> (kind, default, minimum, strict minimum?)
-_LIMIT_SPEC: Final[dict[str, tuple[str, float, float, bool]]] = {
-    "max_model_turns": (_INT, 20, 0, False),
-    "max_tool_attempts": (_INT, 40, 0, False),
-    "max_tool_successes": (_INT, 40, 0, False),
-    "max_retries_per_action": (_INT, 2, 0, False),
-    "max_elapsed_seconds": (_FLOAT, 300.0, 0, True),
-    "max_tokens": (_INT, 1_000_000, 0, False),
-    "max_cost_usd": (_FLOAT, 10.0, 0, False),
-    "tool_timeout_seconds": (_FLOAT, 60.0, 0, True),
-    "repeat_limit": (_INT, 3, 1, False),
-    "cycle_max_period": (_INT, 4, 2, False),
-    "cycle_repetitions": (_INT, 2, 2, False),
-    "no_progress_patience": (_INT, 8, 1, False),
-    "repeated_decision_limit": (_INT, 3, 1, False),
-    "detector_window": (_INT, 64, 8, False),
-}
-LIMIT_FIELDS: Final[tuple[str, ...]] = tuple(_LIMIT_SPEC)
-_MAX_DETECTOR_WINDOW: Final = 4096
+LIMIT_FIELDS: Final[tuple[str, ...]] = tuple(LIMIT_SPEC)
+_INFER: Final = "infer_write_risk"
 MAX_POLICY_FILE_BYTES: Final = 1 << 20
 """Largest policy file read, in bytes (1 MiB; the shipped seed file is under 2 KiB)."""
-_MAX_INT: Final = 2**63 - 1
-_PROFILE_KEYS: Final = frozenset({*_LIMIT_SPEC, "version", "description", "strict_tools", "tools"})
+_PROFILE_KEYS: Final = frozenset(
+    {*LIMIT_SPEC, "version", "description", "strict_tools", "infer_write_risk", "tools"}
+)
 _TOOL_KEYS: Final = frozenset(
     {"risk", "volatile", "progress", "repeat_limit", "idempotency_key", "timeout_seconds"}
 )
@@ -133,6 +126,10 @@ class ToolPolicy:
             replay (stable completion), not a new side effect.
         timeout_seconds: per-call timeout; ``None`` uses the profile's
             ``tool_timeout_seconds``. The run's remaining wall clock always bounds it.
+        risk_source: where ``risk`` came from: ``declared`` (a policy file or code),
+            ``framework`` (:meth:`Policy.with_tool_risks`), ``inferred`` (the tool's name,
+            :func:`~.tool_risk.infer_write_risk`) or ``default`` (nothing declared it).
+            Stops of a write tool name it in their evidence (``detail.risk_source``).
 
     Validated as a policy file's tool table is (DESIGN section 3: a policy is validated
     at load), so a tool built in code cannot hold what a file could not: ``volatile`` and
@@ -155,6 +152,7 @@ class ToolPolicy:
     repeat_limit: int | None = None
     idempotency_key: str | None = None
     timeout_seconds: float | None = None
+    risk_source: RiskSource = "declared"
 
     def __post_init__(self) -> None:
         if (
@@ -163,14 +161,15 @@ class ToolPolicy:
             and type(self.progress) is frozenset
             and not self.volatile
             and not self.progress
-            and self.risk == "read"
+            and self.risk in ("read", "write")
+            and self.risk_source in RISK_SOURCES
             and self.repeat_limit is None
             and self.idempotency_key is None
             and self.timeout_seconds is None
         ):
-            return  # the defaults (Policy.tool's undeclared tool, on every call): valid
+            return  # Policy.tool's undeclared tool (on every new tool): valid
         path = f"tools.{self.name}"
-        problems = _tool_problems(
+        problems = tool_problems(
             path,
             "<code>",
             risk=self.risk,
@@ -178,6 +177,14 @@ class ToolPolicy:
             key=self.idempotency_key,
             timeout=self.timeout_seconds,
         )
+        if self.risk_source not in RISK_SOURCES:
+            problems.append(
+                PolicyProblem(
+                    f"{path}.risk_source",
+                    f"must be one of {', '.join(RISK_SOURCES)}, got {self.risk_source!r}",
+                    "<code>",
+                )
+            )
         if not isinstance(self.name, str):  # "" is allowed: Policy.tool's undeclared tool
             problems.append(
                 PolicyProblem(
@@ -235,11 +242,14 @@ class Policy:
     ``detector_window`` (steps of history kept; bounds memory).
 
     ``tool_timeout_seconds`` bounds one tool call. ``strict_tools``: a tool not listed in
-    ``tools`` is an unknown tool (never dispatched).
+    ``tools`` is an unknown tool (never dispatched). ``infer_write_risk`` (default True):
+    an undeclared tool whose name marks a likely write (``create_ticket``) is a write
+    (:meth:`tool`, :mod:`.tool_risk`).
 
     Attributes:
         name / version: recorded with every run and stop.
-        sources: where each limit came from (``default|file|env|call|parent``).
+        sources: where each limit (and ``infer_write_risk``) came from
+            (``default|file|env|call|parent``).
         origin: the file the profile was read from, or ``"<code>"``.
     """
 
@@ -260,6 +270,7 @@ class Policy:
     repeated_decision_limit: int = 3
     detector_window: int = 64
     strict_tools: bool = False
+    infer_write_risk: bool = True
     description: str = ""
     tools: Mapping[str, ToolPolicy] = field(default_factory=dict)
     sources: Mapping[str, LimitSource] = field(default_factory=dict)
@@ -269,24 +280,31 @@ class Policy:
     a run takes the policy as it is."""
 
     def __post_init__(self) -> None:
-        problems = _validate_values(
+        problems = validate_values(
             {f: getattr(self, f) for f in LIMIT_FIELDS}, f"profiles.{self.name}", self.origin
         )
         if not self.name:
             problems.append(PolicyProblem(f"profiles.{self.name}", "name is empty", self.origin))
+        if not isinstance(self.infer_write_risk, bool):
+            problems.append(
+                PolicyProblem(
+                    f"profiles.{self.name}.infer_write_risk", "must be true or false", self.origin
+                )
+            )
         if problems:
             raise PolicyError(problems)
         # A whole-number float for a count (16.0) passed validation; the guard needs an int
         # (a deque's maxlen, range()), as the file loader already converts.
         for f in LIMIT_FIELDS:
             value = getattr(self, f)
-            if _LIMIT_SPEC[f][0] == _INT and isinstance(value, float):
+            if LIMIT_SPEC[f][0] == INT and isinstance(value, float):
                 object.__setattr__(self, f, int(value))
         # A limit given to the constructor without a source was set in code.
         sources = {
-            f: self.sources.get(f, "default" if getattr(self, f) == _LIMIT_SPEC[f][1] else "call")
+            f: self.sources.get(f, "default" if getattr(self, f) == LIMIT_SPEC[f][1] else "call")
             for f in LIMIT_FIELDS
         }
+        sources[_INFER] = self.sources.get(_INFER, "default" if self.infer_write_risk else "call")
         object.__setattr__(self, "sources", sources)
         object.__setattr__(self, "tools", dict(self.tools))
 
@@ -298,29 +316,32 @@ class Policy:
             PolicyError: an unknown field or an invalid value (all problems listed).
         """
         tools_raw = overrides.pop("tools", None)
-        unknown = sorted(set(overrides) - set(_LIMIT_SPEC) - {"strict_tools", "description"})
+        unknown = sorted(set(overrides) - {*LIMIT_SPEC, "strict_tools", "description", _INFER})
         if unknown:
             raise PolicyError(
                 [PolicyProblem(f"profiles.{name}.{k}", "unknown key") for k in unknown]
             )
-        problems = _validate_values(overrides, f"profiles.{name}", "<code>")
+        problems = validate_values(overrides, f"profiles.{name}", "<code>")
         if problems:
             raise PolicyError(problems)
         tools: dict[str, ToolPolicy] = {}
         for t in tools_raw or ():
             tools[t.name] = t
-        sources: dict[str, LimitSource] = {k: "call" for k in overrides if k in _LIMIT_SPEC}
+        sources: dict[str, LimitSource] = {
+            k: "call" for k in overrides if k in LIMIT_SPEC or k == _INFER
+        }
         return cls(name=name, version=version, tools=tools, sources=sources, **overrides)
 
     def with_overrides(self, source: LimitSource = "call", **overrides: Any) -> Policy:
-        """A copy with some limits replaced; the new values record ``source``.
+        """A copy with some limits (or ``infer_write_risk``) replaced; the new values
+        record ``source``.
 
         Raises:
             PolicyError: an unknown field or an invalid value.
         """
-        unknown = sorted(set(overrides) - set(_LIMIT_SPEC))
+        unknown = sorted(set(overrides) - {*LIMIT_SPEC, _INFER})
         problems = [PolicyProblem(f"profiles.{self.name}.{k}", "unknown key") for k in unknown]
-        problems += _validate_values(overrides, f"profiles.{self.name}", f"<{source}>")
+        problems += validate_values(overrides, f"profiles.{self.name}", f"<{source}>")
         if problems:
             raise PolicyError(problems)
         sources = dict(self.sources)
@@ -339,12 +360,12 @@ class Policy:
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         problems: list[PolicyProblem] = []
-        for name, (kind, *_rest) in _LIMIT_SPEC.items():
+        for name, (kind, *_rest) in LIMIT_SPEC.items():
             raw = env.get(f"LOOPWATCH_POLICY_{name.upper()}")
             if raw is None or self.sources.get(name) == "call":
                 continue
             try:
-                values[name] = int(raw) if kind == _INT else float(raw)
+                values[name] = int(raw) if kind == INT else float(raw)
             except ValueError:
                 problems.append(
                     PolicyProblem(
@@ -364,16 +385,33 @@ class Policy:
         Args:
             risks: ``{tool name: "read" | "write"}``.
 
+        The tools added record ``risk_source="framework"``.
+
         Raises:
             PolicyError: a risk other than ``"read"`` or ``"write"``.
         """
-        added = {n: ToolPolicy(name=n, risk=r) for n, r in risks.items() if n not in self.tools}
+        added = {
+            n: ToolPolicy(name=n, risk=r, risk_source="framework")
+            for n, r in risks.items()
+            if n not in self.tools
+        }
         return replace(self, tools={**self.tools, **added}) if added else self
 
     def tool(self, name: str) -> ToolPolicy:
-        """Settings of tool ``name`` (defaults for an undeclared tool)."""
+        """Settings of tool ``name``.
+
+        A declared tool (policy file, code, :meth:`with_tool_risks`) has its own settings.
+        An undeclared one takes the defaults: a ``write`` with ``risk_source="inferred"``
+        when ``infer_write_risk`` is on and its name marks a likely write
+        (:func:`~.tool_risk.infer_write_risk`: ``create_ticket``, ``sendEmail``,
+        ``tickets.delete``), else a ``read`` with ``risk_source="default"``.
+        """
         found = self.tools.get(name)
-        return found if found is not None else ToolPolicy(name=name)
+        if found is not None:
+            return found
+        if self.infer_write_risk and infer_write_risk(name):
+            return ToolPolicy(name=name, risk="write", risk_source="inferred")
+        return ToolPolicy(name=name, risk_source="default")
 
     def timeout_for(self, tool: ToolPolicy) -> float:
         """Per-call timeout of ``tool`` in seconds."""
@@ -382,93 +420,22 @@ class Policy:
         )
 
     def limits(self) -> dict[str, dict[str, Any]]:
-        """Each effective limit and where it came from: ``{field: {"value", "source"}}``."""
-        return {f: {"value": getattr(self, f), "source": self.sources[f]} for f in LIMIT_FIELDS}
+        """Each effective limit and where it came from: ``{field: {"value", "source"}}``.
+
+        Besides :data:`LIMIT_FIELDS`: ``infer_write_risk`` (bool), and
+        ``tools.NAME.risk`` for each declared tool, its source ``declared`` or
+        ``framework``. An inferred risk is decided when the tool is first called, so it
+        shows where it acts: in the stop's evidence (``detail.risk_source``).
+        """
+        out = {f: {"value": getattr(self, f), "source": self.sources[f]} for f in LIMIT_FIELDS}
+        out[_INFER] = {"value": self.infer_write_risk, "source": self.sources[_INFER]}
+        for name, tp in self.tools.items():
+            out[f"tools.{name}.risk"] = {"value": tp.risk, "source": tp.risk_source}
+        return out
 
     def limits_json(self) -> str:
         """:meth:`limits` as compact JSON (the ``loopwatch.limits`` span attribute)."""
         return json.dumps(self.limits(), separators=(",", ":"), sort_keys=True)
-
-
-def _validate_values(values: Mapping[str, Any], prefix: str, source: str) -> list[PolicyProblem]:
-    problems: list[PolicyProblem] = []
-    for key, value in values.items():
-        spec = _LIMIT_SPEC.get(key)
-        if spec is None:
-            continue
-        kind, _default, minimum, strict = spec
-        path = f"{prefix}.{key}"
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            problems.append(
-                PolicyProblem(path, f"must be a number, got {type(value).__name__}", source)
-            )
-            continue
-        floor = f"{'>' if strict else '>='} {minimum:g}"
-        too_large = _out_of_range(value, kind, floor)
-        if too_large is not None:
-            problems.append(PolicyProblem(path, too_large, source))
-            continue
-        if not math.isfinite(value):
-            problems.append(
-                PolicyProblem(
-                    path, f"must be finite, got {value!r} (omit it for the default)", source
-                )
-            )
-            continue
-        if kind == _INT and not isinstance(value, int) and not value.is_integer():
-            problems.append(PolicyProblem(path, f"must be a whole number, got {value!r}", source))
-            continue
-        if kind == _INT and isinstance(value, float) and not -_MAX_INT <= value <= _MAX_INT:
-            # A whole float becomes an int (Policy.__post_init__): bound it as an int is.
-            bound = f"must be {floor}" if value < 0 else f"must be <= {_MAX_INT}"
-            problems.append(PolicyProblem(path, f"{bound}, got {value!r}", source))
-            continue
-        if strict and value <= minimum:
-            problems.append(PolicyProblem(path, f"must be > {minimum:g}, got {value!r}", source))
-        elif value < minimum:
-            problems.append(PolicyProblem(path, f"must be >= {minimum:g}, got {value!r}", source))
-        if key == "detector_window" and value > _MAX_DETECTOR_WINDOW:
-            problems.append(
-                PolicyProblem(path, f"must be <= {_MAX_DETECTOR_WINDOW}, got {value!r}", source)
-            )
-    return problems
-
-
-def _out_of_range(value: int | float, kind: str, floor: str) -> str | None:
-    """Why an integer ``value`` is too large in size for a limit of ``kind``, or ``None``.
-
-    TOML integers have no bound in Python. A whole-number limit must fit the 64-bit
-    integer that span attributes (OTLP ``intValue``) carry; a limit in seconds or USD
-    must fit a float (past about 1.8e308, ``float()`` and ``math.isfinite`` raise
-    ``OverflowError`` instead of failing validation). ``floor`` is the lower-bound rule
-    (``">= 0"``) named for a hugely negative value.
-    """
-    if not isinstance(value, int):
-        return None
-    if kind == _INT:
-        if -_MAX_INT <= value <= _MAX_INT:
-            return None
-    else:
-        try:
-            float(value)
-        except OverflowError:
-            pass
-        else:
-            return None
-    if value < 0:
-        return f"must be {floor}, got {_describe_int(value)}"
-    ceiling = f"must be <= {_MAX_INT}" if kind == _INT else "too large for a number"
-    return f"{ceiling}, got {_describe_int(value)}"
-
-
-def _describe_int(value: int) -> str:
-    """A huge integer by its size: printed whole it is unreadable (and past 4,300 digits
-    ``str()`` itself raises)."""
-    try:
-        digits = len(str(abs(value)))
-    except ValueError:
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-    return f"a {digits}-digit integer"
 
 
 def _string_list(
@@ -506,7 +473,7 @@ def _parse_tool(
     key = raw.get("idempotency_key")
     timeout = raw.get("timeout_seconds")
     problems.extend(
-        _tool_problems(path, source, risk=risk, repeat_limit=repeat_limit, key=key, timeout=timeout)
+        tool_problems(path, source, risk=risk, repeat_limit=repeat_limit, key=key, timeout=timeout)
     )
     if len(problems) > before:
         return None
@@ -519,63 +486,6 @@ def _parse_tool(
         idempotency_key=key,
         timeout_seconds=timeout,
     )
-
-
-def _tool_problems(
-    path: str, source: str, *, risk: Any, repeat_limit: Any, key: Any, timeout: Any
-) -> list[PolicyProblem]:
-    """The problems of one tool's settings, for a file's tool table and a
-    :class:`ToolPolicy` built in code alike (``path``: the tool's path)."""
-    problems: list[PolicyProblem] = []
-    if risk not in ("read", "write"):
-        problems.append(
-            PolicyProblem(f"{path}.risk", f"must be 'read' or 'write', got {risk!r}", source)
-        )
-    if repeat_limit is not None:
-        whole = (
-            not isinstance(repeat_limit, bool)
-            and isinstance(repeat_limit, int | float)
-            and (isinstance(repeat_limit, int) or repeat_limit.is_integer())
-        )
-        if not whole or repeat_limit < 1:
-            problems.append(
-                PolicyProblem(
-                    f"{path}.repeat_limit",
-                    f"must be a whole number >= 1, got {repeat_limit!r}",
-                    source,
-                )
-            )
-        elif too_large := _out_of_range(int(repeat_limit), _INT, ">= 1"):
-            problems.append(PolicyProblem(f"{path}.repeat_limit", too_large, source))
-    if key is not None and (not isinstance(key, str) or not key):
-        problems.append(
-            PolicyProblem(f"{path}.idempotency_key", "must be a non-empty string", source)
-        )
-    elif key is not None and risk != "write":
-        problems.append(
-            PolicyProblem(
-                f"{path}.idempotency_key", "only write tools take an idempotency key", source
-            )
-        )
-    too_large = (
-        _out_of_range(timeout, _FLOAT, "> 0")
-        if isinstance(timeout, int) and not isinstance(timeout, bool)
-        else None
-    )
-    if too_large is not None:
-        problems.append(PolicyProblem(f"{path}.timeout_seconds", too_large, source))
-    elif timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        problems.append(
-            PolicyProblem(
-                f"{path}.timeout_seconds", f"must be a finite number > 0, got {timeout!r}", source
-            )
-        )
-    return problems
 
 
 def _parse_profile(
@@ -593,12 +503,16 @@ def _parse_profile(
             )
         )
         version = "invalid"
-    limits = {k: raw[k] for k in _LIMIT_SPEC if k in raw}
-    problems.extend(_validate_values(limits, path, source))
+    limits = {k: raw[k] for k in LIMIT_SPEC if k in raw}
+    problems.extend(validate_values(limits, path, source))
     strict_tools = raw.get("strict_tools", False)
     if not isinstance(strict_tools, bool):
         problems.append(PolicyProblem(f"{path}.strict_tools", "must be true or false", source))
         strict_tools = False
+    infer = raw.get(_INFER, True)
+    if not isinstance(infer, bool):
+        problems.append(PolicyProblem(f"{path}.{_INFER}", "must be true or false", source))
+        infer = True
     description = raw.get("description", "")
     if not isinstance(description, str):
         problems.append(PolicyProblem(f"{path}.description", "must be a string", source))
@@ -615,15 +529,17 @@ def _parse_profile(
     if len(problems) > before:
         return None
     values: dict[str, Any] = {
-        k: (int(v) if _LIMIT_SPEC[k][0] == _INT else float(v)) for k, v in limits.items()
+        k: (int(v) if LIMIT_SPEC[k][0] == INT else float(v)) for k, v in limits.items()
     }
+    sources: dict[str, LimitSource] = {k: "file" for k in (*values, _INFER) if k in raw}
     return Policy(
         name=name,
         version=version,
         strict_tools=strict_tools,
+        infer_write_risk=infer,
         description=description,
         tools=tools,
-        sources={k: "file" for k in values},
+        sources=sources,
         origin=source,
         **values,
     )

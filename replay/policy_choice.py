@@ -181,7 +181,8 @@ def policy_table(policy: Policy) -> dict[str, Any]:
     included: what :func:`recorded_policy` reads back."""
     table: dict[str, Any] = {"name": policy.name, "version": policy.version}
     for key, entry in policy.limits().items():
-        if entry["source"] != "default":
+        # ``tools.NAME.risk`` rows show tool risks; the tools table below carries them.
+        if entry["source"] != "default" and not key.startswith("tools."):
             table[key] = entry["value"]
     tools: dict[str, Any] = {}
     for name, tp in policy.tools.items():

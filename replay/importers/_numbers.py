@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 # One wording for a huge integer, in policy problems and import problems alike.
-from loopwatch.instrumentation.policy import _describe_int
+from loopwatch.instrumentation._policy_checks import describe_int as _describe_int
 
 __all__ = ["check_fits", "too_large"]
 

@@ -155,7 +155,7 @@ def test_limit_sources_and_precedence(tmp_path: Path) -> None:
     assert p.sources["max_tokens"] == "env"
     assert p.sources["max_cost_usd"] == "call"
     assert p.sources["repeat_limit"] == "default"
-    assert set(p.limits()) == set(LIMIT_FIELDS)
+    assert set(p.limits()) == {*LIMIT_FIELDS, "infer_write_risk"}
 
 
 def test_bad_env_override_is_reported() -> None:
@@ -255,7 +255,7 @@ def test_tool_policy_values_are_normalised() -> None:
     review, 2026-12-02: ``before_tool_call("")`` raised one)."""
     keys = ToolPolicy("t", volatile={"a": 1}.keys(), progress=["page"])  # type: ignore[arg-type]
     assert keys.volatile == frozenset({"a"}) and keys.progress == frozenset({"page"})
-    assert Policy().tool("") == ToolPolicy("")
+    assert Policy().tool("") == ToolPolicy("", risk_source="default")
     guard = Guard(Policy())
     guard.before_model_call()
     guard.record_decision(Decision.tool(ToolCall("", {})))

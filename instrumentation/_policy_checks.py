@@ -1,0 +1,190 @@
+"""Validation of policy values: the limits' table and the rules every value must meet.
+
+One place for the checks a policy file, :meth:`~.policy.Policy.build`, an override and a
+:class:`~.policy.ToolPolicy` built in code all apply (DESIGN section 3: a policy is
+validated at load): each returns every problem with its path, never raises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+from .errors import PolicyProblem
+
+__all__ = [
+    "FLOAT",
+    "INT",
+    "LIMIT_SPEC",
+    "MAX_DETECTOR_WINDOW",
+    "MAX_INT",
+    "describe_int",
+    "out_of_range",
+    "tool_problems",
+    "validate_values",
+]
+
+INT = "int"
+FLOAT = "float"
+# field -> (kind, default, minimum, strict minimum?)
+LIMIT_SPEC: Final[dict[str, tuple[str, float, float, bool]]] = {
+    "max_model_turns": (INT, 20, 0, False),
+    "max_tool_attempts": (INT, 40, 0, False),
+    "max_tool_successes": (INT, 40, 0, False),
+    "max_retries_per_action": (INT, 2, 0, False),
+    "max_elapsed_seconds": (FLOAT, 300.0, 0, True),
+    "max_tokens": (INT, 1_000_000, 0, False),
+    "max_cost_usd": (FLOAT, 10.0, 0, False),
+    "tool_timeout_seconds": (FLOAT, 60.0, 0, True),
+    "repeat_limit": (INT, 3, 1, False),
+    "cycle_max_period": (INT, 4, 2, False),
+    "cycle_repetitions": (INT, 2, 2, False),
+    "no_progress_patience": (INT, 8, 1, False),
+    "repeated_decision_limit": (INT, 3, 1, False),
+    "detector_window": (INT, 64, 8, False),
+}
+MAX_DETECTOR_WINDOW: Final = 4096
+"""Largest ``detector_window`` (steps of history a guard keeps)."""
+MAX_INT: Final = 2**63 - 1
+"""Largest whole-number limit: what an OTLP ``intValue`` (signed 64-bit) carries."""
+
+
+def validate_values(values: Mapping[str, Any], prefix: str, source: str) -> list[PolicyProblem]:
+    """The problems of the limits in ``values`` (keys not in :data:`LIMIT_SPEC` are
+    skipped), each with its path ``prefix.KEY`` and ``source``."""
+    problems: list[PolicyProblem] = []
+    for key, value in values.items():
+        spec = LIMIT_SPEC.get(key)
+        if spec is None:
+            continue
+        kind, _default, minimum, strict = spec
+        path = f"{prefix}.{key}"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            problems.append(
+                PolicyProblem(path, f"must be a number, got {type(value).__name__}", source)
+            )
+            continue
+        floor = f"{'>' if strict else '>='} {minimum:g}"
+        too_large = out_of_range(value, kind, floor)
+        if too_large is not None:
+            problems.append(PolicyProblem(path, too_large, source))
+            continue
+        if not math.isfinite(value):
+            problems.append(
+                PolicyProblem(
+                    path, f"must be finite, got {value!r} (omit it for the default)", source
+                )
+            )
+            continue
+        if kind == INT and not isinstance(value, int) and not value.is_integer():
+            problems.append(PolicyProblem(path, f"must be a whole number, got {value!r}", source))
+            continue
+        if kind == INT and isinstance(value, float) and not -MAX_INT <= value <= MAX_INT:
+            # A whole float becomes an int (Policy.__post_init__): bound it as an int is.
+            bound = f"must be {floor}" if value < 0 else f"must be <= {MAX_INT}"
+            problems.append(PolicyProblem(path, f"{bound}, got {value!r}", source))
+            continue
+        if strict and value <= minimum:
+            problems.append(PolicyProblem(path, f"must be > {minimum:g}, got {value!r}", source))
+        elif value < minimum:
+            problems.append(PolicyProblem(path, f"must be >= {minimum:g}, got {value!r}", source))
+        if key == "detector_window" and value > MAX_DETECTOR_WINDOW:
+            problems.append(
+                PolicyProblem(path, f"must be <= {MAX_DETECTOR_WINDOW}, got {value!r}", source)
+            )
+    return problems
+
+
+def out_of_range(value: int | float, kind: str, floor: str) -> str | None:
+    """Why an integer ``value`` is too large in size for a limit of ``kind``, or ``None``.
+
+    TOML integers have no bound in Python. A whole-number limit must fit the 64-bit
+    integer that span attributes (OTLP ``intValue``) carry; a limit in seconds or USD
+    must fit a float (past about 1.8e308, ``float()`` and ``math.isfinite`` raise
+    ``OverflowError`` instead of failing validation). ``floor`` is the lower-bound rule
+    (``">= 0"``) named for a hugely negative value.
+    """
+    if not isinstance(value, int):
+        return None
+    if kind == INT:
+        if -MAX_INT <= value <= MAX_INT:
+            return None
+    else:
+        try:
+            float(value)
+        except OverflowError:
+            pass
+        else:
+            return None
+    if value < 0:
+        return f"must be {floor}, got {describe_int(value)}"
+    ceiling = f"must be <= {MAX_INT}" if kind == INT else "too large for a number"
+    return f"{ceiling}, got {describe_int(value)}"
+
+
+def describe_int(value: int) -> str:
+    """A huge integer by its size: printed whole it is unreadable (and past 4,300 digits
+    ``str()`` itself raises)."""
+    try:
+        digits = len(str(abs(value)))
+    except ValueError:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return f"a {digits}-digit integer"
+
+
+def tool_problems(
+    path: str, source: str, *, risk: Any, repeat_limit: Any, key: Any, timeout: Any
+) -> list[PolicyProblem]:
+    """The problems of one tool's settings, for a file's tool table and a
+    :class:`ToolPolicy` built in code alike (``path``: the tool's path)."""
+    problems: list[PolicyProblem] = []
+    if risk not in ("read", "write"):
+        problems.append(
+            PolicyProblem(f"{path}.risk", f"must be 'read' or 'write', got {risk!r}", source)
+        )
+    if repeat_limit is not None:
+        whole = (
+            not isinstance(repeat_limit, bool)
+            and isinstance(repeat_limit, int | float)
+            and (isinstance(repeat_limit, int) or repeat_limit.is_integer())
+        )
+        if not whole or repeat_limit < 1:
+            problems.append(
+                PolicyProblem(
+                    f"{path}.repeat_limit",
+                    f"must be a whole number >= 1, got {repeat_limit!r}",
+                    source,
+                )
+            )
+        elif too_large := out_of_range(int(repeat_limit), INT, ">= 1"):
+            problems.append(PolicyProblem(f"{path}.repeat_limit", too_large, source))
+    if key is not None and (not isinstance(key, str) or not key):
+        problems.append(
+            PolicyProblem(f"{path}.idempotency_key", "must be a non-empty string", source)
+        )
+    elif key is not None and risk != "write":
+        problems.append(
+            PolicyProblem(
+                f"{path}.idempotency_key", "only write tools take an idempotency key", source
+            )
+        )
+    too_large = (
+        out_of_range(timeout, FLOAT, "> 0")
+        if isinstance(timeout, int) and not isinstance(timeout, bool)
+        else None
+    )
+    if too_large is not None:
+        problems.append(PolicyProblem(f"{path}.timeout_seconds", too_large, source))
+    elif timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        problems.append(
+            PolicyProblem(
+                f"{path}.timeout_seconds", f"must be a finite number > 0, got {timeout!r}", source
+            )
+        )
+    return problems
