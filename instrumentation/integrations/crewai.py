@@ -296,13 +296,22 @@ class GuardedKickoff:
         raise LoopwatchStopped(run.outcome)  # a StopRun that reached ``with`` unconverted
 
     async def kickoff_async(self, *args: Any, **kwargs: Any) -> Any:
-        """Async :meth:`kickoff` (``target.kickoff_async``); same results and errors."""
+        """Async :meth:`kickoff` (``target.kickoff_async``: CrewAI runs the sync kickoff in
+        a worker thread); same results and errors."""
+        return await self._akickoff("kickoff_async", args, kwargs)
+
+    async def akickoff(self, *args: Any, **kwargs: Any) -> Any:
+        """Native async :meth:`kickoff` (``target.akickoff``: the LLMs' ``acall`` and
+        CrewAI's async tool path); same results and errors."""
+        return await self._akickoff("akickoff", args, kwargs)
+
+    async def _akickoff(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         run = self._new_run()
         try:
             with run:
                 with self._installed(run):
                     try:
-                        output = await self.target.kickoff_async(*args, **kwargs)
+                        output = await getattr(self.target, method)(*args, **kwargs)
                     except ToolExecutionFailedError as exc:
                         self._framework_failure(run, exc)
                         raise

@@ -65,6 +65,11 @@ class ScriptedLLM(BaseLLM):
         )
         return reply(self.calls) if callable(reply) else reply
 
+    async def acall(  # type: ignore[override]
+        self, messages: Any, tools: Any = None, callbacks: Any = None, **kwargs: Any
+    ) -> Any:
+        return self.call(messages, tools, callbacks)
+
     def supports_function_calling(self) -> bool:
         return self.native
 
@@ -154,9 +159,14 @@ def test_runaway_same_call_stops_as_repeated_action(
     assert len(seen) <= 3
     assert outcome.usage.model_turns > 0
     assert llm.calls == outcome.usage.model_turns  # no model call after the stop
-    names = {s.name for s in exporter.get_finished_spans()}
-    assert "invoke_agent Researcher" in names
-    assert not any("order 42" in n for n in names)
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert names.count("invoke_agent Researcher") == 1  # one run per kickoff
+    assert not any("order 42" in n for n in names)  # never the task text
+    assert names.count("decide Researcher") == outcome.usage.model_turns
+    tools = [s for s in exporter.get_finished_spans() if s.name == "execute_tool lookup"]
+    outcomes = [s.attributes["loopwatch.tool.outcome"] for s in tools]
+    assert outcomes[-1] == "blocked"  # the refused call is visible
+    assert len(tools) == outcome.usage.tool_attempts + 1
 
 
 def test_succeeding_agent_completes(no_leftovers: None) -> None:
@@ -261,22 +271,40 @@ def test_refused_repeats_count_as_the_same_observation(no_leftovers: None) -> No
     assert outcome.usage.tool_attempts == 3  # the 4th identical call was blocked
 
 
-def test_async_kickoff_stops_the_runaway(no_leftovers: None) -> None:
+@pytest.mark.parametrize("method", ["kickoff_async", "akickoff"])
+@pytest.mark.parametrize("native", [False, True], ids=["react", "native"])
+def test_async_kickoff_stops_the_runaway(method: str, native: bool, no_leftovers: None) -> None:
     lookup, seen = counting_tool("lookup", lambda a: "status: pending")
-    llm = ScriptedLLM(
-        model="scripted", script=[lambda n: native_call("lookup", {"query": "42"}, n)], native=True
+    reply: Callable[[int], Reply] = (
+        (lambda n: native_call("lookup", {"query": "42"}, n))
+        if native
+        else (lambda n: react("lookup", {"query": "42"}))
     )
+    llm = ScriptedLLM(model="scripted", script=[reply], native=native)
     guarded = guard(make_crew(llm, [lookup]), Policy(repeat_limit=3))
 
     async def main() -> None:
         began = time.monotonic()
         with pytest.raises(LoopwatchStopped):
-            await asyncio.wait_for(guarded.kickoff_async(), timeout=5)
+            await asyncio.wait_for(getattr(guarded, method)(), timeout=5)
         assert time.monotonic() - began < 5
 
     asyncio.run(main())
     assert guarded.outcome.stop.reason is StopReason.REPEATED_ACTION
     assert len(seen) <= 3
+    assert llm.calls == guarded.outcome.usage.model_turns > 0
+
+
+@pytest.mark.parametrize("method", ["kickoff_async", "akickoff"])
+def test_async_kickoff_completes(method: str, no_leftovers: None) -> None:
+    lookup, seen = counting_tool("lookup", lambda a: "status: shipped")
+    llm = ScriptedLLM(model="scripted", script=[react("lookup", {"query": "42"}), FINAL])
+    guarded = guard(make_crew(llm, [lookup]))
+    output = asyncio.run(getattr(guarded, method)())
+    assert output.raw == "done"
+    assert guarded.outcome.stop.reason is StopReason.COMPLETED
+    assert guarded.outcome.usage.model_turns == 2
+    assert len(seen) == 1
 
 
 def test_agent_kickoff_is_one_run_named_after_the_role(spans: Any, no_leftovers: None) -> None:
