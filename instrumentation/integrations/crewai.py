@@ -39,12 +39,19 @@ never after the task text. What it uses of CrewAI 1.15:
 Tool risk: CrewAI 1.15 tools carry no read/write flag or MCP annotations; pass
 ``tool_risks={"create_ticket": "write"}`` (or list the tool in the policy file, which wins).
 
-Honest limits: an LLM instance shared with code outside the kickoff is counted while the
-kickoff runs; a hierarchical crew's manager agent, created by CrewAI during the kickoff,
-is not wrapped (its tool calls are guarded, its model turns are not counted); an agent's
-``Final Answer`` is recorded as a ``message`` turn, because CrewAI may still call the model
-after it (guardrails, output conversion, the next task): the run completes when
-``kickoff`` returns, with the crew's ``raw`` output as the answer.
+Honest limits:
+
+- an LLM instance shared with code outside the kickoff is counted while the kickoff runs;
+  a ``manager_llm`` (hierarchical crews) given as a model name, not an LLM object, is
+  built by CrewAI during the kickoff and its turns are not counted (its agent's tool
+  calls are guarded);
+- an agent's ``Final Answer`` is recorded as a ``message`` turn, because CrewAI may still
+  call the model after it (guardrails, output conversion, the next task): the run
+  completes when ``kickoff`` returns, with the crew's ``raw`` output as the answer;
+- CrewAI's ReAct path retries a tool that raised inside one call (the hooks see one call,
+  recorded as the tool's error); its native path does not;
+- CrewAI logs the stop once at ERROR ("Error executing listener ...: loopwatch stopped
+  the run") on its way out: that is CrewAI's flow runtime, not a second failure.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import RunStateError, StopRun
-from ..failures import ToolFailure
+from ..failures import FailureClass, ToolFailure
 from ..outcomes import Decision, Dimension, Outcome, StopReason
 from ..policy import Policy, Risk
 from ..runs import Run, resolve_policy
@@ -93,6 +100,16 @@ Mode = Literal["enforce", "observe"]
 # before one last forced model call. Both come from CrewAI's own translations.
 _REPEAT_REFUSAL = I18N_DEFAULT.errors("task_repeated_usage").split("{", 1)[0].strip()
 _FORCE_FINAL = I18N_DEFAULT.errors("force_final_answer")
+# What CrewAI hands on as the tool's result when the tool raised: its native path's
+# format string, and its ReAct path's translated message.
+_RAISED = (
+    "Error executing tool: ",
+    I18N_DEFAULT.errors("tool_usage_exception").split("{", 1)[0].strip(),
+)
+_FAILURE_CLASSES = {
+    ToolFailureReason.UNKNOWN_TOOL: FailureClass.UNKNOWN_TOOL,
+    ToolFailureReason.INVALID_INPUT: FailureClass.INVALID_ARGUMENTS,
+}
 
 # The tool call between its before and after hook: both hooks run in the same context
 # (one thread, or one asyncio task, per call, also for CrewAI's parallel native calls).
@@ -148,6 +165,20 @@ def _tokens(llm: Any) -> tuple[int, int]:
         return int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0)
     except Exception:  # an LLM without usage tracking: the turn counts, tokens unknown
         return 0, 0
+
+
+def _failure_of(raw: Any) -> ToolFailure | None:
+    """The tool's failure when CrewAI's result says the call failed: a ``ToolFailure``
+    the tool returned (its ``retryable`` flag and reason decide the class), or the text
+    CrewAI puts in place of an exception the tool raised."""
+    if isinstance(raw, CrewToolFailure):
+        failure_class = _FAILURE_CLASSES.get(raw.reason, FailureClass.PERMANENT)
+        if raw.retryable:
+            failure_class = FailureClass.TRANSIENT
+        return ToolFailure(raw.as_agent_message()[:200], failure_class)
+    if isinstance(raw, str) and raw.strip().startswith(_RAISED):
+        return ToolFailure(raw.strip()[:200], FailureClass.PERMANENT)
+    return None
 
 
 def _is_forced_final(messages: Any) -> bool:
@@ -463,10 +494,10 @@ class GuardedKickoff:
             raw = self._real.get(open_.key, raw)
         else:
             self._real[open_.key] = raw
+        failure = _failure_of(raw)
         try:
-            if isinstance(raw, CrewToolFailure):
-                error = RuntimeError(raw.as_agent_message())
-                open_.scope.__exit__(RuntimeError, error, None)
+            if failure is not None:
+                open_.scope.__exit__(ToolFailure, failure, None)
             else:
                 open_.scope.set_result(raw)
                 open_.scope.__exit__(None, None, None)
@@ -476,13 +507,17 @@ class GuardedKickoff:
 
 
 def _close_leftover(run: Run) -> None:
-    """End a call whose after hook never ran (CrewAI raised between the hooks)."""
+    """End a call of this context whose after hook never ran (CrewAI raised between the
+    hooks), before the context's next call."""
     open_ = _open_tool.get()
     if open_ is not None:
         _open_tool.set(None)
         error = RuntimeError("the tool call ended without a result")
         with contextlib.suppress(StopRun):
             open_.scope.__exit__(RuntimeError, error, None)
+
+
+_WRAPPED = ("call", "acall")
 
 
 class _Installed:
@@ -492,7 +527,7 @@ class _Installed:
         self._owner = owner
         self._run = run
         self._scope: Any = None
-        self._wrapped: list[Any] = []
+        self._saved: list[tuple[Any, dict[str, Any]]] = []
 
     def __enter__(self) -> _Installed:
         owner, run = self._owner, self._run
@@ -503,20 +538,21 @@ class _Installed:
         for llm, agents in owner._llms().values():
             # The instance attribute shadows the class method for this kickoff only;
             # BaseLLM keeps non-field attributes on the instance (its __setattr__ falls
-            # back to object.__setattr__).
+            # back to object.__setattr__). What was there before is put back on exit.
+            self._saved.append((llm, {a: llm.__dict__[a] for a in _WRAPPED if a in llm.__dict__}))
             object.__setattr__(llm, "call", owner._guarded_call(run, llm, agents, llm.call))
             if callable(getattr(llm, "acall", None)):
                 object.__setattr__(llm, "acall", owner._guarded_acall(run, llm, agents, llm.acall))
-            self._wrapped.append(llm)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for llm in self._wrapped:
-            for attr in ("call", "acall"):
-                if attr in llm.__dict__:
+        for llm, saved in reversed(self._saved):
+            for attr in _WRAPPED:
+                if attr in saved:
+                    object.__setattr__(llm, attr, saved[attr])
+                elif attr in llm.__dict__:
                     object.__delattr__(llm, attr)
-        self._wrapped.clear()
-        _close_leftover(self._run)
+        self._saved.clear()
         if self._scope is not None:
             self._scope.__exit__(*exc)
             self._scope = None

@@ -28,6 +28,7 @@ pytest.importorskip("crewai")
 
 from crewai import Agent, Crew, Task  # noqa: E402
 from crewai.events.event_bus import crewai_event_bus  # noqa: E402
+from crewai.hooks import get_before_tool_call_hooks  # noqa: E402
 from crewai.llms.base_llm import BaseLLM  # noqa: E402
 from crewai.tools import tool  # noqa: E402
 from crewai.tools.tool_failure import ToolExecutionFailedError  # noqa: E402
@@ -358,3 +359,52 @@ def test_observe_mode_records_and_crewai_stops_itself(no_leftovers: None) -> Non
     assert outcome.stop.evidence.detail["framework"] == "crewai"
     assert outcome.observed_stops[0].reason is StopReason.REPEATED_ACTION  # loopwatch's, first
     assert len(seen) == 5  # crewai's MAX_REPEATED_TOOL_CALLS
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["react", "native"])
+def test_a_failing_tool_is_recorded_as_an_error_and_not_retried_forever(
+    native: bool, no_leftovers: None
+) -> None:
+    def broken(args: dict[str, Any]) -> Any:
+        raise RuntimeError("backend down")
+
+    lookup, seen = counting_tool("lookup", broken)
+    reply: Callable[[int], Reply] = (
+        (lambda n: native_call("lookup", {"query": "42"}, n))
+        if native
+        else (lambda n: react("lookup", {"query": "42"}))
+    )
+    llm = ScriptedLLM(model="scripted", script=[reply], native=native)
+    guarded = guard(make_crew(llm, [lookup]))
+    with pytest.raises(LoopwatchStopped):
+        guarded.kickoff()
+    outcome = guarded.outcome
+    assert outcome.usage.tool_errors == 1
+    assert outcome.usage.tool_blocked == 1  # the identical retry of a permanent failure
+    assert outcome.stop.reason is StopReason.BUDGET_EXHAUSTED
+    assert outcome.stop.dimension is Dimension.ACTION_RETRIES
+    # CrewAI's ReAct path retries a raising tool inside one call (3 attempts, each trying
+    # the filtered then the full arguments); the hooks see one call.
+    assert len(seen) == (1 if native else 6)
+
+
+def test_kickoff_leaves_the_crew_as_it_was(no_leftovers: None) -> None:
+    """The LLM wrappers and tool hooks live for one kickoff: after a stop the same crew
+    runs unguarded, and a second guarded kickoff is a fresh run."""
+    lookup, _ = counting_tool("lookup", lambda a: "status: pending")
+    runaway = react("lookup", {"query": "42"})
+    llm = ScriptedLLM(model="scripted", script=[runaway, runaway, runaway, FINAL])
+    crew = make_crew(llm, [lookup])
+    guarded = guard(crew, Policy(repeat_limit=3))
+    with pytest.raises(LoopwatchStopped):
+        guarded.kickoff()
+    first = guarded.outcome
+    assert "call" not in llm.__dict__ and "acall" not in llm.__dict__
+    assert get_before_tool_call_hooks() == []
+    llm.calls = 3  # straight to the final answer
+    assert crew.kickoff().raw == "done"  # unguarded again
+    llm.calls = 3
+    assert guarded.kickoff().raw == "done"
+    assert guarded.outcome.run_id != first.run_id
+    assert guarded.outcome.stop.reason is StopReason.COMPLETED
+    assert guarded.outcome.usage.model_turns == 1
