@@ -36,8 +36,10 @@ never after the task text. What it uses of CrewAI 1.15:
   guard records that refusal as the same observation again, so loopwatch's own repeat
   count goes on as if the tool had answered the same.
 
-Tool risk: CrewAI 1.15 tools carry no read/write flag or MCP annotations; pass
-``tool_risks={"create_ticket": "write"}`` (or list the tool in the policy file, which wins).
+Tool names are the ones CrewAI gives the model (``sanitize_tool_name``: "Create Ticket"
+becomes ``create_ticket``); name tools that way in a policy file. Tool risk: CrewAI 1.15
+tools carry no read/write flag or MCP annotations; pass ``tool_risks={"Create Ticket":
+"write"}`` (names are sanitized the same way; the policy file wins).
 
 Honest limits:
 
@@ -89,6 +91,7 @@ from crewai.utilities.agent_utils import (  # noqa: E402
     extract_tool_call_info,
 )
 from crewai.utilities.i18n import I18N_DEFAULT  # noqa: E402
+from crewai.utilities.string_utils import sanitize_tool_name  # noqa: E402
 
 __all__ = ["FRAMEWORK", "GuardedKickoff", "LoopwatchStopped", "guard"]
 
@@ -279,7 +282,8 @@ class GuardedKickoff:
         resolved = resolve_policy(policy)
         self.target = target
         self.agent_name = agent_name or _default_name(target)
-        self.policy = resolved.with_tool_risks(dict(tool_risks)) if tool_risks else resolved
+        risks = {sanitize_tool_name(n): r for n, r in (tool_risks or {}).items()}
+        self.policy = resolved.with_tool_risks(risks) if risks else resolved
         self.mode: Mode = mode
         self.capture_content = capture_content
         self.tracer_provider = tracer_provider

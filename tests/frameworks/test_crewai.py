@@ -216,10 +216,10 @@ def test_duplicate_write_is_stopped_at_the_second_call(no_leftovers: None) -> No
 
 def test_tool_risks_declare_a_write(no_leftovers: None) -> None:
     ids = iter(range(100, 200))
-    create, seen = counting_tool("file_refund", lambda a: f"refund {next(ids)}")
-    call = react("file_refund", {"query": "order 42"})
+    create, seen = counting_tool("File Refund", lambda a: f"refund {next(ids)}")
+    call = react("file_refund", {"query": "order 42"})  # the name crewai shows the model
     llm = ScriptedLLM(model="scripted", script=[call, call, FINAL])
-    guarded = guard(make_crew(llm, [create]), tool_risks={"file_refund": "write"})
+    guarded = guard(make_crew(llm, [create]), tool_risks={"File Refund": "write"})
     with pytest.raises(LoopwatchStopped):
         guarded.kickoff()
     assert len(seen) == 1
@@ -408,3 +408,27 @@ def test_kickoff_leaves_the_crew_as_it_was(no_leftovers: None) -> None:
     assert guarded.outcome.run_id != first.run_id
     assert guarded.outcome.stop.reason is StopReason.COMPLETED
     assert guarded.outcome.usage.model_turns == 1
+
+
+def test_a_crew_of_two_agents_is_one_run_named_after_the_crew(spans: Any) -> None:
+    """Two agents, two tasks: the first agent's final answer does not end the run; the
+    crew's result does."""
+    provider, exporter = spans
+    lookup, seen = counting_tool("lookup", lambda a: "status: shipped")
+    llm = ScriptedLLM(model="scripted", script=[react("lookup", {"query": "42"}), FINAL, FINAL])
+    agents = [
+        Agent(role=role, goal="g", backstory="b", llm=llm, tools=[lookup], verbose=False)
+        for role in ("Researcher", "Writer")
+    ]
+    tasks = [
+        Task(description=f"step {i} for order 42", expected_output="x", agent=a)
+        for i, a in enumerate(agents)
+    ]
+    crew = Crew(name="support", agents=agents, tasks=tasks, verbose=False)
+    guarded = guard(crew, tracer_provider=provider)
+    assert guarded.kickoff().raw == "done"
+    assert guarded.outcome.stop.reason is StopReason.COMPLETED
+    assert guarded.outcome.usage.model_turns == 3
+    runs = [s.name for s in exporter.get_finished_spans() if s.name.startswith("invoke_agent")]
+    assert runs == ["invoke_agent support"]
+    assert len(seen) == 1
