@@ -61,7 +61,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -314,48 +314,44 @@ class GuardedKickoff:
             Exception: whatever CrewAI raised (``ToolExecutionFailedError`` for its own
                 repeated-call stop, ...); :attr:`outcome` holds the run's Outcome.
         """
-        run = self._new_run()
-        try:
-            with run:
-                with self._installed(run):
-                    try:
-                        output = self.target.kickoff(*args, **kwargs)
-                    except ToolExecutionFailedError as exc:
-                        self._framework_failure(run, exc)
-                        raise
-                run.finish(getattr(output, "raw", output))
-                return output
-        except LoopwatchStopped as exc:
-            exc.outcome = run.outcome  # the closed run's, elapsed time included
-            raise
-        raise LoopwatchStopped(run.outcome)  # a StopRun that reached ``with`` unconverted
+        with self._session() as run:
+            output = self.target.kickoff(*args, **kwargs)
+            run.finish(getattr(output, "raw", output))
+        return output
 
     async def kickoff_async(self, *args: Any, **kwargs: Any) -> Any:
         """Async :meth:`kickoff` (``target.kickoff_async``: CrewAI runs the sync kickoff in
         a worker thread); same results and errors."""
-        return await self._akickoff("kickoff_async", args, kwargs)
+        with self._session() as run:
+            output = await self.target.kickoff_async(*args, **kwargs)
+            run.finish(getattr(output, "raw", output))
+        return output
 
     async def akickoff(self, *args: Any, **kwargs: Any) -> Any:
-        """Native async :meth:`kickoff` (``target.akickoff``: the LLMs' ``acall`` and
-        CrewAI's async tool path); same results and errors."""
-        return await self._akickoff("akickoff", args, kwargs)
+        """Native async :meth:`kickoff` (``target.akickoff``); same results and errors."""
+        with self._session() as run:
+            output = await self.target.akickoff(*args, **kwargs)
+            run.finish(getattr(output, "raw", output))
+        return output
 
-    async def _akickoff(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[Run]:
+        """One kickoff's run with the hooks and LLM wrappers installed around it."""
         run = self._new_run()
+        ended = False
         try:
-            with run:
-                with self._installed(run):
-                    try:
-                        output = await getattr(self.target, method)(*args, **kwargs)
-                    except ToolExecutionFailedError as exc:
-                        self._framework_failure(run, exc)
-                        raise
-                run.finish(getattr(output, "raw", output))
-                return output
+            with run, _Installed(self, run):
+                try:
+                    yield run
+                except ToolExecutionFailedError as exc:
+                    self._framework_failure(run, exc)
+                    raise
+                ended = True
         except LoopwatchStopped as exc:
-            exc.outcome = run.outcome
+            exc.outcome = run.outcome  # the closed run's, elapsed time included
             raise
-        raise LoopwatchStopped(run.outcome)
+        if not ended:  # a StopRun the ``with run`` took: the caller still hears of it
+            raise LoopwatchStopped(run.outcome)
 
     def _new_run(self) -> Run:
         self._real.clear()
@@ -383,9 +379,6 @@ class GuardedKickoff:
             )
 
     # ---------------------------------------------------------------- installing
-
-    def _installed(self, run: Run) -> _Installed:
-        return _Installed(self, run)
 
     def _llms(self) -> dict[int, tuple[Any, list[Any]]]:
         """Each LLM instance the kickoff's agents hold, with the agents holding it."""
