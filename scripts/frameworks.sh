@@ -28,6 +28,6 @@ for venv in .venv-fw .venv-crewai; do
   fi
 done
 echo "== frameworks (.venv-fw)"
-.venv-fw/bin/python -m pytest -p no:cacheprovider tests/frameworks "$@"
+.venv-fw/bin/python -m pytest -p no:cacheprovider --disable-warnings tests/frameworks "$@"
 echo "== frameworks (.venv-crewai)"
-.venv-crewai/bin/python -m pytest -p no:cacheprovider tests/frameworks "$@"
+.venv-crewai/bin/python -m pytest -p no:cacheprovider --disable-warnings tests/frameworks "$@"
