@@ -334,8 +334,8 @@ def _usage_limit_stop(run: Run, exc: BaseException, usage: Any) -> Outcome:
 
 def _decision(response: Any, output_tools: set[str]) -> Any:
     """The :class:`Decision` of one ``ModelResponse``."""
-    calls = []
-    texts = []
+    calls: list[tuple[str, Any, str | None]] = []
+    texts: list[str] = []
     for part in response.parts:
         kind = getattr(part, "part_kind", "")
         if kind == "tool-call":
