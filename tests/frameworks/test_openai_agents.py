@@ -223,3 +223,23 @@ def test_async_path_with_parallel_calls_and_user_hooks(no_leftovers: None) -> No
     asyncio.run(main())
     assert calls["lookup"] <= POLICY.repeat_limit
     assert calls["hook"] == calls["lookup"]
+
+
+def test_a_refused_turn_never_reaches_the_model(no_leftovers: None) -> None:
+    """loopwatch's own turn budget: the third model call is refused before it is sent."""
+
+    @function_tool
+    async def lookup(order: str) -> str:
+        """Look an order up."""
+        return f"{order}: pending"
+
+    def script(call: Any, n: int) -> list[Any]:
+        return [function_call("lookup", {"order": f"A{n}"}, call_id=f"c{n}")]
+
+    model = _model(script)
+    agent = Agent(name="support", model=model, tools=[lookup])
+    with pytest.raises(LoopwatchStopped) as raised:
+        asyncio.run(guarded_run(agent, "check", policy=Policy(max_model_turns=2)))
+    assert raised.value.outcome.stop.reason is StopReason.BUDGET_EXHAUSTED
+    assert raised.value.outcome.stop.dimension == "model_turns"
+    assert len(model.calls) == 2

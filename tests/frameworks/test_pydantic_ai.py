@@ -247,3 +247,56 @@ def test_async_runs_share_one_agent(no_leftovers: None) -> None:
     assert outcomes[0] is not None and outcomes[1] is not None
     assert outcomes[0].run_id != outcomes[1].run_id
     assert calls["lookup"] <= 2 * POLICY.repeat_limit
+
+
+def test_a_refused_turn_never_reaches_the_model(no_leftovers: None) -> None:
+    """loopwatch's own turn budget: the third request is refused before it is sent."""
+    sent = {"n": 0}
+
+    def script(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        sent["n"] += 1
+        return _call("lookup", {"order": f"A{sent['n']}"}, sent["n"])
+
+    agent = _agent(script, Loopwatch(Policy(max_model_turns=2)))
+
+    @agent.tool_plain
+    def lookup(order: str) -> str:
+        return f"{order}: pending"
+
+    with pytest.raises(RunCancelled) as raised:
+        agent.run_sync("check")
+    outcome = outcome_of(raised.value)
+    assert outcome is not None
+    assert outcome.stop.reason is StopReason.BUDGET_EXHAUSTED
+    assert outcome.stop.dimension == "model_turns"
+    assert sent["n"] == 2
+
+
+def test_parallel_identical_calls_in_one_turn(no_leftovers: None) -> None:
+    """Two identical calls per turn run as concurrent pydantic-ai tool tasks; the stop in
+    one of them cancels the run and its sibling, nothing is left pending."""
+    ran = {"n": 0}
+
+    def script(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        n = len(messages)
+        parts = [ToolCallPart("lookup", {"order": "A1"}, tool_call_id=f"c{n}{x}") for x in "ab"]
+        return ModelResponse(parts=parts, usage=_usage())
+
+    agent = _agent(script, Loopwatch(POLICY))
+
+    @agent.tool_plain
+    async def lookup(order: str) -> str:
+        ran["n"] += 1
+        await asyncio.sleep(0.01)
+        return "status: pending"
+
+    async def main() -> None:
+        began = time.monotonic()
+        with pytest.raises(RunCancelled) as raised:
+            await agent.run("check twice")
+        assert time.monotonic() - began < 5
+        outcome = outcome_of(raised.value)
+        assert outcome is not None and outcome.stop.reason is StopReason.REPEATED_ACTION
+
+    asyncio.run(main())
+    assert ran["n"] <= POLICY.repeat_limit
