@@ -49,6 +49,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, ClassVar, Literal, NoReturn
 
+from opentelemetry import context as otel_context
 from opentelemetry.trace import TracerProvider
 
 from ..errors import StopRun
@@ -196,6 +197,7 @@ class _GuardedRun(Loopwatch):
         self.capture_content = settings.capture_content
         self.tracer_provider = settings.tracer_provider
         self.run: Run | None = None
+        self._parent: otel_context.Context | None = None
 
     async def for_run(self, ctx: Any) -> _GuardedRun:
         return self
@@ -204,14 +206,23 @@ class _GuardedRun(Loopwatch):
         if self.run is None:
             agent = getattr(ctx, "agent", None)
             name = self.agent_name or getattr(agent, "name", None) or "agent"
-            self.run = Run(
+            run = Run(
                 name,
                 self.policy.with_tool_risks(tool_risks(tool_defs)),
                 mode=self.mode,
                 capture_content=self.capture_content,
                 tracer_provider=self.tracer_provider,
                 conversation_id=getattr(ctx, "conversation_id", None),
-            ).start()
+            )
+            # The run span's parent is what was current when the agent run began (with
+            # pydantic-ai's own instrumentation on: its agent run span), not the model
+            # request span current here.
+            token = otel_context.attach(self._parent) if self._parent is not None else None
+            try:
+                self.run = run.start()
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
         return self.run
 
     async def _halt(self, ctx: Any) -> NoReturn:
@@ -271,6 +282,7 @@ class _GuardedRun(Loopwatch):
         return result
 
     async def wrap_run(self, ctx: Any, *, handler: Callable[[], Awaitable[Any]]) -> Any:
+        self._parent = otel_context.get_current()
         try:
             result = await handler()
         except BaseException as exc:

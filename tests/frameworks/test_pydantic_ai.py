@@ -300,3 +300,37 @@ def test_parallel_identical_calls_in_one_turn(no_leftovers: None) -> None:
 
     asyncio.run(main())
     assert ran["n"] <= POLICY.repeat_limit
+
+
+def test_with_pydantic_ai_tracing_on_there_is_one_loopwatch_run(spans: Any) -> None:
+    """pydantic-ai's own OpenTelemetry spans go to the same provider: still one loopwatch
+    run, and its span sits under pydantic-ai's agent run span, not under a model request."""
+    from pydantic_ai.agent import InstrumentationSettings
+
+    provider, exporter = spans
+
+    def script(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        if not _returns(messages):
+            return _call("lookup", {"order": "A1"}, 1)
+        return _final("shipped")
+
+    agent = _agent(script, Loopwatch(POLICY, tracer_provider=provider))
+    agent.instrument = InstrumentationSettings(tracer_provider=provider)
+
+    @agent.tool_plain
+    def lookup(order: str) -> str:
+        return "shipped"
+
+    result = agent.run_sync("where is my order?")
+    outcome = outcome_of(result)
+    assert outcome is not None and outcome.stop.reason is StopReason.COMPLETED
+    finished = exporter.get_finished_spans()
+    ours = [s for s in finished if (s.attributes or {}).get("loopwatch.run.id")]
+    runs = {s.attributes["loopwatch.run.id"] for s in ours if s.name == "invoke_agent support"}
+    assert len(runs) == 1
+    assert sum(s.name == "stop support" for s in ours) == 1
+    by_id = {s.context.span_id: s for s in finished}
+    run_span = next(s for s in ours if s.name == "invoke_agent support")
+    assert run_span.parent is not None
+    parent = by_id[run_span.parent.span_id]
+    assert parent.name == "invoke_agent support" and parent is not run_span
