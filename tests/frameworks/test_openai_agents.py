@@ -23,6 +23,7 @@ from loopwatch.instrumentation.integrations.openai_agents import (
     outcome_of,
     tool_risks,
 )
+from loopwatch.instrumentation.testing import assert_trace_invariants
 
 POLICY = Policy(repeat_limit=3, max_model_turns=30)
 
@@ -78,6 +79,7 @@ def test_runaway_loop_is_stopped_as_repeated_action(spans: Any, no_leftovers: No
     names = [s.name for s in exporter.get_finished_spans()]
     assert names.count("invoke_agent support") == 1
     assert names.count("stop support") == 1
+    assert_trace_invariants(exporter.get_finished_spans())
 
 
 def test_succeeding_agent_completes(no_leftovers: None) -> None:
@@ -187,7 +189,7 @@ def test_max_turns_is_budget_exhausted(no_leftovers: None) -> None:
     assert outcome.usage.model_turns == 3
 
 
-def test_async_path_with_parallel_calls_and_user_hooks(no_leftovers: None) -> None:
+def test_async_path_with_parallel_calls_and_user_hooks(spans: Any, no_leftovers: None) -> None:
     """The async path: two identical calls per turn run as concurrent tool tasks; the stop
     raised in one of them ends the run and the sibling; the user's hooks still run."""
     from agents import RunHooks
@@ -216,13 +218,16 @@ def test_async_path_with_parallel_calls_and_user_hooks(no_leftovers: None) -> No
     async def main() -> None:
         began = time.monotonic()
         with pytest.raises(LoopwatchStopped) as raised:
-            await guarded_run(agent, "check twice", policy=POLICY, hooks=Mine())
+            await guarded_run(
+                agent, "check twice", policy=POLICY, hooks=Mine(), tracer_provider=spans[0]
+            )
         assert time.monotonic() - began < 5
         assert raised.value.outcome.stop.reason is StopReason.REPEATED_ACTION
 
     asyncio.run(main())
     assert calls["lookup"] <= POLICY.repeat_limit
     assert calls["hook"] == calls["lookup"]
+    assert_trace_invariants(spans[1].get_finished_spans())
 
 
 def test_a_refused_turn_never_reaches_the_model(no_leftovers: None) -> None:

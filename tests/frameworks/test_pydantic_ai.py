@@ -17,6 +17,7 @@ from loopwatch.instrumentation.integrations.pydantic_ai import (
     outcome_of,
     tool_risks,
 )
+from loopwatch.instrumentation.testing import assert_trace_invariants
 from pydantic_ai import (
     Agent,
     ModelResponse,
@@ -84,6 +85,7 @@ def test_runaway_loop_is_cancelled_as_repeated_action(spans: Any, no_leftovers: 
     names = [s.name for s in exporter.get_finished_spans()]
     assert names.count("invoke_agent support") == 1
     assert names.count("stop support") == 1
+    assert_trace_invariants(exporter.get_finished_spans())
     assert raised.value.all_messages()  # pydantic-ai kept the history so far (resumable)
 
 
@@ -272,7 +274,7 @@ def test_a_refused_turn_never_reaches_the_model(no_leftovers: None) -> None:
     assert sent["n"] == 2
 
 
-def test_parallel_identical_calls_in_one_turn(no_leftovers: None) -> None:
+def test_parallel_identical_calls_in_one_turn(spans: Any, no_leftovers: None) -> None:
     """Two identical calls per turn run as concurrent pydantic-ai tool tasks; the stop in
     one of them cancels the run and its sibling, nothing is left pending."""
     ran = {"n": 0}
@@ -282,7 +284,8 @@ def test_parallel_identical_calls_in_one_turn(no_leftovers: None) -> None:
         parts = [ToolCallPart("lookup", {"order": "A1"}, tool_call_id=f"c{n}{x}") for x in "ab"]
         return ModelResponse(parts=parts, usage=_usage())
 
-    agent = _agent(script, Loopwatch(POLICY))
+    provider, exporter = spans
+    agent = _agent(script, Loopwatch(POLICY, tracer_provider=provider))
 
     @agent.tool_plain
     async def lookup(order: str) -> str:
@@ -300,6 +303,7 @@ def test_parallel_identical_calls_in_one_turn(no_leftovers: None) -> None:
 
     asyncio.run(main())
     assert ran["n"] <= POLICY.repeat_limit
+    assert_trace_invariants(exporter.get_finished_spans())
 
 
 def test_with_pydantic_ai_tracing_on_there_is_one_loopwatch_run(spans: Any) -> None:
