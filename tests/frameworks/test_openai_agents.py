@@ -248,3 +248,17 @@ def test_a_refused_turn_never_reaches_the_model(no_leftovers: None) -> None:
     assert raised.value.outcome.stop.reason is StopReason.BUDGET_EXHAUSTED
     assert raised.value.outcome.stop.dimension == "model_turns"
     assert len(model.calls) == 2
+
+
+def test_observe_mode_records_the_loop_and_lets_the_sdk_limit_end_it(no_leftovers: None) -> None:
+    @function_tool
+    async def lookup(order: str) -> str:
+        """Look an order up."""
+        return "status: pending"
+
+    agent = Agent(name="support", model=_model(_runaway), tools=[lookup])
+    with pytest.raises(MaxTurnsExceeded) as raised:
+        asyncio.run(guarded_run(agent, "check", policy=POLICY, mode="observe", max_turns=5))
+    outcome = outcome_of(raised.value)
+    assert outcome is not None and outcome.stop.reason is StopReason.BUDGET_EXHAUSTED
+    assert StopReason.REPEATED_ACTION in {s.reason for s in outcome.observed_stops}

@@ -338,3 +338,22 @@ def test_with_pydantic_ai_tracing_on_there_is_one_loopwatch_run(spans: Any) -> N
     assert run_span.parent is not None
     parent = by_id[run_span.parent.span_id]
     assert parent.name == "invoke_agent support" and parent is not run_span
+
+
+def test_observe_mode_records_the_loop_and_lets_the_usage_limit_end_it(
+    no_leftovers: None,
+) -> None:
+    def runaway(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        return _call("lookup", {"order": "A1"}, len(messages))
+
+    agent = _agent(runaway, Loopwatch(POLICY, mode="observe"))
+
+    @agent.tool_plain
+    def lookup(order: str) -> str:
+        return "status: pending"
+
+    with pytest.raises(UsageLimitExceeded) as raised:
+        agent.run_sync("check", usage_limits=UsageLimits(request_limit=5))
+    outcome = outcome_of(raised.value)
+    assert outcome is not None and outcome.stop.reason is StopReason.BUDGET_EXHAUSTED
+    assert StopReason.REPEATED_ACTION in {s.reason for s in outcome.observed_stops}
