@@ -10,25 +10,31 @@ tool call (a sync function returning a page of results; the arguments advance a 
 step, so no detector fires). Workloads, all in the same process over the same script:
 
 - ``work``: the scripted model function and the tool, called in a bare Python loop;
-- ``plain``: the same work under the plain guard, as a hand-written loop uses it: one
-  :class:`Run` per run, ``run.model_call()`` around the model function (its
-  :class:`Decision` recorded) and ``run.call_tool()`` for the tool;
-- ``scope``: as ``plain`` with ``run.tool_call()`` instead of ``run.call_tool()`` (no
-  worker-thread hop: the stricter baseline, printed for reference);
+- ``loop``: the same work under the plain guard in a bare loop (one :class:`Run`,
+  ``run.model_call()`` around the model function, ``run.call_tool()`` for the tool):
+  printed for reference;
 - ``agent``: a pydantic-ai ``Agent`` over ``FunctionModel`` running the script;
-- ``adapter``: the same agent with the :class:`Loopwatch` capability.
+- ``manual``: the same agent with the plain guard written by hand around the same work:
+  ``run.model_call()`` inside the model function (its :class:`Decision` recorded),
+  ``run.call_tool()`` inside the tool function;
+- ``scope``: as ``manual`` with ``run.tool_call()`` instead of ``run.call_tool()`` (no
+  worker-thread hop: the stricter baseline);
+- ``adapter``: the same agent with the :class:`Loopwatch` capability instead.
 
-The guard's cost per step is ``plain - work``; the adapter's is ``adapter - agent``
-(pydantic-ai's own cost cancels out). The ratio ``(adapter - agent) / (plain - work)``
-is the figure the target is about.
+The plain guard's cost per step is ``manual - agent``, the adapter's ``adapter - agent``:
+both run interleaved with pydantic-ai's own work, so neither is flattered by a tight loop
+(the same guard code costs more between pydantic-ai's steps than in ``loop``: caches and
+branch predictors are shared). The target is about ``(adapter - agent) / (manual -
+agent)``.
 
 Method as in ``bench_guard.py``: many short rounds, every workload once per round in an
 order rotated each round; CPU time of this process (``time.process_time``, worker threads
 included), wall time for reference; spans through a ``BatchSpanProcessor`` over an
 exporter that drops them; the garbage collector off during a round. Figures are medians
-over rounds; ratios are medians of the per-round ratios with their 10th-90th percentile
-spread. ``LOOPWATCH_BENCH=smoke`` runs a short version and asserts only a gross
-regression (never a flaky timing assert in CI); ``full`` prints the figures.
+over rounds; a cost is the median of the per-round differences (printed with their
+10th-90th percentile spread), and the ratio is that of two such medians.
+``LOOPWATCH_BENCH=smoke`` runs a short version and asserts only a gross regression (never
+a flaky timing assert in CI); ``full`` prints the figures.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from tests.bench.bench_guard import POLICY, provider
 
 TARGET_RATIO = 1.5
-SMOKE_MAX_RATIO = 6.0  # smoke mode fails only on a regression this gross
+SMOKE_MAX_STEP_SHARE = 1.0  # smoke: the adapter may not double pydantic-ai's own step
 TOOL = "search_orders"
 
 
@@ -297,8 +303,11 @@ def test_bench_adapters() -> None:
     figures = measure(steps=20, rounds=40) if full else measure(steps=10, rounds=6)
     print("\n" + report(figures))
     assert figures["outcome"] == "completed", report(figures)
-    assert figures["guard_cost_us"] > 0, report(figures)
-    assert figures["ratio"] < SMOKE_MAX_RATIO, report(figures)
+    assert figures["loop_cost_us"] > 0, report(figures)
+    # Both costs are differences against pydantic-ai's own step, ten times larger and as
+    # noisy as the machine is loaded: a short run can put either median near zero, so the
+    # smoke check is a gross one on the adapter alone (it must not double the step).
+    assert figures["adapter_cost_us"] < SMOKE_MAX_STEP_SHARE * figures["agent_us"], report(figures)
 
 
 def main() -> None:
