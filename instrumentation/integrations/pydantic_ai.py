@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import re
 from collections import OrderedDict
@@ -214,16 +215,17 @@ class _GuardedRun(Loopwatch):
                 tracer_provider=self.tracer_provider,
                 conversation_id=getattr(ctx, "conversation_id", None),
             )
-            # The run span's parent is what was current when the agent run began (with
-            # pydantic-ai's own instrumentation on: its agent run span), not the model
-            # request span current here.
-            token = otel_context.attach(self._parent) if self._parent is not None else None
-            try:
-                self.run = run.start()
-            finally:
-                if token is not None:
-                    otel_context.detach(token)
+            self.run = contextvars.copy_context().run(self._start, run)
         return self.run
+
+    def _start(self, run: Run) -> Run:
+        """Start ``run`` under what was current when the agent run began (with pydantic-ai's
+        own instrumentation on: its agent run span), not under the model request's span.
+        Called in a copy of the context: the run is made current nowhere, so no task of
+        pydantic-ai's holds a context token only another task could detach."""
+        if self._parent is not None:
+            otel_context.attach(self._parent)
+        return run.start()
 
     async def _halt(self, ctx: Any) -> NoReturn:
         """End the framework's run after the guard stopped it: pydantic-ai delivers the
@@ -231,7 +233,7 @@ class _GuardedRun(Loopwatch):
         run, for a tool task), and the caller gets ``RunCancelled``."""
         run = self.run
         assert run is not None
-        outcome = run.finish()  # already closed by the stop; idempotent
+        outcome = run.outcome  # the stop closed the run before StopRun was raised
         _Registry.remember(getattr(ctx, "run_id", None), outcome)
         try:
             ctx.cancel()
