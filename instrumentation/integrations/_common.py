@@ -48,6 +48,25 @@ class Price:
     source: str | None
 
 
+_UNPRICED: set[tuple[str, str | None]] = set()
+_MAX_UNPRICED = 256
+"""Models genai-prices does not know (a scripted or local model) are looked up once: a
+lookup that misses costs about as much as the guard's whole step (0.6-1 ms)."""
+
+
+def _lookup(model: str, provider: str | None, usage: Any) -> Price | None:
+    import genai_prices
+
+    try:
+        calc = genai_prices.calc_price(usage, model, provider_id=provider)
+    except LookupError:
+        return None
+    return Price(
+        float(calc.total_price),
+        f"genai-prices {genai_prices.__version__}: {calc.provider.id}/{calc.model.id}",
+    )
+
+
 def price_of(
     model: str | None,
     input_tokens: int,
@@ -60,7 +79,10 @@ def price_of(
 
     A cost the framework reported wins. Otherwise the cost comes from the genai-prices
     table (pydantic/genai-prices, a maintained snapshot of providers' published prices),
-    never from a constant of ours.
+    never from a constant of ours. The lookup tries, in order: the model with the given
+    provider; a provider written into the name (``openai:gpt-4o``, LiteLLM's
+    ``openai/gpt-4o``); the model name alone (a framework's provider name, such as
+    LangChain's ``ls_provider``, is not always a genai-prices provider id).
 
     Args:
         model: the model name the framework used (``gpt-4o``, ``openai:gpt-4o``).
@@ -74,27 +96,26 @@ def price_of(
     """
     if reported_cost_usd is not None:
         return Price(float(reported_cost_usd), "framework")
-    if not model or (input_tokens <= 0 and output_tokens <= 0):
+    if not model or (input_tokens <= 0 and output_tokens <= 0) or (model, provider) in _UNPRICED:
         return Price(0.0, None)
     try:
         import genai_prices
     except ImportError:
         return Price(0.0, None)
-    ref = model
-    if provider is None and ":" in model:
-        provider, ref = model.split(":", 1)
-    try:
-        calc = genai_prices.calc_price(
-            genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens),
-            ref,
-            provider_id=provider,
-        )
-    except LookupError:
-        return Price(0.0, None)
-    return Price(
-        float(calc.total_price),
-        f"genai-prices {genai_prices.__version__}: {calc.provider.id}/{calc.model.id}",
-    )
+    usage = genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens)
+    tries: list[tuple[str, str | None]] = [(model, provider)] if provider else []
+    for sep in (":", "/"):
+        if sep in model:
+            named, _, ref = model.partition(sep)
+            tries.append((ref, named))
+    tries.append((model, None))
+    for ref, prov in tries:
+        price = _lookup(ref, prov, usage)
+        if price is not None:
+            return price
+    if len(_UNPRICED) < _MAX_UNPRICED:
+        _UNPRICED.add((model, provider))
+    return Price(0.0, None)
 
 
 def turn_decision(

@@ -442,10 +442,6 @@ class LoopwatchHandler(_BaseCallbackHandler):  # type: ignore[misc]
         meta = getattr(message, "response_metadata", None) or {}
         model = meta.get("model_name") or meta.get("model") or model
         price = price_of(model, input_tokens, output_tokens, provider=provider)
-        if price.source is None and provider is not None:
-            # ls_provider names LangChain's integration (``scriptedchatmodel``, ...), not
-            # always a genai-prices provider id: the model name alone may still match.
-            price = price_of(model, input_tokens, output_tokens)
         text = getattr(first, "text", None)
         decision = turn_decision(
             calls,

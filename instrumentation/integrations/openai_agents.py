@@ -58,7 +58,7 @@ from ..errors import StopRun
 from ..outcomes import Decision, Dimension, Outcome, StopReason, ToolTicket
 from ..policy import Policy
 from ..runs import Run, resolve_policy
-from ._common import Price, import_framework, price_of, turn_decision
+from ._common import import_framework, price_of, turn_decision
 
 import_framework("agents", "openai-agents")
 
@@ -141,31 +141,6 @@ def _model_name(agent: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-_UNPRICED: set[tuple[str | None, str | None]] = set()
-"""Models genai-prices does not know (a scripted or local model): looked up once, since a
-lookup that misses costs about as much as the guard's whole step."""
-
-
-def _price(
-    model: str | None,
-    input_tokens: int,
-    output_tokens: int,
-    *,
-    provider: str | None = None,
-    reported_cost_usd: float | None = None,
-) -> Price:
-    """:func:`price_of`, remembering the models it cannot price."""
-    key = (model, provider)
-    if reported_cost_usd is None and key in _UNPRICED:
-        return Price(0.0, None)
-    price = price_of(
-        model, input_tokens, output_tokens, provider=provider, reported_cost_usd=reported_cost_usd
-    )
-    if price.source is None and model and (input_tokens or output_tokens) and len(_UNPRICED) < 256:
-        _UNPRICED.add(key)
-    return price
-
-
 def _decision(response: Any, model: str | None) -> Decision:
     """The :class:`Decision` of one ``agents.ModelResponse``."""
     calls: list[tuple[str, Any, str | None]] = []
@@ -183,7 +158,7 @@ def _decision(response: Any, model: str | None) -> Decision:
     usage = response.usage
     input_tokens = int(usage.input_tokens or 0)
     output_tokens = int(usage.output_tokens or 0)
-    price = _price(model, input_tokens, output_tokens)
+    price = price_of(model, input_tokens, output_tokens)
     return turn_decision(
         calls,
         text="".join(texts) or None,

@@ -200,10 +200,6 @@ class SmolagentsGuard:
         output_tokens = int(getattr(usage, "output_tokens", 0) or 0)
         model_id = getattr(model, "model_id", None)
         price = price_of(model_id, input_tokens, output_tokens)
-        if price.source is None and model_id and "/" in model_id:
-            # LiteLLM-style ids name the provider first: ``openai/gpt-4o``.
-            provider, _, ref = model_id.partition("/")
-            price = price_of(ref, input_tokens, output_tokens, provider=provider)
         calls = [
             (str(c.function.name), _arguments(c.function.arguments), c.id)
             for c in (getattr(message, "tool_calls", None) or [])
