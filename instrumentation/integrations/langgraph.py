@@ -37,7 +37,8 @@ A stop raises loopwatch's :class:`~loopwatch.instrumentation.StopRun` out of ``i
 ``ainvoke`` (its ``stop`` says why). It is a ``BaseException``, like the guard's own stop,
 so ``ToolNode``'s ``handle_tool_errors`` and ``except Exception`` in a node cannot turn it
 into one more tool message the model answers; LangGraph ends the graph and propagates it.
-Inside ``with Run(...)`` the block catches it as usual.
+Inside ``with Run(...)`` the block catches it as usual. A ``stream``/``astream`` the
+caller stops reading (closed or dropped) ends its run as ``cancelled``.
 
 Honest limits: a tool call is not given the guard's per-call timeout (LangChain runs the
 tool body itself). ``outcome`` holds the last run that ended (concurrent invocations each
@@ -278,6 +279,11 @@ class LoopwatchHandler(_BaseCallbackHandler):  # type: ignore[misc]
                     observed=float(steps) if steps is not None else None,
                 )
             self.outcome = run.finish(_answer(outputs))
+            return
+        if isinstance(error, GeneratorExit):
+            # The caller stopped reading ``stream``/``astream`` (closed it, or dropped
+            # it): the caller's own cancellation, not an infrastructure failure.
+            self.outcome = run.cancel()
             return
         limit_error = _recursion_error()
         if limit_error is not None and isinstance(error, limit_error):
