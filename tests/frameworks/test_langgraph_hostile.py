@@ -15,10 +15,13 @@ pytest.importorskip("langgraph")
 
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
+from langgraph.errors import NodeTimeoutError
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
 from loopwatch.instrumentation import Policy, StopReason, StopRun
 from loopwatch.instrumentation.integrations.langgraph import LoopwatchHandler
 
-from .test_langgraph import call, inputs, react, run_spans
+from .test_langgraph import ScriptedChatModel, call, inputs, react, run_spans
 
 
 def make_lookup(bodies: list[str]) -> Any:
@@ -160,3 +163,40 @@ def test_observe_mode_refuses_nothing_and_records_the_would_stop(no_leftovers: N
     assert handler.outcome is not None
     assert handler.outcome.stop.reason is StopReason.COMPLETED
     assert handler.outcome.observed_stops[0].reason is StopReason.REPEATED_ACTION
+
+
+def test_a_hanging_tool_under_a_node_timeout_is_deadline_exceeded(no_leftovers: None) -> None:
+    # The handler cannot bound a tool body (LangChain runs it); LangGraph's own node
+    # timeout can, for async nodes. Its end maps onto the taxonomy.
+    @tool
+    async def lookup(q: str) -> str:
+        """Look an order up."""
+        await asyncio.sleep(30)
+        return "order 7: pending"
+
+    model = ScriptedChatModel(
+        script=lambda n, _m: call("lookup", n, q="7") if n == 1 else AIMessage(content="done")
+    )
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([lookup]), timeout=0.3)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    graph = builder.compile(name="support")
+    handler = LoopwatchHandler()
+    began = time.monotonic()
+    with pytest.raises(NodeTimeoutError):
+        asyncio.run(graph.ainvoke(inputs(), config={"callbacks": [handler]}))
+    assert time.monotonic() - began < 5
+    outcome = handler.outcome
+    assert outcome is not None
+    assert outcome.stop.reason is StopReason.DEADLINE_EXCEEDED
+    assert outcome.stop.dimension == "elapsed_seconds"
+    assert outcome.stop.limit == pytest.approx(0.3)
+    assert outcome.stop.evidence.detail == {"framework": "langgraph", "limit": "node_timeout"}
+    assert outcome.usage.tool_errors == 1
