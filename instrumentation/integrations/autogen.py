@@ -8,6 +8,7 @@ Setup (one call; then run through the returned object)::
     guarded = instrument(agent_or_team, "investigate-readonly")
     result = await guarded.run(task="...")  # AutoGen's own TaskResult
     guarded.outcome                         # the loopwatch Outcome of that run
+    await Console(guarded.run_stream(task="..."))  # or streamed, as AutoGen's run_stream
 
 What :func:`instrument` changes, in place, on every ``AssistantAgent`` it is given (the
 agent itself, or each participant of a team):
@@ -490,6 +491,26 @@ class GuardedAutoGen:
             Exception: whatever AutoGen raised for another reason (the run ends ``error``;
                 ``asyncio.CancelledError`` from the caller's token ends it ``cancelled``).
         """
+        result: Any = None
+        async with contextlib.aclosing(
+            self.run_stream(task=task, cancellation_token=cancellation_token)
+        ) as stream:
+            async for item in stream:
+                result = item
+        return result
+
+    async def run_stream(
+        self, *, task: Any = None, cancellation_token: Any = None
+    ) -> AsyncGenerator[Any, None]:
+        """:meth:`run`, streamed as AutoGen's ``run_stream`` is (``Console(guarded.
+        run_stream(task=...))`` works): AutoGen's messages and events, then the
+        ``TaskResult`` of :meth:`run` as the last item. A stream its reader closes
+        (``aclose``, or ``break`` inside ``async with aclosing(...)``) closes AutoGen's
+        and ends the run as ``cancelled``.
+
+        Raises:
+            Exception: as for :meth:`run`.
+        """
         run = Run(
             self.name,
             self._policy,
@@ -503,13 +524,19 @@ class GuardedAutoGen:
         try:
             with run:
                 try:
-                    async for item in self.target.run_stream(
-                        task=task, cancellation_token=cancellation_token
-                    ):
-                        if isinstance(item, _base.TaskResult):
-                            result = item
-                        elif not isinstance(item, _messages.ModelClientStreamingChunkEvent):
-                            messages.append(item)
+                    async with contextlib.aclosing(
+                        self.target.run_stream(task=task, cancellation_token=cancellation_token)
+                    ) as inner:
+                        async for item in inner:
+                            if isinstance(item, _base.TaskResult):
+                                result = item  # handed out last, once the run has ended
+                                continue
+                            if not isinstance(item, _messages.ModelClientStreamingChunkEvent):
+                                messages.append(item)
+                            yield item
+                except GeneratorExit:
+                    run.cancel()  # the reader stopped reading: its own cancellation
+                    raise
                 except Exception:
                     # RunStopped itself (a single agent), or the team's RuntimeError
                     # wrapping it: the guard's stop is the run's end.
@@ -531,7 +558,7 @@ class GuardedAutoGen:
         finally:
             self._session.leave(run, token)
             self._outcome = _ended(run)
-        return result
+        yield result
 
     def _wrap(self) -> None:
         """Wrap every assistant's model client and workbenches (once), declare the risks

@@ -182,3 +182,54 @@ def test_autogen_native_tracing_on_makes_no_second_loopwatch_run(
     assert run_ids == {guarded.outcome.run_id}
     loopwatch_runs = [s for s in ours if s.name.startswith("invoke_agent")]
     assert len(loopwatch_runs) == 1
+
+
+def test_runaway_run_stream_ends_with_the_loopwatch_task_result(no_leftovers: None) -> None:
+    ran = [0]
+
+    async def lookup(order_id: str) -> str:
+        """Look an order up."""
+        ran[0] += 1
+        return "status: pending"
+
+    agent = _agent(
+        [FunctionTool(lookup, description="Look an order up.")],
+        *[_calls(LOOKUP)] * 12,
+        max_tool_iterations=12,
+    )
+    guarded = instrument(agent, POLICY)
+
+    async def read_all() -> list[Any]:
+        return [item async for item in guarded.run_stream(task="where is A1?")]
+
+    items, elapsed = _timed(read_all)
+    assert elapsed < 5
+    assert len(items) > 1  # AutoGen's messages and events, streamed as they come
+    assert items[-1].stop_reason == "loopwatch: repeated_action"
+    assert guarded.outcome.stop.reason is StopReason.REPEATED_ACTION
+    assert ran[0] <= 3
+    assert guarded.outcome.usage.model_turns > 0
+
+
+def test_a_run_stream_closed_by_its_reader_is_cancelled(no_leftovers: None) -> None:
+    async def lookup(order_id: str) -> str:
+        """Look an order up."""
+        return "status: pending"
+
+    agent = _agent(
+        [FunctionTool(lookup, description="Look an order up.")],
+        *[_calls(("lookup", {"order_id": f"A{n}"})) for n in range(12)],
+        max_tool_iterations=12,
+    )
+    guarded = instrument(agent, POLICY)
+
+    async def read_one() -> Any:
+        stream = guarded.run_stream(task="where is A1?")
+        first = await stream.__anext__()
+        await stream.aclose()
+        return first
+
+    first, elapsed = _timed(read_one)
+    assert elapsed < 5
+    assert first is not None
+    assert guarded.outcome.stop.reason is StopReason.CANCELLED
