@@ -40,6 +40,14 @@ AutoGen's own limits map onto the taxonomy: a team's ``max_turns`` and
 is ``budget_exhausted`` (tokens), ``TimeoutTermination`` is ``deadline_exceeded``, and an
 agent that ran out of ``max_tool_iterations`` (set above 1) is ``budget_exhausted``
 (model_turns).
+
+Concurrent runs each get their own loopwatch run. A tool body is bounded by the policy's
+per-call timeout, and the exception a tool raised (not AutoGen's error text) decides
+whether the same call may be retried. Cancelling the task that awaits :meth:`run` (rather
+than the ``CancellationToken``) ends the run as ``cancelled`` but leaves AutoGen's own
+tool tasks pending, as it does without loopwatch: cancel through the token. A call to a
+tool the agent does not have never reaches the workbench, so only its model turn is
+guarded.
 """
 
 from __future__ import annotations

@@ -55,7 +55,10 @@ get their own run). The run this handler starts is not the current run inside th
 client's own spans nest under the graph's, not under the ``decide`` span, and a tool
 function also decorated with loopwatch's ``@tool`` runs unguarded there: drop the
 decorator. A graph paused by ``interrupt()`` ends its run when ``invoke`` returns, as
-``completed``; its resume is a new run with a fresh budget.
+``completed``; its resume is a new run with a fresh budget. A call to a tool the graph
+does not have never reaches a tool (``ToolNode`` answers it with an error message), so
+only its model turn is guarded: ``recursion_limit`` or ``max_model_turns`` ends such a
+loop, as ``budget_exhausted``, never as ``repeated_action``.
 """
 
 from __future__ import annotations

@@ -33,6 +33,12 @@ LlamaIndex's own limits map onto the taxonomy: ``max_iterations`` (``WorkflowRun
 "Max iterations of N reached") is ``budget_exhausted`` (model_turns), the workflow
 ``timeout`` (``WorkflowTimeoutError``) is ``deadline_exceeded``; the exception itself is
 passed on to the caller unchanged.
+
+Concurrent runs of one guarded agent (``asyncio.gather``) each get their own loopwatch run.
+A tool body is bounded by the policy's per-call timeout (an async tool is cancelled; a sync
+one's thread finishes in the background, its result discarded). A call to a tool the
+agent does not have never reaches a tool (LlamaIndex answers it), so only its model turn
+is guarded: ``max_iterations`` or ``max_model_turns`` ends such a loop.
 """
 
 from __future__ import annotations

@@ -41,7 +41,9 @@ discarded. Honest limits: one agent object runs one task at a time (smolagents k
 memory per agent, and a stop interrupts the agent, so a second concurrent ``run`` of the
 same agent is interrupted too). A tool function also decorated
 with loopwatch's ``@tool`` would be guarded twice: drop the decorator. smolagents has no
-async run.
+async run. A call to a tool the agent does not have never reaches a tool (smolagents
+answers it with an error), so only its model turn is guarded: ``max_steps`` or
+``max_model_turns`` ends such a loop, as ``budget_exhausted``.
 """
 
 from __future__ import annotations
