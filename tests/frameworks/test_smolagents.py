@@ -394,3 +394,59 @@ def test_a_transient_tool_failure_may_be_retried(no_leftovers: None) -> None:
     assert guard.outcome is not None
     assert guard.outcome.stop.reason is StopReason.COMPLETED
     assert (guard.outcome.usage.tool_errors, guard.outcome.usage.retries) == (1, 1)
+
+
+def test_observe_mode_refuses_nothing_and_records_the_would_stop(no_leftovers: None) -> None:
+    bodies: list[str] = []
+
+    def script(n: int) -> ChatMessage:
+        return call("lookup", n, q="order 7") if n <= 5 else call("final_answer", n, answer="ok")
+
+    agent = tool_agent(script, [make_lookup(bodies)])
+    guard = instrument(agent, Policy(repeat_limit=3), mode="observe")
+    assert agent.run("Where is order 7?") == "ok"
+    assert len(bodies) == 5
+    assert guard.outcome is not None
+    assert guard.outcome.stop.reason is StopReason.COMPLETED
+    assert guard.outcome.observed_stops[0].reason is StopReason.REPEATED_ACTION
+
+
+def test_an_a_b_a_b_cycle_over_two_tools_stops_as_action_cycle(no_leftovers: None) -> None:
+    bodies: list[str] = []
+
+    @tool
+    def status(q: str) -> str:
+        """The order's status.
+
+        Args:
+            q: the order.
+        """
+        bodies.append("status")
+        return "pending"
+
+    agent = tool_agent(
+        lambda n: call("lookup" if n % 2 else "status", n, q="order 7"),
+        [make_lookup(bodies), status],
+    )
+    guard = instrument(agent, Policy(repeat_limit=3))
+    with pytest.raises(StopRun) as raised:
+        agent.run("Where is order 7?")
+    assert raised.value.stop.reason is StopReason.ACTION_CYCLE
+    assert len(bodies) <= 6
+    assert guard.outcome is not None and guard.outcome.usage.model_turns > 0
+
+
+def test_the_same_agent_run_again_gets_a_fresh_run_and_budget(no_leftovers: None) -> None:
+    bodies: list[str] = []
+    agent = tool_agent(lambda n: call("lookup", n, q="order 7"), [make_lookup(bodies)])
+    guard = instrument(agent, Policy(repeat_limit=3))
+    ids = set()
+    for expected in (2, 4):
+        with pytest.raises(StopRun):
+            agent.run("Where is order 7?")  # smolagents resets its interrupt per run
+        assert guard.outcome is not None
+        assert guard.outcome.stop.reason is StopReason.REPEATED_ACTION
+        assert guard.outcome.usage.tool_attempts == 2  # the third identical call is blocked
+        assert len(bodies) == expected
+        ids.add(guard.outcome.run_id)
+    assert len(ids) == 2
