@@ -8,6 +8,7 @@ Setup (one call; then run through the returned object)::
     guarded = instrument(agent_or_team, "investigate-readonly")
     result = await guarded.run(task="...")  # AutoGen's own TaskResult
     guarded.outcome                         # the loopwatch Outcome of that run
+    await Console(guarded.run_stream(task="..."))  # or streamed, as AutoGen's run_stream
 
 What :func:`instrument` changes, in place, on every ``AssistantAgent`` it is given (the
 agent itself, or each participant of a team):
@@ -39,11 +40,21 @@ AutoGen's own limits map onto the taxonomy: a team's ``max_turns`` and
 is ``budget_exhausted`` (tokens), ``TimeoutTermination`` is ``deadline_exceeded``, and an
 agent that ran out of ``max_tool_iterations`` (set above 1) is ``budget_exhausted``
 (model_turns).
+
+Concurrent runs each get their own loopwatch run. A tool body is bounded by the policy's
+per-call timeout, and the exception a tool raised (not AutoGen's error text) decides
+whether the same call may be retried. Cancelling the task that awaits :meth:`run` (rather
+than the ``CancellationToken``) ends the run as ``cancelled`` but leaves AutoGen's own
+tool tasks pending, as it does without loopwatch: cancel through the token. A call to a
+tool the agent does not have never reaches the workbench, so only its model turn is
+guarded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import json
 import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -83,16 +94,47 @@ class RunStopped(RuntimeError):
 
 
 class _Session:
-    """The run of the invocation in progress, shared by every wrapper of one
-    :class:`GuardedAutoGen` (AutoGen handlers run in tasks of its runtime, so the run is
-    held here rather than found through a context variable)."""
+    """The runs of the invocations in progress, shared by every wrapper of one
+    :class:`GuardedAutoGen`.
 
-    __slots__ = ("run", "text_is_final")
+    AutoGen handlers run in tasks that :meth:`GuardedAutoGen.run` starts (directly, or
+    through the team's runtime it starts), so each invocation's run is found through a
+    context variable they inherit: two concurrent invocations each see their own run (a
+    single shared field charged one invocation's calls to the other). A call made where
+    the context was not carried over (a runtime started elsewhere) falls back to the one
+    invocation in progress, and is passed through unguarded when there are several.
+    """
+
+    __slots__ = ("_active", "_current", "text_is_final")
 
     def __init__(self, text_is_final: bool) -> None:
-        self.run: Run | None = None
+        self._current: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
+            "loopwatch_autogen_run", default=None
+        )
+        self._active: list[Run] = []
         # A single agent's text reply is its final answer; in a team it is one turn.
         self.text_is_final = text_is_final
+
+    @property
+    def run(self) -> Run | None:
+        """The run of the invocation this call belongs to, or None outside one."""
+        run = self._current.get()
+        if run is not None and run in self._active:
+            return run
+        return self._active[0] if len(self._active) == 1 else None
+
+    def enter(self, run: Run) -> contextvars.Token[Run | None]:
+        """Make ``run`` the current invocation's run (in this context and its tasks)."""
+        self._active.append(run)
+        return self._current.set(run)
+
+    def leave(self, run: Run, token: contextvars.Token[Run | None]) -> None:
+        """The invocation of ``run`` has ended."""
+        self._active.remove(run)
+        try:
+            self._current.reset(token)
+        except ValueError:  # reset from another context: nothing of ours is left there
+            self._current.set(None)
 
 
 def _token_cancelled(token: Any) -> bool:
@@ -236,6 +278,37 @@ class _ToolFailed(Exception):
     """The wrapped workbench answered with an error result (recorded as the tool's error)."""
 
 
+# The exceptions a tool body raised during the guarded call in progress. AutoGen's
+# StaticWorkbench turns them into error text, and the text alone would be classed
+# ``permanent`` (never retried): a 503 or a ConnectionError would end the run at its
+# first retry. The list is shared with the tool's task (a context copy holds the same list).
+_TOOL_ERRORS: contextvars.ContextVar[list[Exception] | None] = contextvars.ContextVar(
+    "loopwatch_autogen_tool_errors", default=None
+)
+
+
+def _keep_errors(tool: Any) -> None:
+    """Make ``tool.run_json`` (on this instance, once) note the exception it raises for
+    the guarded call in progress, so the guard classifies the real failure."""
+    original = getattr(tool, "run_json", None)
+    if original is None or getattr(original, "__loopwatch_wrapped__", False):
+        return
+
+    async def run_json(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await original(*args, **kwargs)
+        except Exception as exc:
+            errors = _TOOL_ERRORS.get()
+            if errors is not None:
+                errors.append(exc)
+            raise
+
+    run_json.__loopwatch_wrapped__ = True  # type: ignore[attr-defined]
+    # A tool that refuses new attributes keeps AutoGen's text (classed permanent).
+    with contextlib.suppress(AttributeError, TypeError, ValueError):
+        tool.run_json = run_json
+
+
 class _GuardedWorkbench(_core_tools.Workbench):  # type: ignore[misc, name-defined]
     """A ``Workbench`` whose every call goes through the guard. It never raises into
     AutoGen's tool task: a refused call, or a ``StopRun`` from the tool's own body, comes
@@ -244,6 +317,8 @@ class _GuardedWorkbench(_core_tools.Workbench):  # type: ignore[misc, name-defin
     def __init__(self, inner: Any, session: _Session) -> None:
         self._inner = inner
         self._session = session
+        for tool in getattr(inner, "_tools", ()):
+            _keep_errors(tool)
 
     async def list_tools(self) -> list[Any]:
         return list(await self._inner.list_tools())
@@ -262,11 +337,16 @@ class _GuardedWorkbench(_core_tools.Workbench):  # type: ignore[misc, name-defin
         box: list[Any] = []
 
         async def body(**kw: Any) -> str:
-            result = await self._inner.call_tool(name, kw, cancellation_token, call_id)
+            errors: list[Exception] = []
+            token = _TOOL_ERRORS.set(errors)
+            try:
+                result = await self._inner.call_tool(name, kw, cancellation_token, call_id)
+            finally:
+                _TOOL_ERRORS.reset(token)
             box.append(result)
             text = str(result.to_text())
             if result.is_error:
-                raise _ToolFailed(text)
+                raise errors[-1] if errors else _ToolFailed(text)
             return text
 
         try:
@@ -367,7 +447,8 @@ def _assistants(target: Any) -> list[Any]:
 class GuardedAutoGen:
     """An AutoGen agent or team whose runs go through the guard (built by
     :func:`instrument`). One :meth:`run` is one loopwatch run; run it again for another.
-    Not re-entrant: AutoGen agents and teams are not either.
+    Concurrent runs each get their own loopwatch run and budget (AutoGen itself shares
+    one agent's model context between them, and refuses a second run of a running team).
 
     Attributes:
         target: the agent or team.
@@ -394,7 +475,7 @@ class GuardedAutoGen:
 
     @property
     def outcome(self) -> Outcome:
-        """The loopwatch outcome of the last :meth:`run`.
+        """The loopwatch outcome of the last :meth:`run` to end.
 
         Raises:
             RuntimeError: no run has ended yet.
@@ -418,6 +499,26 @@ class GuardedAutoGen:
             Exception: whatever AutoGen raised for another reason (the run ends ``error``;
                 ``asyncio.CancelledError`` from the caller's token ends it ``cancelled``).
         """
+        result: Any = None
+        async with contextlib.aclosing(
+            self.run_stream(task=task, cancellation_token=cancellation_token)
+        ) as stream:
+            async for item in stream:
+                result = item
+        return result
+
+    async def run_stream(
+        self, *, task: Any = None, cancellation_token: Any = None
+    ) -> AsyncGenerator[Any, None]:
+        """:meth:`run`, streamed as AutoGen's ``run_stream`` is (``Console(guarded.
+        run_stream(task=...))`` works): AutoGen's messages and events, then the
+        ``TaskResult`` of :meth:`run` as the last item. A stream its reader closes
+        (``aclose``, or ``break`` inside ``async with aclosing(...)``) closes AutoGen's
+        and ends the run as ``cancelled``.
+
+        Raises:
+            Exception: as for :meth:`run`.
+        """
         run = Run(
             self.name,
             self._policy,
@@ -425,19 +526,25 @@ class GuardedAutoGen:
             capture_content=self._capture,
             tracer_provider=self._provider,
         )
-        self._session.run = run
+        token = self._session.enter(run)
         messages: list[Any] = []
         result: Any = None
         try:
             with run:
                 try:
-                    async for item in self.target.run_stream(
-                        task=task, cancellation_token=cancellation_token
-                    ):
-                        if isinstance(item, _base.TaskResult):
-                            result = item
-                        elif not isinstance(item, _messages.ModelClientStreamingChunkEvent):
-                            messages.append(item)
+                    async with contextlib.aclosing(
+                        self.target.run_stream(task=task, cancellation_token=cancellation_token)
+                    ) as inner:
+                        async for item in inner:
+                            if isinstance(item, _base.TaskResult):
+                                result = item  # handed out last, once the run has ended
+                                continue
+                            if not isinstance(item, _messages.ModelClientStreamingChunkEvent):
+                                messages.append(item)
+                            yield item
+                except GeneratorExit:
+                    run.cancel()  # the reader stopped reading: its own cancellation
+                    raise
                 except Exception:
                     # RunStopped itself (a single agent), or the team's RuntimeError
                     # wrapping it: the guard's stop is the run's end.
@@ -457,9 +564,9 @@ class GuardedAutoGen:
                             messages=messages, stop_reason=STOP_PREFIX + str(stop.reason)
                         )
         finally:
-            self._session.run = None
+            self._session.leave(run, token)
             self._outcome = _ended(run)
-        return result
+        yield result
 
     def _wrap(self) -> None:
         """Wrap every assistant's model client and workbenches (once), declare the risks

@@ -32,21 +32,33 @@ How it maps:
   ``model_turns``: the recursion limit is the graph's cap on agent iterations (a ReAct
   agent takes two supersteps, model then tools, per turn). Limit and observed are given in
   LangGraph's unit, supersteps.
+- a node's own ``timeout=`` (``add_node(..., timeout=...)``, LangGraph's
+  ``NodeTimeoutError``) ends the run as ``deadline_exceeded`` (dimension
+  ``elapsed_seconds``, limit the node's timeout, observed its elapsed seconds).
 
 A stop raises loopwatch's :class:`~loopwatch.instrumentation.StopRun` out of ``invoke`` /
 ``ainvoke`` (its ``stop`` says why). It is a ``BaseException``, like the guard's own stop,
 so ``ToolNode``'s ``handle_tool_errors`` and ``except Exception`` in a node cannot turn it
 into one more tool message the model answers; LangGraph ends the graph and propagates it.
-Inside ``with Run(...)`` the block catches it as usual.
+Inside ``with Run(...)`` the block catches it as usual. A ``stream``/``astream`` the
+caller stops reading (closed or dropped) ends its run as ``cancelled``.
 
-Honest limits: a tool call is not given the guard's per-call timeout (LangChain runs the
-tool body itself). ``outcome`` holds the last run that ended (concurrent invocations each
+Honest limits: a tool call is not given the guard's per-call timeout
+(``tool_timeout_seconds``): LangChain runs the tool body itself and a callback cannot
+interrupt it, so a tool that never returns hangs ``invoke`` forever. LangGraph's own
+bounds are the remedy: give the tools node ``timeout=`` (async nodes only; LangGraph
+refuses it on a sync node), or set the compiled graph's ``step_timeout`` (it raises
+``TimeoutError``, an ``error`` stop; a sync tool's thread still runs to its end before
+``invoke`` returns). ``outcome`` holds the last run that ended (concurrent invocations each
 get their own run). The run this handler starts is not the current run inside the graph
 (LangChain may end it from another asyncio task than the one it started in), so a model
 client's own spans nest under the graph's, not under the ``decide`` span, and a tool
 function also decorated with loopwatch's ``@tool`` runs unguarded there: drop the
 decorator. A graph paused by ``interrupt()`` ends its run when ``invoke`` returns, as
-``completed``; its resume is a new run with a fresh budget.
+``completed``; its resume is a new run with a fresh budget. A call to a tool the graph
+does not have never reaches a tool (``ToolNode`` answers it with an error message), so
+only its model turn is guarded: ``recursion_limit`` or ``max_model_turns`` ends such a
+loop, as ``budget_exhausted``, never as ``repeated_action``.
 """
 
 from __future__ import annotations
@@ -75,6 +87,15 @@ _FRAMEWORK = "langgraph"
 # What create_react_agent answers instead of a turn's tool calls when its remaining_steps
 # (the recursion limit, counted down) cannot fit another model-and-tools round.
 _OUT_OF_STEPS = "Sorry, need more steps to process this request."
+
+
+def _node_timeout_error() -> type[BaseException] | None:
+    """LangGraph's ``NodeTimeoutError`` (a node's ``timeout=``), or None without it."""
+    try:
+        from langgraph.errors import NodeTimeoutError
+    except ImportError:
+        return None
+    return NodeTimeoutError  # type: ignore[no-any-return]
 
 
 def _recursion_error() -> type[BaseException] | None:
@@ -279,6 +300,25 @@ class LoopwatchHandler(_BaseCallbackHandler):  # type: ignore[misc]
                 )
             self.outcome = run.finish(_answer(outputs))
             return
+        if isinstance(error, GeneratorExit):
+            # The caller stopped reading ``stream``/``astream`` (closed it, or dropped
+            # it): the caller's own cancellation, not an infrastructure failure.
+            self.outcome = run.cancel()
+            return
+        timeout_error = _node_timeout_error()
+        if timeout_error is not None and isinstance(error, timeout_error):
+            # A node's own ``timeout=`` (async nodes only): LangGraph's bound on a hanging
+            # tool, which loopwatch's callbacks cannot give (see the module docstring).
+            timeout = getattr(error, "timeout", None)
+            elapsed = getattr(error, "elapsed", None)
+            run.framework_stop(
+                StopReason.DEADLINE_EXCEEDED,
+                framework=_FRAMEWORK,
+                limit_name="node_timeout",
+                dimension=Dimension.ELAPSED_SECONDS,
+                limit=float(timeout) if isinstance(timeout, int | float) else None,
+                observed=float(elapsed) if isinstance(elapsed, int | float) else None,
+            )
         limit_error = _recursion_error()
         if limit_error is not None and isinstance(error, limit_error):
             found = _RECURSION_LIMIT.search(str(error))

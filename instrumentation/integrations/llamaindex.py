@@ -33,10 +33,17 @@ LlamaIndex's own limits map onto the taxonomy: ``max_iterations`` (``WorkflowRun
 "Max iterations of N reached") is ``budget_exhausted`` (model_turns), the workflow
 ``timeout`` (``WorkflowTimeoutError``) is ``deadline_exceeded``; the exception itself is
 passed on to the caller unchanged.
+
+Concurrent runs of one guarded agent (``asyncio.gather``) each get their own loopwatch run.
+A tool body is bounded by the policy's per-call timeout (an async tool is cancelled; a sync
+one's thread finishes in the background, its result discarded). A call to a tool the
+agent does not have never reaches a tool (LlamaIndex answers it), so only its model turn
+is guarded: ``max_iterations`` or ``max_model_turns`` ends such a loop.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -80,13 +87,46 @@ class RunStopped(_workflow_errors.WorkflowRuntimeError):  # type: ignore[misc, n
 
 
 class _Session:
-    """The run of the invocation in progress, shared by the wrappers of one
-    :class:`GuardedLlamaIndex` (workflow steps run in tasks of their own)."""
+    """The runs of the invocations in progress, shared by the wrappers of one
+    :class:`GuardedLlamaIndex`.
 
-    __slots__ = ("run",)
+    Each invocation's run is found through a context variable: the workflow's step tasks
+    are created inside :meth:`GuardedLlamaIndex.run`, so they inherit it, and two
+    concurrent invocations of the same agent each see their own run (a single shared
+    field charged one invocation's calls to the other, and ended the first with the
+    second's outcome). A call made where the context was not carried over (a thread
+    the framework started by itself) falls back to the one invocation in progress, and is
+    passed through unguarded when there are several: which one it belongs to is unknown.
+    """
+
+    __slots__ = ("_active", "_current")
 
     def __init__(self) -> None:
-        self.run: Run | None = None
+        self._current: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
+            "loopwatch_llamaindex_run", default=None
+        )
+        self._active: list[Run] = []
+
+    @property
+    def run(self) -> Run | None:
+        """The run of the invocation this call belongs to, or None outside one."""
+        run = self._current.get()
+        if run is not None and run in self._active:
+            return run
+        return self._active[0] if len(self._active) == 1 else None
+
+    def enter(self, run: Run) -> contextvars.Token[Run | None]:
+        """Make ``run`` the current invocation's run (in this context and its tasks)."""
+        self._active.append(run)
+        return self._current.set(run)
+
+    def leave(self, run: Run, token: contextvars.Token[Run | None]) -> None:
+        """The invocation of ``run`` has ended."""
+        self._active.remove(run)
+        try:
+            self._current.reset(token)
+        except ValueError:  # reset from another context: nothing of ours is left there
+            self._current.set(None)
 
     def live(self) -> Run | None:
         """The run to guard a call with: None outside a guarded invocation, and after a
@@ -424,7 +464,8 @@ def _wrap_tool(tool: Any, session: _Session) -> Any:
 
 class GuardedLlamaIndex:
     """A LlamaIndex agent or ``AgentWorkflow`` whose runs go through the guard (built by
-    :func:`instrument`). One :meth:`run` is one loopwatch run. Not re-entrant.
+    :func:`instrument`). One :meth:`run` is one loopwatch run; concurrent runs (``asyncio.gather``)
+    each get their own run and budget.
 
     Attributes:
         target: the agent or workflow.
@@ -456,7 +497,8 @@ class GuardedLlamaIndex:
 
     @property
     def outcome(self) -> Outcome:
-        """The loopwatch outcome of the last :meth:`run`.
+        """The loopwatch outcome of the last :meth:`run` to end (with concurrent runs, the
+        :class:`RunStopped` a stopped one raises carries its own).
 
         Raises:
             RuntimeError: no run has ended yet.
@@ -497,7 +539,7 @@ class GuardedLlamaIndex:
             capture_content=self._capture,
             tracer_provider=self._provider,
         )
-        self._session.run = run
+        token = self._session.enter(run)
         try:
             with run:
                 self.handler = self.target.run(*args, **kwargs)
@@ -521,7 +563,7 @@ class GuardedLlamaIndex:
                 run.finish(_answer(result))
                 return result
         finally:
-            self._session.run = None
+            self._session.leave(run, token)
             self._outcome = _ended(run)
 
     def _framework_limit(self, run: Run, exc: Exception) -> None:

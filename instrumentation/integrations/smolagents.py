@@ -33,10 +33,17 @@ A stop raises loopwatch's :class:`~loopwatch.instrumentation.StopRun` out of
 ``agent.run`` (its ``stop`` says why). It is a ``BaseException``: smolagents' ``except
 Exception`` around tool calls and model calls would otherwise turn it into one more error
 the model reads. The agent's ``interrupt()`` is set as well, so no further step starts.
-Honest limits: a tool body is not given the guard's per-call timeout (smolagents runs it;
-a CodeAgent's executor has its own ``timeout_seconds``). A tool function also decorated
+A tool body runs in loopwatch's tool worker thread, bounded by the policy's per-call
+timeout (``tool_timeout_seconds``, or the tool's ``timeout_seconds``): past it, the call
+fails with ``TimeoutError`` (smolagents shows the model the error; its run goes on), and
+the body's thread, which Python cannot kill, finishes in the background, its result
+discarded. Honest limits: one agent object runs one task at a time (smolagents keeps one
+memory per agent, and a stop interrupts the agent, so a second concurrent ``run`` of the
+same agent is interrupted too). A tool function also decorated
 with loopwatch's ``@tool`` would be guarded twice: drop the decorator. smolagents has no
-async run.
+async run. A call to a tool the agent does not have never reaches a tool (smolagents
+answers it with an error), so only its model turn is guarded: ``max_steps`` or
+``max_model_turns`` ends such a loop, as ``budget_exhausted``.
 """
 
 from __future__ import annotations
@@ -273,10 +280,12 @@ class SmolagentsGuard:
                     arguments = dict(signature.bind_partial(*args, **kwargs).arguments)
                 except (AssertionError, TypeError):
                     arguments = {"args": list(args), **kwargs}
-            with self._interrupting(), run.tool_call(name, arguments) as call:
-                result = original(*args, **kwargs)
-                call.set_result(result)
-            return result
+            with self._interrupting():
+                # call_tool runs the body in loopwatch's tool worker under the policy's
+                # per-call timeout: a hanging tool becomes the tool's TimeoutError (which
+                # smolagents hands to the model as a failed call) instead of hanging the
+                # run. Its thread cannot be killed: a late result is discarded.
+                return run.call_tool(name, arguments, fn=lambda **_: original(*args, **kwargs))
 
         setattr(forward, _WRAPPED, True)
         return forward

@@ -5,6 +5,7 @@ path to test."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 pytest.importorskip("smolagents")
 
 from loopwatch.instrumentation import Policy, StopReason, StopRun, ToolPolicy
+from loopwatch.instrumentation import runs as _runs
 from loopwatch.instrumentation.integrations.smolagents import instrument
 from smolagents import CodeAgent, Model, ToolCallingAgent, tool
 from smolagents.memory import ActionStep
@@ -24,6 +26,19 @@ from smolagents.models import (
     MessageRole,
 )
 from smolagents.monitoring import LogLevel, TokenUsage
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _tool_workers_started() -> None:
+    """Start loopwatch's shared tool worker threads before any test: the adapter runs
+    tool bodies there (under the per-call timeout), and a pool worker idling after a run
+    is the process's pool, not a thread the run left behind (``no_leftovers``)."""
+    release = threading.Event()
+    pool = _runs._tool_executor()
+    futures = [pool.submit(release.wait, 5) for _ in range(4)]
+    release.set()
+    for future in futures:
+        future.result()
 
 
 class ScriptedModel(Model):
@@ -322,3 +337,116 @@ def test_managed_agent_runs_as_a_child_run(spans: Any, no_leftovers: None) -> No
     by_name = {s.name: s for s in run_spans(exporter)}
     child = by_name["invoke_agent smol_worker"]
     assert child.parent is not None  # the child run's span sits under its manager's
+
+
+def test_a_hanging_tool_is_cut_at_the_policy_timeout(no_leftovers: None) -> None:
+    release = threading.Event()
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look an order up.
+
+        Args:
+            q: the order to look up.
+        """
+        release.wait(30)  # hangs until the test ends
+        return "order 7: pending"
+
+    def script(n: int) -> ChatMessage:
+        return call("lookup", n, q="order 7") if n == 1 else call("final_answer", n, answer="?")
+
+    agent = tool_agent(script, [lookup])
+    guard = instrument(agent, Policy(tool_timeout_seconds=0.3))
+    began = time.monotonic()
+    try:
+        assert agent.run("Where is order 7?") == "?"
+        assert time.monotonic() - began < 5  # a hanging body used to hang the run forever
+    finally:
+        release.set()
+    outcome = guard.outcome
+    assert outcome is not None
+    assert outcome.stop.reason is StopReason.COMPLETED
+    assert (outcome.usage.tool_errors, outcome.usage.tool_successes) == (1, 0)
+    assert "timed out" in str(agent.memory.steps[1].error)
+
+
+def test_a_transient_tool_failure_may_be_retried(no_leftovers: None) -> None:
+    calls: list[str] = []
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look an order up.
+
+        Args:
+            q: the order to look up.
+        """
+        calls.append(q)
+        if len(calls) == 1:
+            raise ConnectionError("upstream reset the connection")
+        return "order 7: pending"
+
+    def script(n: int) -> ChatMessage:
+        return call("lookup", n, q="order 7") if n <= 2 else call("final_answer", n, answer="ok")
+
+    agent = tool_agent(script, [lookup])
+    guard = instrument(agent, Policy(repeat_limit=3))
+    assert agent.run("Where is order 7?") == "ok"
+    assert guard.outcome is not None
+    assert guard.outcome.stop.reason is StopReason.COMPLETED
+    assert (guard.outcome.usage.tool_errors, guard.outcome.usage.retries) == (1, 1)
+
+
+def test_observe_mode_refuses_nothing_and_records_the_would_stop(no_leftovers: None) -> None:
+    bodies: list[str] = []
+
+    def script(n: int) -> ChatMessage:
+        return call("lookup", n, q="order 7") if n <= 5 else call("final_answer", n, answer="ok")
+
+    agent = tool_agent(script, [make_lookup(bodies)])
+    guard = instrument(agent, Policy(repeat_limit=3), mode="observe")
+    assert agent.run("Where is order 7?") == "ok"
+    assert len(bodies) == 5
+    assert guard.outcome is not None
+    assert guard.outcome.stop.reason is StopReason.COMPLETED
+    assert guard.outcome.observed_stops[0].reason is StopReason.REPEATED_ACTION
+
+
+def test_an_a_b_a_b_cycle_over_two_tools_stops_as_action_cycle(no_leftovers: None) -> None:
+    bodies: list[str] = []
+
+    @tool
+    def status(q: str) -> str:
+        """The order's status.
+
+        Args:
+            q: the order.
+        """
+        bodies.append("status")
+        return "pending"
+
+    agent = tool_agent(
+        lambda n: call("lookup" if n % 2 else "status", n, q="order 7"),
+        [make_lookup(bodies), status],
+    )
+    guard = instrument(agent, Policy(repeat_limit=3))
+    with pytest.raises(StopRun) as raised:
+        agent.run("Where is order 7?")
+    assert raised.value.stop.reason is StopReason.ACTION_CYCLE
+    assert len(bodies) <= 6
+    assert guard.outcome is not None and guard.outcome.usage.model_turns > 0
+
+
+def test_the_same_agent_run_again_gets_a_fresh_run_and_budget(no_leftovers: None) -> None:
+    bodies: list[str] = []
+    agent = tool_agent(lambda n: call("lookup", n, q="order 7"), [make_lookup(bodies)])
+    guard = instrument(agent, Policy(repeat_limit=3))
+    ids = set()
+    for expected in (2, 4):
+        with pytest.raises(StopRun):
+            agent.run("Where is order 7?")  # smolagents resets its interrupt per run
+        assert guard.outcome is not None
+        assert guard.outcome.stop.reason is StopReason.REPEATED_ACTION
+        assert guard.outcome.usage.tool_attempts == 2  # the third identical call is blocked
+        assert len(bodies) == expected
+        ids.add(guard.outcome.run_id)
+    assert len(ids) == 2
