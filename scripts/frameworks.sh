@@ -27,6 +27,10 @@ for venv in .venv-fw .venv-crewai; do
     touch "$stamp"
   fi
 done
+# A framework that fails to import would skip its whole test module: refuse that here.
+.venv-fw/bin/python -c "import pydantic_ai, agents, langgraph, langchain_core, smolagents, \
+llama_index.core, autogen_agentchat, autogen_ext.models.replay, genai_prices"
+.venv-crewai/bin/python -c "import crewai, genai_prices"
 echo "== frameworks (.venv-fw)"
 .venv-fw/bin/python -m pytest -p no:cacheprovider --disable-warnings tests/frameworks "$@"
 echo "== frameworks (.venv-crewai)"
