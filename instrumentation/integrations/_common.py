@@ -6,15 +6,25 @@ Nothing here imports a framework.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from ..outcomes import Decision, DecisionType, ToolCall
+from ..errors import RunStateError
+from ..outcomes import Decision, DecisionType, Outcome, ToolCall
+from ..runs import Run
 
-__all__ = ["Price", "import_framework", "price_of", "turn_decision"]
+__all__ = [
+    "Invocations",
+    "Price",
+    "ended_outcome",
+    "import_framework",
+    "price_of",
+    "turn_decision",
+]
 
 
 def import_framework(module: str, extra: str) -> ModuleType:
@@ -162,3 +172,54 @@ def turn_decision(
         model=model,
         price_source=price_source,
     )
+
+
+class Invocations:
+    """The runs of the invocations in progress, shared by every wrapper of one guarded
+    agent.
+
+    Each invocation's run is found through a context variable: the framework's step or
+    handler tasks are started inside the adapter's ``run``, so they inherit it, and two
+    concurrent invocations of the same agent each see their own run (one shared field
+    charged one invocation's calls to the other). A call made where the context was not
+    carried over (a thread or runtime the framework started by itself) falls back to the
+    one invocation in progress, and is passed through unguarded when there are several:
+    which one it belongs to is unknown.
+    """
+
+    __slots__ = ("_active", "_current")
+
+    def __init__(self, name: str) -> None:
+        self._current: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
+            name, default=None
+        )
+        self._active: list[Run] = []
+
+    @property
+    def run(self) -> Run | None:
+        """The run of the invocation this call belongs to, or None outside one."""
+        run = self._current.get()
+        if run is not None and run in self._active:
+            return run
+        return self._active[0] if len(self._active) == 1 else None
+
+    def enter(self, run: Run) -> contextvars.Token[Run | None]:
+        """Make ``run`` the current invocation's run (in this context and its tasks)."""
+        self._active.append(run)
+        return self._current.set(run)
+
+    def leave(self, run: Run, token: contextvars.Token[Run | None]) -> None:
+        """The invocation of ``run`` has ended."""
+        self._active.remove(run)
+        try:
+            self._current.reset(token)
+        except ValueError:  # reset from another context: nothing of ours is left there
+            self._current.set(None)
+
+
+def ended_outcome(run: Run) -> Outcome | None:
+    """The run's outcome once it has ended (the one its stop span carries), else None."""
+    try:
+        return run.outcome
+    except RunStateError:
+        return None

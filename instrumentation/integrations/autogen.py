@@ -60,11 +60,11 @@ import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
-from ..errors import RunStateError, StopRun
+from ..errors import StopRun
 from ..outcomes import Dimension, Outcome, Stop, StopReason
 from ..policy import Policy, Risk
 from ..runs import Mode, Run, resolve_policy
-from ._common import import_framework, price_of, turn_decision
+from ._common import Invocations, ended_outcome, import_framework, price_of, turn_decision
 
 _base = import_framework("autogen_agentchat.base", "autogen")
 _messages = import_framework("autogen_agentchat.messages", "autogen")
@@ -93,48 +93,16 @@ class RunStopped(RuntimeError):
         self.stop = stop
 
 
-class _Session:
-    """The runs of the invocations in progress, shared by every wrapper of one
-    :class:`GuardedAutoGen`.
+class _Session(Invocations):
+    """The runs of the invocations in progress of one :class:`GuardedAutoGen` (AutoGen's
+    handler tasks, started inside its ``run``, inherit the invocation's run)."""
 
-    AutoGen handlers run in tasks that :meth:`GuardedAutoGen.run` starts (directly, or
-    through the team's runtime it starts), so each invocation's run is found through a
-    context variable they inherit: two concurrent invocations each see their own run (a
-    single shared field charged one invocation's calls to the other). A call made where
-    the context was not carried over (a runtime started elsewhere) falls back to the one
-    invocation in progress, and is passed through unguarded when there are several.
-    """
-
-    __slots__ = ("_active", "_current", "text_is_final")
+    __slots__ = ("text_is_final",)
 
     def __init__(self, text_is_final: bool) -> None:
-        self._current: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
-            "loopwatch_autogen_run", default=None
-        )
-        self._active: list[Run] = []
+        super().__init__("loopwatch_autogen_run")
         # A single agent's text reply is its final answer; in a team it is one turn.
         self.text_is_final = text_is_final
-
-    @property
-    def run(self) -> Run | None:
-        """The run of the invocation this call belongs to, or None outside one."""
-        run = self._current.get()
-        if run is not None and run in self._active:
-            return run
-        return self._active[0] if len(self._active) == 1 else None
-
-    def enter(self, run: Run) -> contextvars.Token[Run | None]:
-        """Make ``run`` the current invocation's run (in this context and its tasks)."""
-        self._active.append(run)
-        return self._current.set(run)
-
-    def leave(self, run: Run, token: contextvars.Token[Run | None]) -> None:
-        """The invocation of ``run`` has ended."""
-        self._active.remove(run)
-        try:
-            self._current.reset(token)
-        except ValueError:  # reset from another context: nothing of ours is left there
-            self._current.set(None)
 
 
 def _token_cancelled(token: Any) -> bool:
@@ -565,7 +533,7 @@ class GuardedAutoGen:
                         )
         finally:
             self._session.leave(run, token)
-            self._outcome = _ended(run)
+            self._outcome = ended_outcome(run)
         yield result
 
     def _wrap(self) -> None:
@@ -678,14 +646,6 @@ def _answer(result: Any) -> Any:
     if not msgs:
         return None
     return getattr(msgs[-1], "content", None)
-
-
-def _ended(run: Run) -> Outcome | None:
-    """The run's outcome once it has ended (the one its stop span carries), else None."""
-    try:
-        return run.outcome
-    except RunStateError:
-        return None
 
 
 def instrument(

@@ -43,17 +43,16 @@ is guarded: ``max_iterations`` or ``max_model_turns`` ends such a loop.
 
 from __future__ import annotations
 
-import contextvars
 import os
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import RunStateError, StopRun
+from ..errors import StopRun
 from ..outcomes import Dimension, Outcome, Stop, StopReason
 from ..policy import Policy
 from ..runs import Mode, Run, resolve_policy
-from ._common import import_framework, price_of, turn_decision
+from ._common import Invocations, ended_outcome, import_framework, price_of, turn_decision
 
 _llms = import_framework("llama_index.core.llms.function_calling", "llamaindex")
 _pydantic = import_framework("llama_index.core.bridge.pydantic", "llamaindex")
@@ -86,47 +85,14 @@ class RunStopped(_workflow_errors.WorkflowRuntimeError):  # type: ignore[misc, n
         self.outcome = outcome
 
 
-class _Session:
-    """The runs of the invocations in progress, shared by the wrappers of one
-    :class:`GuardedLlamaIndex`.
+class _Session(Invocations):
+    """The runs of the invocations in progress of one :class:`GuardedLlamaIndex` (its
+    workflow's step tasks inherit the invocation's run)."""
 
-    Each invocation's run is found through a context variable: the workflow's step tasks
-    are created inside :meth:`GuardedLlamaIndex.run`, so they inherit it, and two
-    concurrent invocations of the same agent each see their own run (a single shared
-    field charged one invocation's calls to the other, and ended the first with the
-    second's outcome). A call made where the context was not carried over (a thread
-    the framework started by itself) falls back to the one invocation in progress, and is
-    passed through unguarded when there are several: which one it belongs to is unknown.
-    """
-
-    __slots__ = ("_active", "_current")
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self._current: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
-            "loopwatch_llamaindex_run", default=None
-        )
-        self._active: list[Run] = []
-
-    @property
-    def run(self) -> Run | None:
-        """The run of the invocation this call belongs to, or None outside one."""
-        run = self._current.get()
-        if run is not None and run in self._active:
-            return run
-        return self._active[0] if len(self._active) == 1 else None
-
-    def enter(self, run: Run) -> contextvars.Token[Run | None]:
-        """Make ``run`` the current invocation's run (in this context and its tasks)."""
-        self._active.append(run)
-        return self._current.set(run)
-
-    def leave(self, run: Run, token: contextvars.Token[Run | None]) -> None:
-        """The invocation of ``run`` has ended."""
-        self._active.remove(run)
-        try:
-            self._current.reset(token)
-        except ValueError:  # reset from another context: nothing of ours is left there
-            self._current.set(None)
+        super().__init__("loopwatch_llamaindex_run")
 
     def live(self) -> Run | None:
         """The run to guard a call with: None outside a guarded invocation, and after a
@@ -564,7 +530,7 @@ class GuardedLlamaIndex:
                 return result
         finally:
             self._session.leave(run, token)
-            self._outcome = _ended(run)
+            self._outcome = ended_outcome(run)
 
     def _framework_limit(self, run: Run, exc: Exception) -> None:
         """End the run as LlamaIndex's own limit did, when one stopped it."""
@@ -595,14 +561,6 @@ class GuardedLlamaIndex:
 def _answer(result: Any) -> Any:
     response = getattr(result, "response", None)
     return getattr(response, "content", None) if response is not None else result
-
-
-def _ended(run: Run) -> Outcome | None:
-    """The run's outcome once it has ended (the one its stop span carries), else None."""
-    try:
-        return run.outcome
-    except RunStateError:
-        return None
 
 
 def instrument(
