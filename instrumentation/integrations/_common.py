@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import contextvars
 import importlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import RunStateError
 from ..outcomes import Decision, DecisionType, Outcome, ToolCall
@@ -22,6 +22,7 @@ __all__ = [
     "Price",
     "ended_outcome",
     "import_framework",
+    "mcp_risk",
     "price_of",
     "turn_decision",
 ]
@@ -223,3 +224,37 @@ def ended_outcome(run: Run) -> Outcome | None:
         return run.outcome
     except RunStateError:
         return None
+
+
+def _hint(annotations: Any, camel: str) -> Any:
+    snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
+    if isinstance(annotations, Mapping):
+        return annotations.get(camel, annotations.get(snake))
+    value = getattr(annotations, camel, None)
+    return value if value is not None else getattr(annotations, snake, None)
+
+
+def mcp_risk(annotations: Any) -> Literal["read", "write"] | None:
+    """The risk an MCP tool's annotations declare.
+
+    MCP specification (2025-06-18, ``ToolAnnotations``): ``readOnlyHint`` true means the
+    tool does not modify its environment; ``destructiveHint`` is meaningful only when it
+    is not read-only. So ``readOnlyHint: true`` is a read, and an explicit
+    ``readOnlyHint: false`` or ``destructiveHint: true`` is a write (an additive write such
+    as "create" is still a write: calling it twice makes two). Hints are hints: the policy
+    file still wins (:meth:`Policy.with_tool_risks`).
+
+    Args:
+        annotations: a mapping or an object (camelCase or snake_case fields), or None.
+
+    Returns:
+        ``"read"``, ``"write"``, or None when nothing is declared.
+    """
+    if annotations is None:
+        return None
+    read_only = _hint(annotations, "readOnlyHint")
+    if read_only is True:
+        return "read"
+    if read_only is False or _hint(annotations, "destructiveHint") is True:
+        return "write"
+    return None

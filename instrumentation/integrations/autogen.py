@@ -64,7 +64,7 @@ from ..errors import StopRun
 from ..outcomes import Dimension, Outcome, Stop, StopReason
 from ..policy import Policy, Risk
 from ..runs import Mode, Run, resolve_policy
-from ._common import Invocations, ended_outcome, import_framework, price_of, turn_decision
+from ._common import Invocations, ended_outcome, import_framework, mcp_risk, price_of, turn_decision
 
 _base = import_framework("autogen_agentchat.base", "autogen")
 _messages = import_framework("autogen_agentchat.messages", "autogen")
@@ -393,16 +393,9 @@ class _GuardStopped(_base.TerminationCondition):  # type: ignore[misc, name-defi
 
 
 def _tool_risk(tool: Any) -> Risk | None:
-    """The risk an MCP tool's annotations declare (``readOnlyHint``, ``destructiveHint``),
-    or None. autogen-ext's MCP adapters keep the MCP ``Tool`` as ``_tool``."""
-    annotations = getattr(getattr(tool, "_tool", None), "annotations", None)
-    if annotations is None:
-        return None
-    if getattr(annotations, "destructiveHint", None):
-        return "write"
-    if getattr(annotations, "readOnlyHint", None):
-        return "read"
-    return None
+    """The risk an MCP tool's annotations declare, or None. autogen-ext's MCP adapters keep
+    the MCP ``Tool`` as ``_tool``."""
+    return mcp_risk(getattr(getattr(tool, "_tool", None), "annotations", None))
 
 
 def _assistants(target: Any) -> list[Any]:

@@ -74,7 +74,7 @@ from .._scopes import ModelCall, ToolCallScope
 from ..outcomes import Decision, Dimension, Outcome, StopReason
 from ..policy import Policy
 from ..runs import Mode, Run, current_run, resolve_policy
-from ._common import import_framework, price_of, turn_decision
+from ._common import import_framework, mcp_risk, price_of, turn_decision
 
 __all__ = ["LoopwatchHandler", "tool_risks"]
 
@@ -107,16 +107,12 @@ def _recursion_error() -> type[BaseException] | None:
     return GraphRecursionError  # type: ignore[no-any-return]
 
 
-def _hint(hints: Mapping[str, Any], camel: str, snake: str) -> Any:
-    return hints.get(camel, hints.get(snake))
-
-
 def tool_risks(tools: Iterable[Any]) -> dict[str, str]:
     """The risk each tool declares through MCP annotations in its ``metadata``.
 
     langchain-mcp-adapters copies an MCP tool's annotations into the LangChain tool's
-    ``metadata`` (at the top level or under ``"annotations"``); ``destructiveHint`` true
-    marks a write, ``readOnlyHint`` true a read (MCP specification, tool annotations).
+    ``metadata`` (at the top level or under ``"annotations"``), read by
+    :func:`~._common.mcp_risk`.
 
     Args:
         tools: LangChain ``BaseTool`` objects (anything with ``name`` and ``metadata``).
@@ -130,11 +126,9 @@ def tool_risks(tools: Iterable[Any]) -> dict[str, str]:
         if not isinstance(meta, Mapping):
             continue
         nested = meta.get("annotations")
-        hints = nested if isinstance(nested, Mapping) else meta
-        if _hint(hints, "destructiveHint", "destructive_hint") is True:
-            risks[str(tool.name)] = "write"
-        elif _hint(hints, "readOnlyHint", "read_only_hint") is True:
-            risks[str(tool.name)] = "read"
+        risk = mcp_risk(nested if isinstance(nested, Mapping) else meta)
+        if risk is not None:
+            risks[str(tool.name)] = risk
     return risks
 
 

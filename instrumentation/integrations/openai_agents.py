@@ -49,7 +49,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from opentelemetry.trace import Span, TracerProvider
@@ -58,7 +58,7 @@ from ..errors import StopRun
 from ..outcomes import Decision, Dimension, Outcome, StopReason, ToolTicket
 from ..policy import Policy
 from ..runs import Run, resolve_policy
-from ._common import import_framework, price_of, turn_decision
+from ._common import import_framework, mcp_risk, price_of, turn_decision
 
 import_framework("agents", "openai-agents")
 
@@ -106,12 +106,6 @@ def outcome_of(result_or_error: object) -> Outcome | None:
     return found if isinstance(found, Outcome) else None
 
 
-def _hint(annotations: Any, name: str) -> Any:
-    if isinstance(annotations, Mapping):
-        return annotations.get(name)
-    return getattr(annotations, name, None)
-
-
 def tool_risks(tools: Iterable[Any]) -> dict[str, Literal["read", "write"]]:
     """The risks the SDK's tool objects declare (MCP annotations).
 
@@ -123,13 +117,9 @@ def tool_risks(tools: Iterable[Any]) -> dict[str, Literal["read", "write"]]:
     """
     risks: dict[str, Literal["read", "write"]] = {}
     for tool in tools:
-        annotations = getattr(tool, "mcp_annotations", None)
-        if annotations is None:
-            continue
-        if _hint(annotations, "readOnlyHint") is True:
-            risks[tool.name] = "read"
-        elif _hint(annotations, "readOnlyHint") is False or _hint(annotations, "destructiveHint"):
-            risks[tool.name] = "write"
+        risk = mcp_risk(getattr(tool, "mcp_annotations", None))
+        if risk is not None:
+            risks[tool.name] = risk
     return risks
 
 

@@ -57,7 +57,7 @@ from ..errors import StopRun
 from ..outcomes import Dimension, Outcome, StopReason
 from ..policy import Policy
 from ..runs import Run, resolve_policy
-from ._common import import_framework, price_of, turn_decision
+from ._common import import_framework, mcp_risk, price_of, turn_decision
 
 import_framework("pydantic_ai", "pydantic-ai")
 
@@ -142,12 +142,9 @@ def tool_risks(tool_defs: Iterable[Any]) -> dict[str, Literal["read", "write"]]:
     for tool_def in tool_defs:
         metadata = getattr(tool_def, "metadata", None)
         annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-        if not isinstance(annotations, Mapping):
-            continue
-        if annotations.get("readOnlyHint") is True:
-            risks[tool_def.name] = "read"
-        elif annotations.get("readOnlyHint") is False or annotations.get("destructiveHint"):
-            risks[tool_def.name] = "write"
+        risk = mcp_risk(annotations) if isinstance(annotations, Mapping) else None
+        if risk is not None:
+            risks[tool_def.name] = risk
     return risks
 
 

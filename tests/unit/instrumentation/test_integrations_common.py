@@ -130,3 +130,32 @@ def test_a_framework_stop_ends_the_run_in_observe_mode_too() -> None:
         )
     assert outcome.stop.reason is StopReason.REPEATED_ACTION
     assert outcome.stop.evidence.tool == "t"
+
+
+class _Annotations:
+    def __init__(self, **hints: object) -> None:
+        self.__dict__.update(hints)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "risk"),
+    [
+        (None, None),
+        ({}, None),
+        ({"readOnlyHint": True}, "read"),
+        (
+            {"readOnlyHint": True, "destructiveHint": True},
+            "read",
+        ),  # destructive: only if not read-only
+        ({"readOnlyHint": False}, "write"),
+        ({"readOnlyHint": False, "destructiveHint": False}, "write"),  # additive writes too
+        ({"destructiveHint": True}, "write"),
+        ({"idempotentHint": True}, None),
+        ({"read_only_hint": True}, "read"),
+        (_Annotations(readOnlyHint=True), "read"),
+        (_Annotations(destructiveHint=True), "write"),
+        (_Annotations(read_only_hint=False), "write"),
+    ],
+)
+def test_mcp_annotations_give_a_tool_its_risk(annotations: object, risk: str | None) -> None:
+    assert _common.mcp_risk(annotations) == risk
