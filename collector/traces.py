@@ -76,6 +76,9 @@ MAX_NEST_DEPTH: Final = 8
 
 @dataclass(slots=True)
 class TraceState:
+    """What the map stage remembers of one open third-party trace (each map bounded by
+    ``max_spans_per_trace``: :class:`~loopwatch.collector.map.MapStage`)."""
+
     parents: dict[str, str] = field(default_factory=dict)
     agents: set[str] = field(default_factory=set)  # agent spans that are (or may be) runs
     runs: set[str] = field(default_factory=set)  # agent spans that are runs
@@ -107,15 +110,18 @@ class StepBuffer:
         self.owners: set[str] = set()  # run ids that got a step in this request
 
     def release(self, state: TraceState, span_id: str, run_id: str) -> None:
+        """Release held ``span_id`` as a final step of ``run_id``."""
         row = state.held.pop(span_id)
         self.emit(row if row.run_id == run_id else replace(row, run_id=run_id))
         self.out.released.add((row.trace_id, span_id))
 
     def emit(self, row: StepRow) -> None:
+        """Add a final step."""
         self.emitted[row.span_id] = row
         self.owners.add(row.run_id)
 
     def hold(self, state: TraceState, row: StepRow, parent: str) -> None:
+        """Hold a step as pending (its run is not known yet)."""
         state.held[row.span_id] = row
         self.pending[row.span_id] = (row, parent)
 
@@ -124,6 +130,7 @@ class StepBuffer:
         return state.held.get(span_id) or self.emitted.get(span_id)
 
     def update(self, state: TraceState, span_id: str, row: StepRow) -> None:
+        """Replace the row of ``span_id`` (held or mapped in this request)."""
         if span_id in state.held:
             state.held[span_id] = row
             if span_id in self.pending:
@@ -132,6 +139,7 @@ class StepBuffer:
             self.emitted[span_id] = row
 
     def flush(self) -> None:
+        """Write the request's steps to its :class:`MappedBatch`."""
         self.out.steps.extend(self.emitted.values())
         self.out.pending.extend(self.pending.values())
 
@@ -195,10 +203,13 @@ def merge_rows(kept: StepRow, other: StepRow) -> StepRow:
 
 
 def source_of(attrs: Attributes) -> str:
+    """``openinference`` for a span with ``openinference.span.kind``, else ``genai``."""
     return SOURCE_OPENINFERENCE if sc.OPENINFERENCE_SPAN_KIND in attrs else SOURCE_GENAI
 
 
 def resolve(state: TraceState, parent_span_id: str) -> str | None:
+    """The run of the nearest agent span among ``parent_span_id`` and its known
+    ancestors; ``None`` when no agent is known yet, or past :data:`MAX_ANCESTRY_DEPTH`."""
     current = parent_span_id
     for _ in range(MAX_ANCESTRY_DEPTH):
         if not current:
@@ -228,6 +239,7 @@ def agent_run_row(
     parent_run_id: str | None,
     agent: str | None = None,
 ) -> RunRow:
+    """The run row of an agent (or trace-level) run: ``agent`` given, else the span's agent name."""
     attrs = span.attributes
     return RunRow(
         run_id=run_id,
@@ -246,6 +258,8 @@ def agent_run_row(
 
 
 def inferred_stop(span: SpanRecord, run_id: str, source: str, step: int) -> StopRow:
+    """The stop inferred from a run span's end: ``error`` when its status is ERROR, else
+    ``completed``; ``step``: the trace's last step number."""
     return StopRow(
         trace_id=span.trace_id,
         span_id=span.span_id,
@@ -260,6 +274,7 @@ def inferred_stop(span: SpanRecord, run_id: str, source: str, step: int) -> Stop
 
 
 def step_row(span: SpanRecord, run_id: str, source: str, step: int, kind: int) -> StepRow:
+    """The step row of a model span (``decision``) or a tool span (``tool_result``)."""
     if kind == _MODEL:
         return _decision_row(span, run_id, source, step)
     return _tool_row(span, run_id, source, step)
