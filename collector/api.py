@@ -17,8 +17,10 @@ Read endpoints (JSON; times in nanoseconds since the Unix epoch):
   matches throughout is then listed once, and runs first seen later are left out; the
   older ``seen_before`` with offsets still works, but skips a run when one listed
   earlier is removed). Answers ``{"items": [...], "next_offset": int | null}`` (plus
-  ``seen_before`` and ``next_cursor``); each item has ``steps_since_progress`` of its
-  stop (``null`` without one).
+  ``seen_before`` and ``next_cursor``); each item has ``steps_since_progress``,
+  ``observe_reason`` (the loop detector observe mode recorded on the run, so a
+  ``completed`` third-party run that looped says so in the list) and ``loop_tool`` (the
+  tool that loop detection named) of its stop (each ``null`` without one).
 - ``GET /api/v1/runs/{run_id}`` (any run id, slashes included, percent-encoded): the
   run (with its effective ``limits``, parsed, and ``detector_version``), its steps, its
   stop and parsed evidence, stop anomalies, tool call counts (``steps_truncated``,
@@ -150,9 +152,10 @@ def _window(request: Request) -> tuple[int, int]:
 
 
 def _list_runs(reader: StoreReader, **filters: Any) -> RunsPage:
-    """One page of runs, each with ``steps_since_progress`` (worker thread)."""
+    """One page of runs, each with ``steps_since_progress``, ``observe_reason`` and
+    ``loop_tool`` of its stop (worker thread)."""
     page = reader.list_runs(**filters)
-    items = queries.attach_steps_since_progress(reader, page.items)
+    items = queries.attach_stop_summary(reader, page.items)
     return RunsPage(items, page.next_offset, page.seen_before, page.next_cursor)
 
 

@@ -32,6 +32,13 @@ from typing import Final
 from loopwatch.instrumentation import _semconv as sc
 from loopwatch.instrumentation.budgets import MAX_REPORTED_TOKENS
 
+from .frameworks import (
+    agent_label,
+    is_graph_node,
+    is_model_preparation,
+    unwrap_arguments,
+    unwrap_result,
+)
 from .records import STATUS_ERROR, Attributes, AttrValue, SpanRecord
 
 __all__ = [
@@ -68,22 +75,30 @@ MODEL_OPERATIONS: Final = frozenset({sc.OP_CHAT, "text_completion", "generate_co
 
 _OPENLLMETRY_MODEL_TYPES: Final = frozenset({"chat", "completion"})
 _OI_ROLES: Final = {"AGENT": ROLE_AGENT, "TOOL": ROLE_TOOL, "LLM": ROLE_MODEL}
-_RUN_PREFIX: Final = sc.SPAN_RUN.split("{", 1)[0]
 _TOOL_PREFIX: Final = sc.SPAN_TOOL.split("{", 1)[0]
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 
 
-def span_role(attrs: Attributes) -> int:
+def span_role(attrs: Attributes, name: str = "") -> int:
     """What a third-party span is: ``ROLE_AGENT``, ``ROLE_TOOL``, ``ROLE_MODEL`` or
     ``ROLE_OTHER`` (chains, workflows, HTTP spans...).
 
     ``gen_ai.operation.name`` decides first, then ``openinference.span.kind``, then
-    OpenLLMetry's ``llm.request.type``.
+    OpenLLMetry's ``llm.request.type``. A graph node that looks like an agent
+    (:func:`~loopwatch.collector.frameworks.is_graph_node`) is ``ROLE_OTHER``;
+    ``create_agent`` (building an agent, not running it) is too, and so is a model span
+    that only prepares the request (the span ``name`` tells,
+    :func:`~loopwatch.collector.frameworks.is_model_preparation`).
     """
+    role = _role(attrs)
+    return ROLE_OTHER if role == ROLE_MODEL and is_model_preparation(name) else role
+
+
+def _role(attrs: Attributes) -> int:
     op = attrs.get(sc.GEN_AI_OPERATION_NAME)
     if op == sc.OP_INVOKE_AGENT:
-        return ROLE_AGENT
+        return ROLE_OTHER if is_graph_node(attrs) else ROLE_AGENT
     if op == sc.OP_EXECUTE_TOOL:
         return ROLE_TOOL
     # Values may be lists or maps (unhashable): test set membership on strings only.
@@ -92,6 +107,8 @@ def span_role(attrs: Attributes) -> int:
     oi = attrs.get(sc.OPENINFERENCE_SPAN_KIND)
     if isinstance(oi, str):
         role = _OI_ROLES.get(oi.upper())
+        if role == ROLE_AGENT and is_graph_node(attrs):
+            return ROLE_OTHER
         if role is not None:
             return role
     request_type = attrs.get(sc.OPENLLMETRY_REQUEST_TYPE)
@@ -107,13 +124,11 @@ def span_subject(name: str, prefix: str) -> str:
 
 
 def agent_name(span: SpanRecord) -> str | None:
-    """``gen_ai.agent.name``, else the agent of an ``invoke_agent {agent}`` span name,
-    else the span name; ``None`` when all are empty."""
-    return (
-        attr_str(span.attributes, sc.GEN_AI_AGENT_NAME)
-        or span_subject(span.name, _RUN_PREFIX)
-        or None
-    )
+    """``gen_ai.agent.name``, else OpenInference ``agent.name`` or ``graph.node.id``,
+    else the agent of an ``invoke_agent {agent}`` span name, else the span name without
+    a method suffix (``smol_support.run`` -> ``smol_support``); ``None`` when all are
+    empty (:func:`~loopwatch.collector.frameworks.agent_label`)."""
+    return agent_label(span.name, span.attributes)
 
 
 def tool_name(span: SpanRecord) -> str | None:
@@ -134,17 +149,25 @@ def tool_call_id(attrs: Attributes) -> str | None:
 
 
 def tool_arguments(attrs: Attributes) -> str | None:
-    """A tool call's arguments as text (JSON as received): ``gen_ai.tool.call.arguments``,
-    else OpenInference ``input.value``; present only when content capture was on."""
+    """A tool call's arguments as text: ``gen_ai.tool.call.arguments``, else
+    OpenInference ``input.value``, without a known framework envelope
+    (:func:`~loopwatch.collector.frameworks.unwrap_arguments`; otherwise JSON as
+    received); present only when content capture was on."""
     arguments = attr_text(attrs, sc.GEN_AI_TOOL_CALL_ARGUMENTS)
-    return arguments if arguments is not None else attr_text(attrs, sc.OPENINFERENCE_INPUT_VALUE)
+    if arguments is None:
+        arguments = attr_text(attrs, sc.OPENINFERENCE_INPUT_VALUE)
+    return unwrap_arguments(arguments)
 
 
 def tool_result(attrs: Attributes) -> str | None:
     """A tool call's result as text: ``gen_ai.tool.call.result``, else OpenInference
-    ``output.value``; present only when content capture was on."""
+    ``output.value``, without a known framework envelope
+    (:func:`~loopwatch.collector.frameworks.unwrap_result`); present only when content
+    capture was on."""
     result = attr_text(attrs, sc.GEN_AI_TOOL_CALL_RESULT)
-    return result if result is not None else attr_text(attrs, sc.OPENINFERENCE_OUTPUT_VALUE)
+    if result is None:
+        result = attr_text(attrs, sc.OPENINFERENCE_OUTPUT_VALUE)
+    return unwrap_result(result)
 
 
 def tool_failed(span: SpanRecord) -> bool:

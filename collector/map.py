@@ -16,7 +16,17 @@ Third-party runs (``source`` ``genai`` or ``openinference``):
   ``output.value``); model calls (``gen_ai.operation.name`` ``chat``, ``text_completion``,
   ``generate_content``; OpenLLMetry ``llm.request.type`` ``chat``/``completion``;
   OpenInference ``LLM``) become ``decision`` steps; ``invoke_agent`` and OpenInference
-  ``AGENT`` spans are runs. Other spans (``CHAIN``, workflow spans) only link ancestry.
+  ``AGENT`` spans may be runs (not graph nodes nor ``create_agent``:
+  :func:`~loopwatch.collector.genai.span_role`). Other spans (``CHAIN``, workflow
+  spans) only link ancestry. Nested spans of one call or one model turn are one step
+  (:mod:`loopwatch.collector.traces`).
+- One run per agent invocation: an agent span is a run once a step is its own (it is
+  the step's nearest agent span); an agent span around another one (a workflow wrapper,
+  a nested ``invoke_agent`` chain) gets none and is no run. An agent span that came
+  before its steps waits for them. At the root span: a root agent span takes the steps
+  whose ancestry is still unknown; a trace-level run is made only for steps no agent
+  took; a trace with agent spans but no step is one run with no stop (a run with no
+  step never counts a stop). Spans that come after the root join the trace's run.
 - Run id: the nearest ancestor agent span's id; the trace id when the trace has none.
   Spans export when they end, so children arrive before their agent span, often in an
   earlier request. Such a step is *pending* (:attr:`MappedBatch.pending`): held here,
@@ -30,7 +40,8 @@ Third-party runs (``source`` ``genai`` or ``openinference``):
   order across requests: each model call opens a step and the tool calls after it share
   that step; with no model-call span in the trace, each tool call is its own step. A
   resent span keeps its number. (The detect stage judges calls in start-time order.)
-- The stop is inferred when the agent span (or, for trace-level runs, the root span) ends:
+- The stop is inferred when the run's agent span (or, for trace-level runs, the root
+  span) ends:
   ``stop_inferred=True``, reason ``completed``, or ``error`` when the span's status is
   ERROR. A later ``detect`` stage may replace it (:meth:`MappedBatch.replace_stop`).
 - Fingerprints, observation digests and loop detections are not computed here:
@@ -53,49 +64,52 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Final
 
 from loopwatch.instrumentation import _semconv as sc
 
+from .frameworks import name_hint, named_agent
 from .genai import ROLE_AGENT as _AGENT
 from .genai import ROLE_MODEL as _MODEL
 from .genai import ROLE_OTHER as _OTHER
 from .genai import ROLE_TOOL as _TOOL
-from .genai import (
-    agent_name,
-    input_tokens,
-    output_tokens,
-    span_subject,
-    tool_arguments,
-    tool_call_id,
-    tool_failed,
-    tool_name,
-    tool_result,
-)
 from .genai import attr_bool as _bool
 from .genai import attr_float as _float
 from .genai import attr_int as _int
 from .genai import attr_str as _str
 from .genai import attr_text as _text
 from .genai import span_role as _third_party_kind
+from .genai import (
+    span_subject,
+    tool_call_id,
+)
 from .genai import tokens as _tokens
 from .records import STATUS_ERROR, Attributes, SpanBatch, SpanRecord, pickled_as_tuple
 from .rows import (
     KIND_DECISION,
     KIND_TOOL_RESULT,
-    SOURCE_GENAI,
     SOURCE_LOOPWATCH,
-    SOURCE_OPENINFERENCE,
     STOP_COMPLETED,
     STOP_ERROR,
-    STOP_ORIGIN_INFERRED,
     STOP_ORIGIN_RUN_SPAN,
     STOP_ORIGIN_STOP_SPAN,
     MappedBatch,
     RunRow,
     StepRow,
     StopRow,
+)
+from .traces import (
+    StepBuffer,
+    TraceState,
+    agent_run_row,
+    inferred_stop,
+    merge_rows,
+    nest_of,
+    resolve,
+    source_of,
+    step_row,
+    stepless_run,
 )
 
 __all__ = [
@@ -123,7 +137,6 @@ _LW_EVENTS: Final = frozenset({sc.EVENT_DECISION, sc.EVENT_TOOL_RESULT, sc.EVENT
 
 
 _RUN_NAME_PREFIX: Final = sc.SPAN_RUN.split("{", 1)[0]
-_MAX_ANCESTRY_DEPTH: Final = 256
 
 
 @pickled_as_tuple
@@ -168,17 +181,6 @@ def premap(batch: SpanBatch) -> PartialMap:
     return PartialMap(out, third_party, lw_traces)
 
 
-@dataclass(slots=True)
-class _TraceState:
-    parents: dict[str, str] = field(default_factory=dict)
-    agents: set[str] = field(default_factory=set)
-    held: dict[str, StepRow] = field(default_factory=dict)  # pending steps by span id
-    step: int = 0
-    saw_model_call: bool = False
-    numbered: dict[str, int] = field(default_factory=dict)  # step of each span mapped
-    seen: float = 0.0  # clock() when a span of the trace was last mapped
-
-
 class MapStage:
     """The ``map`` stage: ``process(SpanBatch) -> MappedBatch``.
 
@@ -216,8 +218,11 @@ class MapStage:
             raise ValueError("max_spans_per_trace must be >= 1")
         self._max_traces = max_open_traces
         self._max_spans = max_spans_per_trace
-        self._traces: OrderedDict[str, _TraceState] = OrderedDict()
+        self._traces: OrderedDict[str, TraceState] = OrderedDict()
         self._loopwatch_traces: OrderedDict[str, None] = OrderedDict()
+        # Traces whose root span ended: the run their late calls that no agent span takes
+        # join, its last step, and whether it numbered model calls.
+        self._ended: OrderedDict[str, tuple[str, int, bool, str]] = OrderedDict()
         self._max_idle = max_idle_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -286,6 +291,7 @@ class MapStage:
                 if parent:
                     state.parents.setdefault(row.span_id, parent)
                 state.numbered.setdefault(row.span_id, row.step or 0)
+                state.kinds.setdefault(row.span_id, _MODEL if row.kind == KIND_DECISION else _TOOL)
                 state.step = max(state.step, row.step or 0)
                 if len(state.held) < self._max_spans:
                     state.held[row.span_id] = row
@@ -302,25 +308,36 @@ class MapStage:
         held again after the next restart."""
         rows = [s for s in mapped.steps if (s.trace_id, s.span_id) in mapped.released]
         with self._lock:
+            for stop in mapped.stops:  # its retry maps the trace's end again
+                self._ended.pop(stop.trace_id, None)
             now, scratch = self._clock(), MappedBatch()
             for row in [*rows, *mapped.discarded]:
                 self._state(row.trace_id, scratch, now).held[row.span_id] = row
 
-    def _release(self, state: _TraceState, span_id: str, run_id: str, out: MappedBatch) -> None:
+    def _release(self, state: TraceState, span_id: str, run_id: str, out: MappedBatch) -> None:
         row = state.held.pop(span_id)
         out.steps.append(row if row.run_id == run_id else replace(row, run_id=run_id))
         out.released.add((row.trace_id, span_id))
 
     def _forget(self, trace_id: str, out: MappedBatch) -> None:
-        """Drop a trace's state, releasing its pending steps to its trace-level run."""
+        """Drop a trace's state, releasing its pending steps to its trace-level run (or,
+        for late steps of a trace whose root span ended, to that trace's run)."""
         state = self._traces.pop(trace_id)
+        ended = self._ended.get(trace_id)
+        run_id = trace_id if ended is None else ended[0]
         for span_id in list(state.held):
-            self._release(state, span_id, trace_id, out)
+            self._release(state, span_id, run_id, out)
 
-    def _state(self, trace_id: str, out: MappedBatch, now: float) -> _TraceState:
+    def _state(self, trace_id: str, out: MappedBatch, now: float) -> TraceState:
         state = self._traces.get(trace_id)
         if state is None:
-            state = self._traces[trace_id] = _TraceState()
+            state = self._traces[trace_id] = TraceState()
+            ended = self._ended.get(trace_id)
+            if ended is not None:  # late spans: numbered on from the trace's last step
+                run_id, state.step, state.saw_model_call, root = ended
+                # Under the ended root span, a late call no agent span takes is its run's.
+                state.agents.add(root)
+                state.run_of[root] = run_id
             while len(self._traces) > self._max_traces:
                 self._forget(next(iter(self._traces)), out)
         else:
@@ -333,7 +350,8 @@ class MapStage:
     ) -> int:
         state = self._state(trace_id, out, now)
         spans.sort(key=lambda s: (s.start_unix_nano, s.span_id))
-        kinds = [_third_party_kind(s.attributes) for s in spans]
+        kinds = [_third_party_kind(s.attributes, s.name) for s in spans]
+        arrived: list[SpanRecord] = []  # agent spans new to the trace, run or not yet
         for span, kind in zip(spans, kinds, strict=True):
             if span.parent_span_id and (
                 span.span_id in state.parents or len(state.parents) < self._max_spans
@@ -341,63 +359,149 @@ class MapStage:
                 state.parents[span.span_id] = span.parent_span_id
             if kind == _AGENT and span.span_id not in state.agents:
                 state.agents.add(span.span_id)
+                arrived.append(span)
+            if state.name_hint is None:
+                state.name_hint = name_hint(span.name, span.attributes)
+        batch = StepBuffer(out)
         for span_id, row in list(state.held.items()):
             # A row taken back by undo() keeps the run it was released to.
-            run_id = _resolve(state, state.parents.get(span_id, "")) or (
+            run_id = resolve(state, state.parents.get(span_id, "")) or (
                 None if row.run_id == trace_id else row.run_id
             )
             if run_id is not None:
-                self._release(state, span_id, run_id, out)
+                batch.release(state, span_id, run_id)
         unmapped = 0
-        ended_runs: list[tuple[SpanRecord, str, str]] = []
         root: tuple[SpanRecord, int] | None = None
         for span, kind in zip(spans, kinds, strict=True):
-            source = _third_party_source(span.attributes)
             if not span.parent_span_id:
                 root = (span, kind)
-            if kind == _AGENT:
-                parent_run = _resolve(state, span.parent_span_id)
-                out.runs.append(_agent_run_row(span, span.span_id, source, parent_run))
-                ended_runs.append((span, span.span_id, source))
-            elif kind in (_MODEL, _TOOL):
-                found = _resolve(state, span.parent_span_id)
-                run_id = trace_id if found is None else found
-                # A resent span (a client retry) keeps its number: the store drops it as a
-                # duplicate, and a new number would leave a gap in the run's steps.
-                step = state.numbered.get(span.span_id)
-                if kind == _MODEL:
-                    state.saw_model_call = True
-                    if step is None:
-                        state.step += 1
-                        step = state.step
-                    row = _third_party_decision(span, run_id, source, step)
-                else:
-                    if step is None:
-                        if not state.saw_model_call or state.step == 0:
-                            state.step += 1
-                        step = state.step
-                    row = _third_party_tool(span, run_id, source, step)
-                if found is None and len(state.held) < self._max_spans:
-                    state.held[span.span_id] = row
-                    out.pending.append((row, span.parent_span_id))
-                else:
-                    out.steps.append(row)
-                if len(state.numbered) < self._max_spans:
-                    state.numbered[span.span_id] = step
+            if kind in (_MODEL, _TOOL):
+                if not self._map_step(state, trace_id, span, kind, batch):
+                    unmapped += 1
             elif kind == _OTHER and span.parent_span_id:
                 unmapped += 1
+                # A model span nested in a model span through this one (LlamaIndex's
+                # wrappers) is found from the outer one when it comes later.
+                inner = state.children.get((_MODEL, span.span_id))
+                if inner is not None and len(state.children) < self._max_spans:
+                    state.children.setdefault((_MODEL, span.parent_span_id), inner)
+        batch.flush()
+        # An agent span is a run once a step is its own (it is the step's nearest agent
+        # ancestor). Children end before their parent, so an enclosing agent span (a
+        # workflow wrapper, the outer span of a nested invoke_agent chain) gets no step,
+        # and is no run: it never counts a stop. An agent span that came before its
+        # calls (clock skew, out-of-order export) waits, and becomes a run with them.
+        ended_runs: list[tuple[SpanRecord, str, str]] = []
+        for span in arrived:
+            if span.span_id not in batch.owners:
+                if len(state.waiting) < self._max_spans:
+                    state.waiting[span.span_id] = span
+                else:
+                    state.agents.discard(span.span_id)
+                unmapped += 1
+        resent = [
+            s for s, k in zip(spans, kinds, strict=True) if k == _AGENT and s.span_id in state.runs
+        ]
+        promoted = [state.waiting.pop(r) for r in sorted(batch.owners & state.waiting.keys())]
+        # A resent agent span (a client retry) repeats its run and stop: the store drops
+        # them as duplicates if the first request committed.
+        for span in [*resent, *promoted, *(s for s in arrived if s.span_id in batch.owners)]:
+            state.runs.add(span.span_id)
+            source = source_of(span.attributes)
+            parent_run = resolve(state, span.parent_span_id)
+            out.runs.append(agent_run_row(span, span.span_id, source, parent_run))
+            ended_runs.append((span, span.span_id, source))
         if root is not None:
             span, kind = root
-            if kind != _AGENT and (not state.agents or state.held):
-                source = _third_party_source(span.attributes)
-                out.runs.append(_agent_run_row(span, trace_id, source, None))
+            if kind == _AGENT and span.span_id not in state.runs and state.held:
+                # A root agent span holds its whole trace: calls whose ancestry is not
+                # known yet (their parents end after the root: AutoGen's message
+                # stream, async workflow steps) are its own.
+                for span_id in list(state.held):
+                    batch.release(state, span_id, span.span_id)
+                batch.flush()
+                state.waiting.pop(span.span_id, None)
+                state.runs.add(span.span_id)
+                source = source_of(span.attributes)
+                out.runs.append(agent_run_row(span, span.span_id, source, None))
+                ended_runs.append((span, span.span_id, source))
+            # A trace-level run only for steps no agent run took: a root span with no
+            # call under it (AutoGen's create_agent, a workflow wrapper) is no run.
+            if span.span_id not in state.runs and (state.held or state.trace_steps):
+                source = source_of(span.attributes)
+                agent = named_agent(span.attributes) or state.name_hint
+                out.runs.append(agent_run_row(span, trace_id, source, None, agent))
                 ended_runs.append((span, trace_id, source))
-            elif kind == _OTHER:
-                unmapped += 1
+            elif not state.runs and state.waiting:
+                out.runs.append(stepless_run(state))
+            # Late calls of the trace (children that end after the root) that no agent
+            # span takes join its run: the root's, the trace-level run, or the only
+            # agent run; numbered on from its last step.
+            late = None
+            if span.span_id in state.runs:
+                late = span.span_id
+            elif state.held or state.trace_steps:
+                late = trace_id
+            elif len(state.runs) == 1:
+                late = next(iter(state.runs))
+            if late is not None:
+                self._ended[trace_id] = (late, state.step, state.saw_model_call, span.span_id)
+                while len(self._ended) > self._max_traces:
+                    self._ended.popitem(last=False)
             self._forget(trace_id, out)
         for span, run_id, source in ended_runs:
-            out.stops.append(_inferred_stop(span, run_id, source, state.step))
+            out.stops.append(inferred_stop(span, run_id, source, state.step))
         return unmapped
+
+    def _map_step(
+        self, state: TraceState, trace_id: str, span: SpanRecord, kind: int, batch: StepBuffer
+    ) -> bool:
+        """Map one model or tool span; ``False`` when it adds no row (merged into the
+        row of the call or turn it is nested in)."""
+        source = source_of(span.attributes)
+        # A resent span (a client retry) keeps its number: the store drops it as a
+        # duplicate, and a new number would leave a gap in the run's steps.
+        step = state.numbered.get(span.span_id)
+        nest = state.nests.get(span.span_id)
+        if nest is None and step is None:
+            nest = nest_of(state, span, kind, batch)
+        if nest is not None:
+            held = batch.row(state, nest)
+            if held is not None:
+                new = step_row(span, held.run_id, source, held.step or 0, kind)
+                batch.update(state, nest, merge_rows(held, new))
+            if len(state.nests) < self._max_spans:
+                state.nests[span.span_id] = nest
+                if span.parent_span_id:
+                    state.children.setdefault((kind, span.parent_span_id), nest)
+            return False
+        found = resolve(state, span.parent_span_id)
+        run_id = trace_id if found is None else found
+        if kind == _MODEL:
+            state.saw_model_call = True
+            if step is None:
+                state.step += 1
+                step = state.step
+        elif step is None:
+            if not state.saw_model_call or state.step == 0:
+                state.step += 1
+            step = state.step
+        row = step_row(span, run_id, source, step, kind)
+        if found is None and len(state.held) < self._max_spans:
+            batch.hold(state, row, span.parent_span_id)
+        else:
+            batch.emit(row)
+            if found is None:
+                state.trace_steps += 1
+        if len(state.numbered) < self._max_spans:
+            state.numbered[span.span_id] = step
+            state.kinds[span.span_id] = kind
+            if span.parent_span_id:
+                state.children.setdefault((kind, span.parent_span_id), span.span_id)
+            call_id = tool_call_id(span.attributes) if kind == _TOOL else None
+            if call_id:
+                state.call_ids.setdefault(call_id, span.span_id)
+        return True
 
 
 def _remember(seen: OrderedDict[str, None], trace_id: str, bound: int) -> None:
@@ -405,93 +509,6 @@ def _remember(seen: OrderedDict[str, None], trace_id: str, bound: int) -> None:
     seen.move_to_end(trace_id)
     while len(seen) > bound:
         seen.popitem(last=False)
-
-
-def _third_party_source(attrs: Attributes) -> str:
-    return SOURCE_OPENINFERENCE if sc.OPENINFERENCE_SPAN_KIND in attrs else SOURCE_GENAI
-
-
-def _resolve(state: _TraceState, parent_span_id: str) -> str | None:
-    current = parent_span_id
-    for _ in range(_MAX_ANCESTRY_DEPTH):
-        if not current:
-            return None
-        if current in state.agents:
-            return current
-        current = state.parents.get(current, "")
-    return None
-
-
-def _agent_run_row(span: SpanRecord, run_id: str, source: str, parent_run_id: str | None) -> RunRow:
-    attrs = span.attributes
-    return RunRow(
-        run_id=run_id,
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        source=source,
-        is_run_span=True,
-        agent=agent_name(span),
-        agent_id=_str(attrs, sc.GEN_AI_AGENT_ID),
-        conversation_id=_str(attrs, sc.GEN_AI_CONVERSATION_ID),
-        parent_run_id=parent_run_id,
-        start_unix_nano=span.start_unix_nano,
-        end_unix_nano=span.end_unix_nano,
-        status_code=span.status_code,
-    )
-
-
-def _inferred_stop(span: SpanRecord, run_id: str, source: str, step: int) -> StopRow:
-    return StopRow(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        run_id=run_id,
-        source=source,
-        origin=STOP_ORIGIN_INFERRED,
-        reason=STOP_ERROR if span.status_code == STATUS_ERROR else STOP_COMPLETED,
-        time_unix_nano=span.end_unix_nano,
-        step=step or None,
-        message=span.status_message or None,
-    )
-
-
-def _third_party_decision(span: SpanRecord, run_id: str, source: str, step: int) -> StepRow:
-    attrs = span.attributes
-    return StepRow(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        run_id=run_id,
-        source=source,
-        kind=KIND_DECISION,
-        step=step,
-        start_unix_nano=span.start_unix_nano,
-        end_unix_nano=span.end_unix_nano,
-        status_code=span.status_code,
-        error_type=_str(attrs, sc.ERROR_TYPE),
-        input_tokens=input_tokens(attrs),
-        output_tokens=output_tokens(attrs),
-    )
-
-
-def _third_party_tool(span: SpanRecord, run_id: str, source: str, step: int) -> StepRow:
-    attrs = span.attributes
-    return StepRow(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        run_id=run_id,
-        source=source,
-        kind=KIND_TOOL_RESULT,
-        step=step,
-        start_unix_nano=span.start_unix_nano,
-        end_unix_nano=span.end_unix_nano,
-        status_code=span.status_code,
-        tool=tool_name(span),
-        tool_call_id=tool_call_id(attrs),
-        outcome=sc.OUTCOME_ERROR if tool_failed(span) else sc.OUTCOME_OK,
-        error_type=_str(attrs, sc.ERROR_TYPE),
-        agent=_str(attrs, sc.GEN_AI_AGENT_NAME),
-        arguments=tool_arguments(attrs),
-        result=tool_result(attrs),
-    )
 
 
 def unmappable_reason(attrs: Attributes) -> str | None:
@@ -557,7 +574,7 @@ def _map_loopwatch(span: SpanRecord, out: MappedBatch) -> bool:
         if sc.LW_STOP_REASON in attrs or sc.GEN_AI_AGENT_FINISH_REASON in attrs:
             out.stops.append(_lw_stop(span, run_id, STOP_ORIGIN_RUN_SPAN))
         else:
-            out.stops.append(_inferred_stop(span, run_id, SOURCE_LOOPWATCH, 0))
+            out.stops.append(inferred_stop(span, run_id, SOURCE_LOOPWATCH, 0))
     else:
         return False
     return True

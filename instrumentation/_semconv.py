@@ -47,6 +47,14 @@ OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
 OPENINFERENCE_TOOL_NAME: Final = "tool.name"
 OPENINFERENCE_INPUT_VALUE: Final = "input.value"
 OPENINFERENCE_OUTPUT_VALUE: Final = "output.value"
+# Third-party agent spans, read by the collector's framework rules (collector/frameworks.py).
+OPENINFERENCE_AGENT_NAME: Final = "agent.name"
+OPENINFERENCE_GRAPH_NODE_ID: Final = "graph.node.id"
+OPENINFERENCE_METADATA: Final = "metadata"
+LANGGRAPH_NODE: Final = "langgraph_node"
+CREWAI_AGENT_ROLE: Final = "crewai.agent.role"
+OPENLLMETRY_ENTITY_INPUT: Final = "traceloop.entity.input"
+OPENLLMETRY_ENTITY_OUTPUT: Final = "traceloop.entity.output"
 
 # Model-output names read by the offline OTLP/JSON importer (loopwatch.replay): GenAI
 # semconv 1.38 message attributes, OpenInference flattened message lists

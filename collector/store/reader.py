@@ -12,6 +12,8 @@ reader's time limit and row cap.
 - :func:`run_extra`: a run's effective ``limits`` (parsed JSON) and ``detector_version``.
 - :func:`attach_steps_since_progress`: ``steps_since_progress`` of the primary stop, added
   to run rows (``None`` for a run without a stop).
+- :func:`attach_stop_summary`: the same, plus why the run is worth a look from the list:
+  ``observe_reason`` and ``loop_tool`` of its stop.
 - :func:`tools`: per tool, calls by outcome, runs that called it, runs among those stopped
   by ``repeated_action``.
 - :func:`loops_by_tool`: loop stops per tool (the tool the detection named) and reason.
@@ -60,12 +62,14 @@ __all__ = [
     "RUN_TIME",
     "SQL_LOOPS_BY_TOOL",
     "SQL_TOOLS",
+    "STOP_SUMMARY_FIELDS",
     "Aggregates",
     "RunDetail",
     "RunsPage",
     "Stats",
     "StoreReader",
     "attach_steps_since_progress",
+    "attach_stop_summary",
     "check_window",
     "loops_by_tool",
     "run_extra",
@@ -483,6 +487,12 @@ _SQL_RUN_EXTRA: Final = (
 _SQL_STEPS_SINCE_PROGRESS: Final = (
     "SELECT run_id, steps_since_progress FROM stops WHERE run_key IN (SELECT unnest(?::UBIGINT[]))"
 )
+_SQL_STOP_SUMMARY: Final = (
+    "SELECT run_id, steps_since_progress, observe_reason, loop_tool FROM stops "
+    "WHERE run_key IN (SELECT unnest(?::UBIGINT[]))"
+)
+STOP_SUMMARY_FIELDS: Final = ("steps_since_progress", "observe_reason", "loop_tool")
+"""What :func:`attach_stop_summary` adds to each run row."""
 SQL_TOOLS: Final = (
     f"WITH r AS (SELECT run_key, stop_reason = $3 OR run_key IN "
     "(SELECT run_key FROM stops WHERE observe_reason = $3) AS looped "
@@ -590,6 +600,36 @@ def attach_steps_since_progress(
     rows, _ = reader._query(_SQL_STEPS_SINCE_PROGRESS, [keys], max_rows=len(keys))
     found = {r["run_id"]: r["steps_since_progress"] for r in rows}
     return [{**i, "steps_since_progress": found.get(i["run_id"])} for i in items]
+
+
+def attach_stop_summary(
+    reader: StoreReader, items: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """``items`` (run rows with ``run_id``) with :data:`STOP_SUMMARY_FIELDS` of their stop
+    (each ``None`` for a run without a stop):
+
+    - ``steps_since_progress``: as :func:`attach_steps_since_progress`;
+    - ``observe_reason``: the loop detector (or retry budget) the collector's observe
+      mode, or a loopwatch agent in observe mode, recorded on the run
+      (``stops.observe_reason``): why a run whose stop reads ``completed`` is still
+      worth a look; ``None`` when nothing was detected;
+    - ``loop_tool``: the tool its loop detection named (``stops.loop_tool``, the label
+      ``loopwatch_loop_detections_total`` counted it under), whether the detection
+      stopped the run or observe mode recorded it; ``None`` for no detection or one that
+      names no tool (``no_progress``, ``repeated_decision``).
+
+    One query for the whole page, keyed by the runs' primary keys.
+    """
+    if not items:
+        return []
+    keys = sorted({run_key_of(str(i["run_id"])) for i in items})
+    rows, _ = reader._query(_SQL_STOP_SUMMARY, [keys], max_rows=len(keys))
+    found = {r["run_id"]: r for r in rows}
+    empty: dict[str, Any] = {}
+    return [
+        {**i, **{f: found.get(i["run_id"], empty).get(f) for f in STOP_SUMMARY_FIELDS}}
+        for i in items
+    ]
 
 
 def tools(

@@ -516,3 +516,13 @@ def test_a_runs_tool_counts_past_the_row_cap_say_they_are_cut(tmp_path: Path) ->
         assert api(c).get(f"/api/v1/runs/{small}").json()["tools_truncated"] is False
     finally:
         c.close()
+
+
+def test_runs_say_why_they_are_worth_a_look(collector: Collector, fed: dict[str, str]) -> None:
+    """``observe_reason`` and ``loop_tool`` on each list item are its stop's, as stored."""
+    items = api(collector).get("/api/v1/runs").json()["items"]
+    got = {i["run_id"]: (i["observe_reason"], i["loop_tool"]) for i in items}
+    stored = sql(collector, "SELECT run_id, observe_reason, loop_tool FROM stops")
+    assert got == {run_id: (reason, tool) for run_id, reason, tool in stored}
+    assert got[fed["loop"]] == (None, "get_details_by_id")
+    assert got[fed["done"]] == (None, None)

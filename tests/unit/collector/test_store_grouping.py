@@ -46,6 +46,7 @@ T0 = 1_800_000_000.0
 HOUR = 3600.0
 TOOLS = ("alpha", "beta", "gamma")
 AGENT = {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT}
+CHAT = {sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT}
 _PLUG = "plug"  # run id of the batch that holds the writer while a group is queued
 
 
@@ -416,38 +417,42 @@ def test_a_released_step_takes_its_step_and_times_to_its_run(
 def test_a_released_step_leaves_the_times_of_the_run_span_and_stop(
     tmp_path: Path, groups: list[int]
 ) -> None:
-    """The root span (the trace-level run's run span and stop) arrives first; a tool span
-    that started earlier (clock skew) and ended later is pending, then released to its
-    agent: the trace-level run's times are its root span's."""
+    """The root span (the trace-level run's run span and stop, with a model call of its
+    own) arrives first; a tool span that started earlier (clock skew) and ended later is
+    pending, then released to its agent: the trace-level run's times are its root span's."""
     trace = "ad" * 16
     root = SpanRecord(trace, "00000000000000d1", "", "workflow", 1, 10, 20, {})
+    turn = SpanRecord(trace, "00000000000000d4", root.span_id, "chat", 1, 13, 14, CHAT)
     a = SpanRecord(trace, "00000000000000d2", root.span_id, "invoke_agent A", 1, 11, 12, AGENT)
     tool = dataclasses.replace(
         tool_span(trace, "00000000000000d3", a.span_id, "alpha", 5), end_unix_nano=30
     )
-    case = Case(map_requests([[root], [tool], [a]]), groups)
+    case = Case(map_requests([[turn, root], [tool], [a]]), groups)
     assert [len(r.released) for r in case.requests] == [0, 0, 1]
     one, _ = assert_same(tmp_path, case)
     runs = _runs(one)
     bounds = ("steps", "start_unix_nano", "end_unix_nano", "tool_calls")
-    assert [runs[trace][k] for k in bounds] == [0, 10, 20, 0]
+    assert [runs[trace][k] for k in bounds] == [1, 10, 20, 0]
     assert [runs[a.span_id][k] for k in bounds] == [1, 5, 30, 1]
 
 
 def _kept_step_moved_to_a_declined_run(declined_first: bool) -> tuple[Case, str, str]:
+    # The trace-level run and A each make a model call of their own (a run needs a step).
     trace = "cd" * 16
     root = SpanRecord(trace, "00000000000000b1", "", "workflow", 1, 1, 2, {})
+    turn = SpanRecord(trace, "00000000000000b6", root.span_id, "chat", 1, 1, 2, CHAT)
     a = SpanRecord(trace, "00000000000000b2", root.span_id, "invoke_agent A", 1, 3, 4, AGENT)
     if not declined_first:  # A is decided (on the moved call) in the move's request
         tool = tool_span(trace, "00000000000000b4", a.span_id, "alpha", 7)
-        chunks = [[root], [tool], [a]]
+        chunks = [[turn, root], [tool], [a]]
         return Case(map_requests(chunks), [], cap=1, fill=("alpha",)), trace, a.span_id
     # A is declined first (the cap); a call under a chain span not known yet; the chain
     # span comes with a new agent B, and the call moves to A, decided before.
+    turn_a = SpanRecord(trace, "00000000000000b7", a.span_id, "chat", 1, 3, 4, CHAT)
     x = SpanRecord(trace, "00000000000000b3", a.span_id, "chain X", 1, 5, 6, {})
     tool = tool_span(trace, "00000000000000b4", x.span_id, "alpha", 7)
     b = SpanRecord(trace, "00000000000000b5", root.span_id, "invoke_agent B", 1, 9, 10, AGENT)
-    chunks = [[root], [a], [tool], [x, b]]
+    chunks = [[turn, root], [turn_a, a], [tool], [x, b]]
     return Case(map_requests(chunks), [], cap=2, fill=()), trace, a.span_id
 
 
@@ -485,7 +490,8 @@ def test_a_kept_step_moved_to_a_declined_run_is_not_kept(
     )
     assert agent["sample_tool"] == ("" if declined_first else "alpha")
     assert case.fill is not None
-    assert [run for run, _ in _kept(one)] == [f"fill-{case.seed}"] * 2 * len(case.fill)
+    kept = [run for run, _ in _kept(one) if run != trace]  # the trace-level run's own call
+    assert kept == [f"fill-{case.seed}"] * 2 * len(case.fill)
     assert _kept(one, "staged_steps") == []
 
 
@@ -494,22 +500,23 @@ def test_a_kept_step_moved_to_a_declined_run_is_not_kept(
 def test_a_step_after_the_trace_level_run_was_declined_goes_to_its_agent(
     tmp_path: Path, groups: list[int], takeover: bool
 ) -> None:
-    """The trace-level run is declined at its root span; a tool span whose agent is not
-    known yet is pending; then the agent span releases it to the agent run (declined:
-    counted, not kept), or a loopwatch span discards it (counted nowhere in the store),
-    in any grouping."""
+    """The trace-level run (one model call of its own) is declined at its root span; a
+    tool span whose agent is not known yet is pending; then the agent span releases it to
+    the agent run (declined: counted, not kept), or a loopwatch span discards it (counted
+    nowhere in the store), in any grouping."""
     trace = "ab" * 16
     root = SpanRecord(trace, "00000000000000a1", "", "workflow", 1, 1, 2, {})
+    turn = SpanRecord(trace, "00000000000000a5", root.span_id, "chat", 1, 1, 2, CHAT)
     a = SpanRecord(trace, "00000000000000a2", root.span_id, "invoke_agent A", 1, 3, 4, AGENT)
     tool = tool_span(trace, "00000000000000a3", a.span_id, "alpha", 5)
     attrs = {sc.LW_EVENT: sc.EVENT_DECISION, sc.LW_RUN_ID: "lw", sc.LW_STEP: 1}
     lw = SpanRecord(trace, "00000000000000a4", "", "decide", 1, 7, 8, attrs)
-    case = Case(map_requests([[root], [tool], [lw if takeover else a]]), groups, fraction=0.0)
+    case = Case(map_requests([[turn, root], [tool], [lw if takeover else a]]), groups, fraction=0.0)
     assert [len(r.released) + len(r.discarded) for r in case.requests] == [0, 0, 1]
     one, _ = assert_same(tmp_path, case)
     runs = _runs(one)
     declined = runs[trace]
-    assert (declined["sampled"], declined["tool_calls"], declined["steps"]) == (False, 0, 0)
+    assert (declined["sampled"], declined["tool_calls"], declined["steps"]) == (False, 0, 1)
     assert (declined["start_unix_nano"], declined["end_unix_nano"]) == (1, 2)
     if not takeover:
         assert (runs[a.span_id]["tool_calls"], runs[a.span_id]["sampled"]) == (1, False)
