@@ -237,17 +237,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "ALTER TABLE runs ADD COLUMN duplicate_stops BIGINT DEFAULT 0",
         ),
     ),
-    Migration(
-        3,
-        "canary hits by location (restores loopwatch_canary_detections_total)",
-        (
-            """CREATE TABLE canary_hits (
-                location VARCHAR NOT NULL,
-                hits BIGINT NOT NULL,
-                received_unix_nano BIGINT NOT NULL
-            )""",
-        ),
-    ),
+    # 3, 12 and 14 created or changed tables that restored /metrics totals at start
+    # (canary_hits, metric_labels, pruned_*); 15 drops what older files hold of them.
+    Migration(3, "canary hits by location (superseded: dropped by 15)", ()),
     Migration(
         4,
         "spans_seen without its primary key (dedup checks moved to memory)",
@@ -331,50 +323,19 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     ),
     Migration(
         11,
-        "stops.loop_tool (the detection's tool label, counted live); pruned_stops and "
-        "pruned_tool_calls: totals of runs removed by retention",
-        (
-            *(
-                statement
-                for table in ("stops", "stop_anomalies")
-                for statement in (
-                    f"ALTER TABLE {table} ADD COLUMN loop_tool VARCHAR",
-                    # Rows stored before: the live rule (detect.loop_tool) in SQL, and
-                    # evidence that is not JSON names no tool instead of failing.
-                    f"UPDATE {table} SET loop_tool = {_SQL_LOOP_TOOL}",
-                )
-            ),
-            """CREATE TABLE pruned_stops (
-                agent VARCHAR NOT NULL,
-                reason VARCHAR NOT NULL,
-                step BIGINT NOT NULL,
-                steps_since_progress BIGINT NOT NULL,
-                observe_reason VARCHAR,
-                loop_tool VARCHAR,
-                stops BIGINT NOT NULL,
-                pruned_unix_nano BIGINT NOT NULL
-            )""",
-            """CREATE TABLE pruned_tool_calls (
-                agent VARCHAR NOT NULL,
-                tool VARCHAR NOT NULL,
-                outcome VARCHAR NOT NULL,
-                calls BIGINT NOT NULL,
-                pruned_unix_nano BIGINT NOT NULL
-            )""",
+        "stops.loop_tool (the detection's tool label, counted live)",
+        tuple(
+            statement
+            for table in ("stops", "stop_anomalies")
+            for statement in (
+                f"ALTER TABLE {table} ADD COLUMN loop_tool VARCHAR",
+                # Rows stored before: the live rule (detect.loop_tool) in SQL, and
+                # evidence that is not JSON names no tool instead of failing.
+                f"UPDATE {table} SET loop_tool = {_SQL_LOOP_TOOL}",
+            )
         ),
     ),
-    Migration(
-        12,
-        "metric_labels: the agent and tool label values /metrics admitted, in order",
-        (
-            """CREATE TABLE metric_labels (
-                kind VARCHAR NOT NULL,
-                label VARCHAR NOT NULL,
-                admitted BIGINT NOT NULL,
-                PRIMARY KEY (kind, label)
-            )""",
-        ),
-    ),
+    Migration(12, "metric_labels (superseded: dropped by 15)", ()),
     Migration(
         13,
         "runs.span_start_unix_nano / span_end_unix_nano: the times of the run spans alone",
@@ -387,17 +348,12 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "span_end_unix_nano = end_unix_nano",
         ),
     ),
-    Migration(
-        14,
-        "pruned_stops.steps_since_progress nullable: a stop that does not say it is not "
-        "observed as 0 steps since progress",
-        ("ALTER TABLE pruned_stops ALTER COLUMN steps_since_progress DROP NOT NULL",),
-    ),
+    Migration(14, "pruned_stops.steps_since_progress nullable (superseded: dropped by 15)", ()),
     Migration(
         15,
         "drop the tables that restored /metrics totals at start (counters start from zero)",
         tuple(
-            f"DROP TABLE {table}"
+            f"DROP TABLE IF EXISTS {table}"
             for table in ("metric_labels", "canary_hits", "pruned_stops", "pruned_tool_calls")
         ),
     ),
