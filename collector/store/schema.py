@@ -572,7 +572,6 @@ INT_FIELDS: Final = frozenset(
         "kept",
         "hour_unix",
         "duplicate_stops",
-        "hits",
         "span_start_unix_nano",
         "span_end_unix_nano",
     }
