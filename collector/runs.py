@@ -9,7 +9,7 @@ rules to them (each has a test in ``tests/unit/collector/test_runs.py`` and
 - Runs are merged: any span of a run may arrive first. The run span's fields win, times
   widen, counts (steps = highest step index, decisions, tool calls, errors, blocked,
   tokens) add up over new spans only.
-- Stops: one primary stop per run in ``stops``. Precedence ``stop_span`` > ``run_span`` >
+- Stops: one primary stop per run. Precedence ``stop_span`` > ``run_span`` >
   ``inferred`` (:data:`~loopwatch.collector.rows.STOP_ORIGINS`). A stronger stop
   replaces a weaker one and a weaker one is ignored, in either arrival order (a loopwatch
   run span repeats its stop span's reason; an inferred stop is a fallback), so the result
@@ -20,9 +20,12 @@ rules to them (each has a test in ``tests/unit/collector/test_runs.py`` and
 - Metrics count a run's stop once: the first request that brings the run a stop counts
   its strongest one, whatever its origin (a loopwatch run span whose stop span was lost
   still counts; a run span and its stop span in one request count the stop span). A
-  stronger stop in a later request replaces the row in ``stops`` but not the count: the
-  replaced row moves to ``stop_anomalies`` (``kind='replaced_stop'``) with its
-  ``counted`` flag, and the new row has ``counted = false``. Requests committed in one
+  stronger stop in a later request replaces the primary but not the count: it is stored
+  beside the replaced one (``Group.primary`` and ``Group.replaced`` both go to
+  ``stop_reports``, at most one row per run and origin, each with its ``counted`` flag;
+  the new one has ``counted = false``), and the store's views apply this precedence when
+  read: ``stops`` shows the strongest, ``stop_anomalies`` the others as
+  ``kind='replaced_stop'``. Requests committed in one
   group are applied in order, each as a unit, so grouping never changes what is counted
   or kept. ``CommitResult.counted_stops`` says what to count.
 
@@ -112,7 +115,6 @@ class Group:
     step_jobs: list[int] = field(default_factory=list)  # job index of each of ``steps``
     settle: set[str] = field(default_factory=set)
     staged_in_db: set[str] = field(default_factory=set)
-    stopped_before: set[str] = field(default_factory=set)
     stop_jobs: list[int] = field(default_factory=list)  # job index of each of ``stops``
     primary: list[StopRow] = field(default_factory=list)  # the stops that win, to store
     counted: dict[str, StopRow] = field(default_factory=dict)  # run id -> stop counted now

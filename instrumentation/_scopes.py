@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -20,9 +20,28 @@ from .errors import StopRun
 from .outcomes import Decision, ToolRecord, ToolTicket
 
 if TYPE_CHECKING:
-    from .runs import Run
+    from ._tracing import RunTelemetry
+    from .guard import Guard
 
 __all__ = ["ModelCall", "ToolCallScope"]
+
+
+class _ScopedRun(Protocol):
+    """What a handle uses of its run (:class:`~loopwatch.instrumentation.runs.Run`
+    implements it), so this module does not name the module that imports it."""
+
+    guard: Guard
+    _telemetry: RunTelemetry
+
+    def _raise_if_stopped(self, verdict_stop: Any, *, refused: bool = False) -> None: ...
+
+    def _start_tool(
+        self, name: str, arguments: Mapping[str, Any], call_id: str | None
+    ) -> tuple[ToolTicket, Span | None]: ...
+
+    def _record_result(self, ticket: ToolTicket, span: Span | None, result: Any) -> ToolRecord: ...
+
+    def _after_result(self, record: ToolRecord) -> None: ...
 
 
 class _SpanScope:
@@ -62,7 +81,9 @@ class ModelCall(_SpanScope):
 
     __slots__ = ("_cost", "_run", "_tokens", "decision", "stop")
 
-    def __init__(self, run: Run, tokens: int | None = None, cost: float | None = None) -> None:
+    def __init__(
+        self, run: _ScopedRun, tokens: int | None = None, cost: float | None = None
+    ) -> None:
         super().__init__()
         self._run = run
         self._tokens = tokens
@@ -116,7 +137,7 @@ class ToolCallScope(_SpanScope):
     __slots__ = ("_args", "_call_id", "_name", "_run", "record", "result", "ticket")
 
     def __init__(
-        self, run: Run, name: str, arguments: Mapping[str, Any], call_id: str | None
+        self, run: _ScopedRun, name: str, arguments: Mapping[str, Any], call_id: str | None
     ) -> None:
         super().__init__()
         self._run = run

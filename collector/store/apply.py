@@ -47,7 +47,6 @@ from .schema import (
     AFTER_RECEIVED,
     ANOMALY_COLUMNS,
     ANOMALY_DUPLICATE,
-    ANOMALY_REPLACED,
     BOOL_FIELDS,
     FLOAT_FIELDS,
     INT_FIELDS,
@@ -138,11 +137,9 @@ def _stop_tuple(run_key: int, stop_row: StopRow, now_ns: int, counted: bool) -> 
     )
 
 
-def _anomaly_tuple(
-    run_key: int, stop_row: StopRow, now_ns: int, kind: str, counted: bool = False
-) -> tuple[Any, ...]:
-    values = _stop_tuple(run_key, stop_row, now_ns, counted)
-    return (*values[:-AFTER_RECEIVED], kind, *values[-AFTER_RECEIVED:])
+def _anomaly_tuple(run_key: int, stop_row: StopRow, now_ns: int) -> tuple[Any, ...]:
+    values = _stop_tuple(run_key, stop_row, now_ns, False)
+    return (*values[:-AFTER_RECEIVED], ANOMALY_DUPLICATE, *values[-AFTER_RECEIVED:])
 
 
 class GroupWriter:
@@ -382,8 +379,6 @@ class GroupWriter:
         group.existing.add(run_id)
         if row["sampled"] is None:
             group.staged_in_db.add(run_id)
-        if row["stop_origin"] is not None:
-            group.stopped_before.add(run_id)
 
     def decide(
         self,
@@ -510,40 +505,28 @@ class GroupWriter:
                 f"INSERT INTO steps SELECT * FROM staged_steps WHERE run_key IN ({sampled})"
             )
             self._con.execute(f"DELETE FROM staged_steps WHERE run_key IN ({decided})")
-        if group.primary:
-            replaced = [s.run_id for s in group.primary if s.run_id in group.stopped_before]
-            if replaced:
-                keys = key_list(run_key_of(r) for r in replaced)
-                self._con.execute(
-                    "INSERT INTO stop_anomalies BY NAME SELECT *, "
-                    f"'{ANOMALY_REPLACED}' AS kind FROM stops WHERE run_key IN ({keys})"
-                )
-                self._con.execute(f"DELETE FROM stops WHERE run_key IN ({keys})")
+        # Every stop that was its run's primary is kept (``stop_reports``); the views
+        # ``stops`` and ``stop_anomalies`` choose the primary by precedence when read.
+        reports = [*(s for s, _ in group.replaced), *group.primary]
+        if reports:
             self._append(
-                "stops",
+                "stop_reports",
                 _table(
                     STOP_COLUMNS,
                     [
                         _stop_tuple(
                             run_key_of(s.run_id), s, now_ns, group.counted.get(s.run_id) is s
                         )
-                        for s in group.primary
+                        for s in reports
                     ],
                 ),
             )
-        if anomalies or group.replaced:
+        if anomalies:
             self._append(
-                "stop_anomalies",
+                "stop_duplicates",
                 _table(
                     ANOMALY_COLUMNS,
-                    [
-                        _anomaly_tuple(run_key_of(s.run_id), s, now_ns, ANOMALY_REPLACED, counted)
-                        for s, counted in group.replaced
-                    ]
-                    + [
-                        _anomaly_tuple(run_key_of(s.run_id), s, now_ns, ANOMALY_DUPLICATE)
-                        for s in anomalies
-                    ],
+                    [_anomaly_tuple(run_key_of(s.run_id), s, now_ns) for s in anomalies],
                 ),
             )
         deltas = [

@@ -115,7 +115,7 @@ class RunDetail:
             steps included, marked ``staged=True``.
         steps_truncated: the row cap kept only the last steps (those before the stop).
         stop: the primary stop, or ``None``; ``evidence``: its parsed evidence JSON.
-        stop_anomalies: duplicate stops, in arrival order.
+        stop_anomalies: duplicate stops and replaced stops (``kind``), in arrival order.
         tools: tool calls per (tool, outcome).
         stop_anomalies_truncated / tools_truncated: the row cap kept only the first
             anomalies (in arrival order) / tool rows (by tool, outcome).

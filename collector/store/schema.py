@@ -3,7 +3,7 @@
 Free of pyarrow and of a runtime DuckDB import, so the dashboard (duckdb and pandas only)
 and the pure ``runs`` stage can import the column names.
 
-Schema (``SCHEMA_VERSION`` = 16; numbered migrations in :data:`MIGRATIONS` are applied in
+Schema (``SCHEMA_VERSION`` = 17; numbered migrations in :data:`MIGRATIONS` are applied in
 order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
 
 - ``runs``: one row per run (key ``run_key``), kept until retention removes it: counts,
@@ -17,11 +17,13 @@ order at open; times are integers in ns since the Unix epoch unless named ``_uni
   durable buffer): the step as JSON (``row``, the :class:`~loopwatch.collector.rows.
   StepRow` field values in order) and its span's parent id; append-only, a row leaves
   in the transaction that stores its final step.
-- ``stops`` (primary, one per run, key ``run_key``; ``counted``: whether ``/metrics``
-  counted it; ``loop_tool``: the tool label its loop detection was counted under,
-  :func:`~loopwatch.collector.detect.loop_tool`) and ``stop_anomalies`` (``kind``:
-  ``duplicate_stop``, or ``replaced_stop`` for a primary stop a stronger one replaced,
-  with its own ``counted``).
+- ``stop_reports``: every stop that was its run's primary when stored, at most one per
+  (``run_key``, ``origin``), append-only (``counted``: whether ``/metrics`` counted it;
+  ``loop_tool``: the tool label its loop detection was counted under,
+  :func:`~loopwatch.collector.detect.loop_tool`); ``stop_duplicates``: duplicate stops.
+  Readers read two views: ``stops`` (one per run, the strongest report by the runs
+  stage's precedence) and ``stop_anomalies`` (``kind``: ``duplicate_stop``, or
+  ``replaced_stop`` for a report a stronger one outranks, with its own ``counted``).
 - ``run_tools``: tool-call count deltas per (run, tool, outcome, agent), append-only;
   sum them.
 - ``canary_flags``: run ids or trace ids the redact stage flagged.
@@ -42,6 +44,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..detect import LOOP_DETECTORS
 from ..errors import SchemaTooNew
+from ..rows import STOP_ORIGINS
 
 if TYPE_CHECKING:
     import duckdb
@@ -150,6 +153,14 @@ _SQL_LOOP_TOOL: Final = (
     f"json_extract_string({_SQL_LOOP_EVIDENCE}, '$.tool') END END"
 )
 
+# A run's stops ranked as the runs stage ranks them (rows.STOP_ORIGINS, runs.merge_stops):
+# the strongest origin first; stop_reports holds at most one row per (run, origin).
+_SQL_STOP_ORDER: Final = (
+    "row_number() OVER (PARTITION BY run_key ORDER BY CASE origin "
+    + " ".join(f"WHEN '{origin}' THEN {rank}" for origin, rank in STOP_ORIGINS.items())
+    + " ELSE 0 END DESC, received_unix_nano)"
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(
         1,
@@ -226,17 +237,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "ALTER TABLE runs ADD COLUMN duplicate_stops BIGINT DEFAULT 0",
         ),
     ),
-    Migration(
-        3,
-        "canary hits by location (restores loopwatch_canary_detections_total)",
-        (
-            """CREATE TABLE canary_hits (
-                location VARCHAR NOT NULL,
-                hits BIGINT NOT NULL,
-                received_unix_nano BIGINT NOT NULL
-            )""",
-        ),
-    ),
+    # 3, 12 and 14 created or changed tables that restored /metrics totals at start
+    # (canary_hits, metric_labels, pruned_*); 15 drops what older files hold of them.
+    Migration(3, "canary hits by location (superseded: dropped by 15)", ()),
     Migration(
         4,
         "spans_seen without its primary key (dedup checks moved to memory)",
@@ -320,50 +323,19 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     ),
     Migration(
         11,
-        "stops.loop_tool (the detection's tool label, counted live); pruned_stops and "
-        "pruned_tool_calls: totals of runs removed by retention",
-        (
-            *(
-                statement
-                for table in ("stops", "stop_anomalies")
-                for statement in (
-                    f"ALTER TABLE {table} ADD COLUMN loop_tool VARCHAR",
-                    # Rows stored before: the live rule (detect.loop_tool) in SQL, and
-                    # evidence that is not JSON names no tool instead of failing.
-                    f"UPDATE {table} SET loop_tool = {_SQL_LOOP_TOOL}",
-                )
-            ),
-            """CREATE TABLE pruned_stops (
-                agent VARCHAR NOT NULL,
-                reason VARCHAR NOT NULL,
-                step BIGINT NOT NULL,
-                steps_since_progress BIGINT NOT NULL,
-                observe_reason VARCHAR,
-                loop_tool VARCHAR,
-                stops BIGINT NOT NULL,
-                pruned_unix_nano BIGINT NOT NULL
-            )""",
-            """CREATE TABLE pruned_tool_calls (
-                agent VARCHAR NOT NULL,
-                tool VARCHAR NOT NULL,
-                outcome VARCHAR NOT NULL,
-                calls BIGINT NOT NULL,
-                pruned_unix_nano BIGINT NOT NULL
-            )""",
+        "stops.loop_tool (the detection's tool label, counted live)",
+        tuple(
+            statement
+            for table in ("stops", "stop_anomalies")
+            for statement in (
+                f"ALTER TABLE {table} ADD COLUMN loop_tool VARCHAR",
+                # Rows stored before: the live rule (detect.loop_tool) in SQL, and
+                # evidence that is not JSON names no tool instead of failing.
+                f"UPDATE {table} SET loop_tool = {_SQL_LOOP_TOOL}",
+            )
         ),
     ),
-    Migration(
-        12,
-        "metric_labels: the agent and tool label values /metrics admitted, in order",
-        (
-            """CREATE TABLE metric_labels (
-                kind VARCHAR NOT NULL,
-                label VARCHAR NOT NULL,
-                admitted BIGINT NOT NULL,
-                PRIMARY KEY (kind, label)
-            )""",
-        ),
-    ),
+    Migration(12, "metric_labels (superseded: dropped by 15)", ()),
     Migration(
         13,
         "runs.span_start_unix_nano / span_end_unix_nano: the times of the run spans alone",
@@ -376,17 +348,12 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "span_end_unix_nano = end_unix_nano",
         ),
     ),
-    Migration(
-        14,
-        "pruned_stops.steps_since_progress nullable: a stop that does not say it is not "
-        "observed as 0 steps since progress",
-        ("ALTER TABLE pruned_stops ALTER COLUMN steps_since_progress DROP NOT NULL",),
-    ),
+    Migration(14, "pruned_stops.steps_since_progress nullable (superseded: dropped by 15)", ()),
     Migration(
         15,
         "drop the tables that restored /metrics totals at start (counters start from zero)",
         tuple(
-            f"DROP TABLE {table}"
+            f"DROP TABLE IF EXISTS {table}"
             for table in ("metric_labels", "canary_hits", "pruned_stops", "pruned_tool_calls")
         ),
     ),
@@ -397,6 +364,23 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "CREATE TABLE pending_steps (trace_id VARCHAR NOT NULL, span_id VARCHAR NOT NULL, "
             "parent_span_id VARCHAR NOT NULL, row VARCHAR NOT NULL, "
             "received_unix_nano BIGINT NOT NULL)",
+        ),
+    ),
+    Migration(
+        17,
+        "stop_reports keeps every stop that was its run's primary, one per origin; the "
+        "views stops and stop_anomalies choose the primary by precedence when read",
+        (
+            "CREATE TABLE stop_reports (" + _STOP_COLUMNS_DDL + ", observe_evidence VARCHAR, "
+            "agent VARCHAR, counted BOOLEAN NOT NULL, loop_tool VARCHAR, "
+            "PRIMARY KEY (run_key, origin))",
+            "INSERT INTO stop_reports SELECT * FROM stops",
+            "DROP TABLE stops",
+            "ALTER TABLE stop_anomalies RENAME TO stop_duplicates",
+            f"CREATE VIEW stops AS SELECT * FROM stop_reports QUALIFY {_SQL_STOP_ORDER} = 1",
+            "CREATE VIEW stop_anomalies AS SELECT * FROM stop_duplicates UNION ALL BY NAME "
+            f"SELECT * FROM (SELECT *, '{ANOMALY_REPLACED}' AS kind FROM stop_reports "
+            f"QUALIFY {_SQL_STOP_ORDER} > 1)",
         ),
     ),
 )
@@ -588,7 +572,6 @@ INT_FIELDS: Final = frozenset(
         "kept",
         "hour_unix",
         "duplicate_stops",
-        "hits",
         "span_start_unix_nano",
         "span_end_unix_nano",
     }

@@ -597,8 +597,8 @@ class Store:
                 for table in (
                     "steps",
                     "staged_steps",
-                    "stops",
-                    "stop_anomalies",
+                    "stop_reports",
+                    "stop_duplicates",
                     "run_tools",
                     "runs",
                 ):

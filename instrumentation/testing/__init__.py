@@ -16,7 +16,6 @@ fixtures: ``fake_clock``, ``span_exporter`` and ``tracer_provider`` (need the SD
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -46,8 +45,6 @@ __all__ = [
     "assert_trace_invariants",
     "collect_runs",
     "drive",
-    "evidence_of",
-    "group_by",
     "tool_loop",
 ]
 
@@ -406,18 +403,3 @@ def assert_trace_invariants(spans: Iterable[Any]) -> dict[str, RunTrace]:
                     run_id, "counters equal events", f"{key}={sattrs.get(key)} but {count} spans"
                 )
     return runs
-
-
-def evidence_of(stop_span: Any) -> dict[str, Any]:
-    """The parsed ``loopwatch.stop.evidence`` JSON of a stop span."""
-    raw = stop_span.attributes.get(sc.LW_STOP_EVIDENCE, "{}")
-    parsed: dict[str, Any] = json.loads(raw)
-    return parsed
-
-
-def group_by(spans: Iterable[Any], key: str) -> dict[Any, list[Any]]:
-    """Spans grouped by an attribute value."""
-    out: dict[Any, list[Any]] = defaultdict(list)
-    for span in spans:
-        out[(span.attributes or {}).get(key)].append(span)
-    return dict(out)

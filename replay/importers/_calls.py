@@ -12,12 +12,12 @@ turn that share an id are answered in the order they were made, as their results
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ..trajectory import ToolCall
+from ..trajectory import Actor, DecisionKindName, Step, ToolCall
 
-__all__ = ["CallDraft", "OpenCalls"]
+__all__ = ["CallDraft", "OpenCalls", "StepDraft"]
 
 T = TypeVar("T")
 
@@ -45,6 +45,32 @@ class CallDraft:
             self.call_id,
             self.started_at,
             self.ended_at,
+        )
+
+
+@dataclass
+class StepDraft:
+    """A recorded step while its file is read: its calls' results come later."""
+
+    actor: Actor
+    decision: DecisionKindName
+    text: str | None
+    calls: list[CallDraft] = field(default_factory=list)
+    timestamp: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+    def recorded(self, index: int) -> Step:
+        """The step as the data model holds it, at ``index``."""
+        return Step(
+            index,
+            self.actor,
+            self.decision,
+            self.text,
+            tuple(call.recorded() for call in self.calls),
+            self.timestamp,
+            self.input_tokens,
+            self.output_tokens,
         )
 
 

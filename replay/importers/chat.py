@@ -62,12 +62,12 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ..trajectory import AGENT, USER, DecisionKindName, ImportProblem, Step, Trajectory
 from . import Document
-from ._calls import CallDraft, OpenCalls
+from ._calls import CallDraft, OpenCalls, StepDraft
 from ._fields import Malformed, finite_float, recorded_arguments, reward_outcome, text_of
 from ._numbers import check_fits
 
@@ -252,17 +252,9 @@ def _trajectory(
     )
 
 
-@dataclass
-class _Draft:
-    actor: str
-    text: str | None
-    calls: list[CallDraft] = field(default_factory=list)
-    refusal: bool = False
-
-
 def _steps(messages: list[Any], key: str) -> tuple[list[Step], str | None, str | None]:
     """Steps, the last user message's text and the last tool call's name."""
-    drafts: list[_Draft] = []
+    drafts: list[StepDraft] = []
     by_id: OpenCalls[CallDraft] = OpenCalls()
     last_user_text: str | None = None
     last_call: str | None = None
@@ -278,36 +270,20 @@ def _steps(messages: list[Any], key: str) -> tuple[list[Step], str | None, str |
         text = _content(message.get("content"))
         if role == "user":
             last_user_text = text
-            drafts.append(_Draft(USER, text))
+            drafts.append(StepDraft(USER, "message", text))
         elif role == "assistant":
-            draft = _Draft(AGENT, text, refusal=bool(message.get("refusal")))
-            draft.calls = _calls(message, where)
+            calls = _calls(message, where)
+            decision: DecisionKindName = (
+                "tool" if calls else "refusal" if message.get("refusal") else "message"
+            )
+            drafts.append(StepDraft(AGENT, decision, text, calls))
             by_id.begin_turn()
-            for call in draft.calls:
+            for call in calls:
                 by_id.add(call.call_id, call)
                 last_call = call.name
-            drafts.append(draft)
         else:
             _answer(message, role, where, text, drafts=drafts, by_id=by_id)
-    steps = [
-        Step(
-            index=i,
-            actor=AGENT if d.actor == AGENT else USER,
-            decision=_decision(d),
-            text=d.text,
-            tool_calls=tuple(c.recorded() for c in d.calls),
-        )
-        for i, d in enumerate(drafts)
-    ]
-    return steps, last_user_text, last_call
-
-
-def _decision(draft: _Draft) -> DecisionKindName:
-    if draft.actor != AGENT:
-        return "message"
-    if draft.calls:
-        return "tool"
-    return "refusal" if draft.refusal else "message"
+    return [d.recorded(i) for i, d in enumerate(drafts)], last_user_text, last_call
 
 
 def _mark_final(steps: list[Step], *, ended_normally: bool) -> list[Step]:
@@ -358,7 +334,7 @@ def _answer(
     where: str,
     text: str | None,
     *,
-    drafts: list[_Draft],
+    drafts: list[StepDraft],
     by_id: OpenCalls[CallDraft],
 ) -> None:
     """Attach a ``tool`` / ``function`` message to the call it answers."""
@@ -381,7 +357,7 @@ def _answer(
     call.error = text is not None and text.startswith(ERROR_PREFIX)
 
 
-def _oldest_unanswered(drafts: list[_Draft], name: str | None) -> CallDraft | None:
+def _oldest_unanswered(drafts: list[StepDraft], name: str | None) -> CallDraft | None:
     for draft in reversed(drafts):
         if draft.actor != AGENT:
             continue

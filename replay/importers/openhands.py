@@ -57,23 +57,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 from ..trajectory import (
     AGENT,
     ENVIRONMENT,
     USER,
-    Actor,
-    DecisionKindName,
     ImportProblem,
     Outcome,
-    Step,
     StopKind,
-    ToolCall,
     Trajectory,
 )
 from . import Document
+from ._calls import CallDraft, StepDraft
 from ._fields import Malformed, int_or_none, iso_seconds, outcome_of
 from ._numbers import check_fits
 
@@ -195,15 +192,8 @@ def _run_id(record: Mapping[str, Any], fallback: str) -> str:
 
 
 @dataclass
-class _OpenStep:
-    actor: Actor
-    decision: DecisionKindName
-    text: str | None
-    calls: list[dict[str, Any]] = field(default_factory=list)
-    timestamp: float | None = None
+class _OpenStep(StepDraft):
     response_id: str | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
 
 
 def _build(
@@ -215,8 +205,8 @@ def _build(
     line: int | None,
 ) -> Trajectory:
     steps: list[_OpenStep] = []
-    calls_by_id: dict[Any, dict[str, Any]] = {}
-    pending_flat: dict[str, Any] | None = None
+    calls_by_id: dict[Any, CallDraft] = {}
+    pending_flat: CallDraft | None = None
     seen_responses: set[str] = set()
     finished = False
     agent_acted = False
@@ -238,15 +228,15 @@ def _build(
             if call is None and "source" not in event and pending_flat is not None:
                 call = pending_flat
             pending_flat = None
-            if call is not None and call["observation"] is None:
+            if call is not None and call.observation is None:
                 content = _text(event.get("content"))
-                call["observation"] = content
-                call["error"] = (
+                call.observation = content
+                call.error = (
                     observation == "error"
                     or _exit_code(event) not in (None, 0)
                     or content.startswith(_ERROR_PREFIX)
                 )
-                call["ended_at"] = _timestamp(event.get("timestamp"))
+                call.ended_at = _timestamp(event.get("timestamp"))
             elif call is None and observation not in _SKIPPED_OBSERVATIONS:
                 shown = _text(event.get("content")) or _text(event.get("message")) or None
                 steps.append(_OpenStep(ENVIRONMENT, "message", shown, timestamp=_timestamp(event)))
@@ -289,15 +279,12 @@ def _build(
         else:
             name = _text(metadata.get("function_name")) or action
             arguments = {k: v for k, v in fields.items() if k not in BOOKKEEPING_KEYS}
-            call = {
-                "name": name,
-                "arguments": arguments,
-                "observation": None,
-                "error": False,
-                "call_id": _text(metadata.get("tool_call_id")) or None,
-                "started_at": _timestamp(event.get("timestamp")),
-                "ended_at": None,
-            }
+            call = CallDraft(
+                name,
+                arguments,
+                _text(metadata.get("tool_call_id")) or None,
+                started_at=_timestamp(event.get("timestamp")),
+            )
             if isinstance(event.get("id"), int | str):
                 calls_by_id[event["id"]] = call
             if "source" not in event:
@@ -353,26 +340,13 @@ def _build(
         source=source,
         run_id=run_id,
         format=OpenHandsImporter.name,
-        steps=tuple(_freeze(index, step) for index, step in enumerate(steps)),
+        steps=tuple(step.recorded(index) for index, step in enumerate(steps)),
         recorded_outcome=_outcome(record),
         recorded_stop=stop,
         recorded_stop_kind=stop_kind,
         agent=agent,
         model=model,
         metadata=extra,
-    )
-
-
-def _freeze(index: int, step: _OpenStep) -> Step:
-    return Step(
-        index=index,
-        actor=step.actor,
-        decision=step.decision,
-        text=step.text,
-        tool_calls=tuple(ToolCall(**call) for call in step.calls),
-        timestamp=step.timestamp,
-        input_tokens=step.input_tokens,
-        output_tokens=step.output_tokens,
     )
 
 

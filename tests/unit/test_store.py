@@ -823,7 +823,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con.execute("INSERT INTO run_tools VALUES (?, 'search', 'ok', 2)", [_run_key("old")])
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 16
+        assert store.schema_version == SCHEMA_VERSION == 17
         # A v1 count row has no agent of its own: it is restored under the run's.
         assert tool_call_totals(store) == {("legacy", "search", "ok"): 2}
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
@@ -984,10 +984,63 @@ def test_schema_9_keeps_the_stop_totals_restored_before(tmp_path: Path) -> None:
     con = duckdb.connect(str(path), read_only=True)
     nullable = con.execute(
         "SELECT table_name, is_nullable FROM information_schema.columns "
-        "WHERE column_name = 'counted' ORDER BY 1"
+        "WHERE column_name = 'counted' AND table_name IN (SELECT table_name FROM "
+        "information_schema.tables WHERE table_type = 'BASE TABLE') ORDER BY 1"
     ).fetchall()
     con.close()
-    assert nullable == [("stop_anomalies", "NO"), ("stops", "NO")]
+    assert nullable == [("stop_duplicates", "NO"), ("stop_reports", "NO")]
+
+
+def test_schema_17_keeps_every_stop_and_chooses_the_primary_when_read(tmp_path: Path) -> None:
+    """Migration 17 keeps schema 16's stops and anomalies as they read; a stronger stop
+    arriving later is added beside the stored one (no committed row moves or goes), and
+    the views show it as the run's stop and the stored one as replaced."""
+    path = tmp_path / "v16.duckdb"
+    con = duckdb.connect(str(path))
+    assert apply_migrations(con, target=16) == 16
+    key = _run_key("a")
+    con.execute(
+        "INSERT INTO runs (run_key, run_id, trace_id, source, first_seen_unix_nano, "
+        "last_seen_unix_nano, stop_reason, stop_origin, stop_inferred, stop_unix_nano, "
+        "sampled) VALUES (?, 'a', ?, 'loopwatch', 1, 1, 'completed', 'inferred', true, 1, true)",
+        [key, trace_of("a")],
+    )
+    stop_sql = (
+        "INSERT INTO {table} (run_key, run_id, trace_id, span_id, source, origin, "
+        "stop_inferred, reason, time_unix_nano, received_unix_nano, counted{kind}) "
+        "VALUES (?, 'a', ?, ?, 'loopwatch', 'inferred', true, ?, 1, ?, {counted}{value})"
+    )
+    con.execute(
+        stop_sql.format(table="stops", kind="", value="", counted="true"),
+        [key, trace_of("a"), "s1", "completed", 2],
+    )
+    con.execute(
+        stop_sql.format(
+            table="stop_anomalies", kind=", kind", value=", 'duplicate_stop'", counted="false"
+        ),
+        [key, trace_of("a"), "s2", "error", 3],
+    )
+    con.close()
+    with Store(path) as store:
+        detail = store.reader().get_run("a")
+        assert detail is not None and detail.stop is not None
+        assert detail.stop["span_id"] == "s1"
+        assert [a["kind"] for a in detail.stop_anomalies] == ["duplicate_stop"]
+        late = stop_row("a", "action_cycle", origin=STOP_ORIGIN_STOP_SPAN)
+        assert commit(store, batch(late)).counted_stops == ()
+        detail = store.reader().get_run("a")
+        assert detail is not None and detail.stop is not None
+        assert detail.stop["span_id"] == late.span_id
+        assert [(a["span_id"], a["kind"]) for a in detail.stop_anomalies] == [
+            ("s1", "replaced_stop"),
+            ("s2", "duplicate_stop"),
+        ]
+    con = duckdb.connect(str(path), read_only=True)
+    reports = con.execute(
+        "SELECT span_id, counted FROM stop_reports ORDER BY received_unix_nano"
+    ).fetchall()
+    con.close()
+    assert reports == [("s1", True), (late.span_id, False)]
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
