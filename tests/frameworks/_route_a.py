@@ -1,0 +1,416 @@
+"""Scripted agents of the seven frameworks under their usual OpenTelemetry tracers (route A).
+
+One responsibility: run one framework's agent, driven by a scripted model (no network),
+through one scenario while one third-party tracer records its spans into a given
+``TracerProvider``. ``scripts/record_framework_spans.py`` uses it to write the recorded
+fixtures (``tests/testdata/frameworks/``); ``tests/frameworks/test_route_a.py`` runs it as
+a subprocess (``python -m tests.frameworks._route_a``) that exports OTLP/HTTP to a real
+``loopwatch collector``. A subprocess per framework and tracer, because instrumentors patch
+the framework process-wide and not all of them undo it cleanly, and some tracers read the
+global tracer provider, which can be set once per process.
+
+Scenarios (the issue's route A cases), each one agent invocation named :data:`AGENT_NAME`:
+
+- ``runaway``: ``lookup_order(order_id="A-1")`` :data:`RUNAWAY_CALLS` times, the same
+  result each time, then a final answer (a loop: the collector must flag it);
+- ``success``: ``lookup_order`` once, then a final answer;
+- ``paginate``: ``list_orders(cursor=0..3)``, each page different, then a final answer
+  (progress, never a loop).
+
+Tracers (:data:`TRACERS`): ``native`` (the framework's own OpenTelemetry spans),
+``openinference`` (``openinference-instrumentation-<fw>``), ``openllmetry``
+(``opentelemetry-instrumentation-<fw>``, Traceloop). Content capture is on for all
+(:data:`CONTENT_ENV`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+AGENT_NAME = "support_bot"
+"""The agent's real name, as given to the framework (the collector must report it)."""
+
+RUNAWAY_CALLS = 6
+PAGES = 4
+SCENARIOS = ("runaway", "success", "paginate")
+TOOL_CALLS = {"runaway": RUNAWAY_CALLS, "success": 1, "paginate": PAGES}
+"""Tool calls each scenario makes (the collector must count exactly these)."""
+LOOPING = {"runaway": True, "success": False, "paginate": False}
+
+PROMPT = "Where is order A-1?"
+FINAL = "Order A-1 has shipped."
+
+CONTENT_ENV = {
+    # OpenTelemetry GenAI instrumentations (and OpenLLMetry's newer releases).
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true",
+    # OpenLLMetry (Traceloop) instrumentations.
+    "TRACELOOP_TRACE_CONTENT": "true",
+    # OpenLLMetry would otherwise create metrics instruments on the global meter provider.
+    "TRACELOOP_METRICS_ENABLED": "false",
+    # OpenInference captures content unless told not to (OPENINFERENCE_HIDE_*): defaults.
+    # smolagents, CrewAI: no telemetry of their own to a vendor during the tests.
+    "CREWAI_DISABLE_TELEMETRY": "true",
+    "CREWAI_DISABLE_TRACKING": "true",
+    "OTEL_SDK_DISABLED": "false",
+}
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One scripted model turn: a tool call (``tool`` and ``args``) or the final answer."""
+
+    tool: str | None
+    args: dict[str, Any]
+    call_id: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.tool is None
+
+
+def plan(scenario: str) -> list[Turn]:
+    """The model turns of ``scenario``, in order (the last is the final answer).
+
+    Raises:
+        ValueError: an unknown scenario.
+    """
+    if scenario == "runaway":
+        calls = [("lookup_order", {"order_id": "A-1"})] * RUNAWAY_CALLS
+    elif scenario == "success":
+        calls = [("lookup_order", {"order_id": "A-1"})]
+    elif scenario == "paginate":
+        calls = [("list_orders", {"cursor": page}) for page in range(PAGES)]
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}; known: {SCENARIOS}")
+    turns = [Turn(name, dict(args), f"call_{i + 1}") for i, (name, args) in enumerate(calls)]
+    return [*turns, Turn(None, {})]
+
+
+def lookup_order(order_id: str) -> str:
+    """Look up one order by its id."""
+    return json.dumps({"order_id": order_id, "status": "shipped"})
+
+
+def list_orders(cursor: int) -> str:
+    """List orders, one page at a time from the cursor."""
+    orders = [f"O-{cursor * 2 + 1}", f"O-{cursor * 2 + 2}"]
+    return json.dumps({"orders": orders, "next_cursor": cursor + 1})
+
+
+TOOLS: dict[str, Callable[..., str]] = {"lookup_order": lookup_order, "list_orders": list_orders}
+
+
+def tools_of(scenario: str) -> list[Callable[..., str]]:
+    """The tool functions the agent of ``scenario`` is given (the one it calls)."""
+    return [list_orders] if scenario == "paginate" else [lookup_order]
+
+
+# --------------------------------------------------------------------------- pydantic-ai
+
+
+def setup_pydantic_ai(tracer: str, provider: Any) -> None:
+    if tracer == "openinference":
+        # OpenInference for pydantic-ai is a span processor that adds its attributes to
+        # pydantic-ai's own spans as they end (so it comes before the exporters).
+        from openinference.instrumentation.pydantic_ai import OpenInferenceSpanProcessor
+
+        provider.add_span_processor(OpenInferenceSpanProcessor())
+
+
+def run_pydantic_ai(scenario: str, tracer: str, provider: Any) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.capabilities.instrumentation import Instrumentation
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    turns = iter(plan(scenario))
+
+    def model(messages: Any, info: Any) -> Any:
+        turn = next(turns)
+        if turn.final:
+            return ModelResponse(parts=[TextPart(FINAL)])
+        return ModelResponse(parts=[ToolCallPart(turn.tool, turn.args, tool_call_id=turn.call_id)])
+
+    agent = Agent(
+        FunctionModel(model),
+        name=AGENT_NAME,
+        tools=tools_of(scenario),
+        capabilities=[Instrumentation(settings=InstrumentationSettings(tracer_provider=provider))],
+    )
+    agent.run_sync(PROMPT)
+
+
+# ------------------------------------------------------------------------- openai-agents
+
+
+def setup_openai_agents(tracer: str, provider: Any) -> None:
+    import agents
+
+    # The Agents SDK traces into its own processors (exported to OpenAI by default): the
+    # OTel instrumentations replace them, so nothing tries the network.
+    agents.set_trace_processors([])
+    if tracer == "openinference":
+        from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+        OpenAIAgentsInstrumentor().instrument(tracer_provider=provider)
+    elif tracer == "openllmetry":
+        from opentelemetry.instrumentation.openai_agents import (
+            OpenAIAgentsInstrumentor as TraceloopInstrumentor,
+        )
+
+        TraceloopInstrumentor(replace_existing_processors=True).instrument(tracer_provider=provider)
+    else:
+        raise ValueError(f"openai-agents has no tracer {tracer!r}")
+
+
+def run_openai_agents(scenario: str, tracer: str, provider: Any) -> None:
+    import agents
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    steps = [
+        [assistant_message(FINAL)]
+        if turn.final
+        else [function_call(turn.tool, turn.args, call_id=turn.call_id)]
+        for turn in plan(scenario)
+    ]
+    model = ScriptedModel(steps, emit_traces=True)
+    agent = agents.Agent(
+        name=AGENT_NAME,
+        instructions="Answer questions about orders.",
+        model=model,
+        tools=[agents.function_tool(fn) for fn in tools_of(scenario)],
+    )
+    agents.Runner.run_sync(agent, PROMPT, max_turns=RUNAWAY_CALLS + 4)
+    agents.flush_traces()
+
+
+# ----------------------------------------------------------------------------- langgraph
+
+
+def _langgraph_model(scenario: str) -> Any:
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+
+    class ScriptedChatModel(GenericFakeChatModel):
+        """LangChain's fake chat model, with tools bound as a real model would."""
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+    messages = [
+        AIMessage(content=FINAL)
+        if turn.final
+        else AIMessage(
+            content="",
+            tool_calls=[{"name": turn.tool, "args": turn.args, "id": turn.call_id}],
+        )
+        for turn in plan(scenario)
+    ]
+    return ScriptedChatModel(messages=iter(messages))
+
+
+def setup_langgraph(tracer: str, provider: Any) -> None:
+    if tracer == "openinference":
+        from openinference.instrumentation.langchain import LangChainInstrumentor
+
+        LangChainInstrumentor().instrument(tracer_provider=provider)
+    elif tracer == "openllmetry":
+        from opentelemetry.instrumentation.langchain import LangchainInstrumentor
+
+        LangchainInstrumentor().instrument(tracer_provider=provider)
+    else:
+        raise ValueError(f"langgraph has no tracer {tracer!r}")
+
+
+def run_langgraph(scenario: str, tracer: str, provider: Any) -> None:
+    from langchain_core.tools import tool as lc_tool
+    from langgraph.prebuilt import create_react_agent
+
+    graph = create_react_agent(
+        _langgraph_model(scenario),
+        tools=[lc_tool(fn) for fn in tools_of(scenario)],
+        name=AGENT_NAME,
+    )
+    graph.invoke({"messages": [("user", PROMPT)]}, {"recursion_limit": 50})
+
+
+# ------------------------------------------------------------------------------ registry
+
+SETUPS: dict[str, Callable[[str, Any], None]] = {
+    "pydantic_ai": setup_pydantic_ai,
+    "openai_agents": setup_openai_agents,
+    "langgraph": setup_langgraph,
+}
+"""Framework -> ``setup(tracer, provider)``: switch the tracer on, once per process, before
+the provider's exporting processors are added (a processor that edits spans goes first)."""
+
+RUNNERS: dict[str, Callable[[str, str, Any], None]] = {
+    "pydantic_ai": run_pydantic_ai,
+    "openai_agents": run_openai_agents,
+    "langgraph": run_langgraph,
+}
+"""Framework -> ``run(scenario, tracer, provider)``: one agent invocation."""
+
+TRACERS: dict[str, tuple[str, ...]] = {
+    "pydantic_ai": ("native", "openinference"),
+    "openai_agents": ("openinference", "openllmetry"),
+    "langgraph": ("openinference", "openllmetry"),
+}
+"""Framework -> the tracers recorded and tested for it (see the module docstring)."""
+
+FRAMEWORK_MODULE = {
+    "pydantic_ai": "pydantic_ai",
+    "openai_agents": "agents",
+    "langgraph": "langgraph",
+    "smolagents": "smolagents",
+    "llamaindex": "llama_index.core",
+    "autogen": "autogen_agentchat",
+    "crewai": "crewai",
+}
+"""Framework -> the module whose import says the framework is installed here."""
+
+
+DISTRIBUTIONS: dict[str, list[str]] = {
+    "pydantic_ai": ["pydantic-ai-slim", "opentelemetry-sdk"],
+    "openai_agents": ["openai-agents", "opentelemetry-sdk"],
+    "langgraph": ["langgraph", "langchain-core", "opentelemetry-sdk"],
+    "smolagents": ["smolagents", "opentelemetry-sdk"],
+    "llamaindex": ["llama-index-core", "opentelemetry-sdk"],
+    "autogen": ["autogen-agentchat", "autogen-core", "opentelemetry-sdk"],
+    "crewai": ["crewai", "opentelemetry-sdk"],
+}
+"""Framework -> the distributions whose release shapes its spans (``versions.json``)."""
+
+TRACER_DISTRIBUTIONS: dict[tuple[str, str], list[str]] = {
+    ("pydantic_ai", "openinference"): ["openinference-instrumentation-pydantic-ai"],
+    ("openai_agents", "openinference"): ["openinference-instrumentation-openai-agents"],
+    ("openai_agents", "openllmetry"): ["opentelemetry-instrumentation-openai-agents"],
+    ("langgraph", "openinference"): ["openinference-instrumentation-langchain"],
+    ("langgraph", "openllmetry"): ["opentelemetry-instrumentation-langchain"],
+    ("smolagents", "openinference"): ["openinference-instrumentation-smolagents"],
+    ("llamaindex", "openinference"): ["openinference-instrumentation-llama-index"],
+    ("llamaindex", "openllmetry"): ["opentelemetry-instrumentation-llamaindex"],
+    ("autogen", "openinference"): ["openinference-instrumentation-autogen-agentchat"],
+    ("crewai", "openinference"): ["openinference-instrumentation-crewai"],
+    ("crewai", "openllmetry"): ["opentelemetry-instrumentation-crewai"],
+}
+"""(framework, tracer) -> the instrumentation distributions of that tracer."""
+
+
+def combos() -> list[tuple[str, str]]:
+    """Every (framework, tracer) pair, in a stable order."""
+    return [(fw, tracer) for fw, tracers in TRACERS.items() for tracer in tracers]
+
+
+def to_otlp_json(spans: Any) -> dict[str, Any]:
+    """``spans`` (SDK ``ReadableSpan``s) as an OTLP/JSON ``ExportTraceServiceRequest``.
+
+    The OTel encoder builds the protobuf message and ``json_format`` maps it to JSON;
+    the trace and span ids are then written as hex, as the OTLP specification's "JSON
+    Protobuf Encoding" requires (the generic protobuf mapping writes bytes as base64).
+    """
+    import base64
+
+    from google.protobuf import json_format
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    message = json.loads(json_format.MessageToJson(encode_spans(spans)))
+
+    def hexify(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("traceId", "spanId", "parentSpanId") and isinstance(value, str):
+                    node[key] = base64.b64decode(value).hex()
+                else:
+                    hexify(value)
+        elif isinstance(node, list):
+            for item in node:
+                hexify(item)
+
+    hexify(message)
+    return dict(message)
+
+
+def _dump(request: dict[str, Any]) -> str:
+    """``request`` as JSON with one span per line (compact within a span)."""
+    lines = ['{"resourceSpans": [']
+    resources = request.get("resourceSpans", [])
+    for r_index, resource in enumerate(resources):
+        head = {k: v for k, v in resource.items() if k != "scopeSpans"}
+        lines.append(json.dumps(head, sort_keys=True)[:-1] + ', "scopeSpans": [')
+        scopes = resource.get("scopeSpans", [])
+        for s_index, scope in enumerate(scopes):
+            head = {k: v for k, v in scope.items() if k != "spans"}
+            lines.append(json.dumps(head, sort_keys=True)[:-1] + ', "spans": [')
+            spans = scope.get("spans", [])
+            for index, span in enumerate(spans):
+                comma = "," if index < len(spans) - 1 else ""
+                lines.append(json.dumps(span, sort_keys=True) + comma)
+            lines.append("]}" + ("," if s_index < len(scopes) - 1 else ""))
+        lines.append("]}" + ("," if r_index < len(resources) - 1 else ""))
+    lines.append("]}")
+    return "\n".join(lines) + "\n"
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """Subprocess entry: run the scenarios of one framework and tracer, then either export
+    OTLP/HTTP to ``--otlp`` and write ``{scenario: [trace ids (hex)]}`` to ``--report``, or
+    write each scenario's spans as OTLP/JSON into ``--record`` (the fixtures)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--framework", required=True, choices=sorted(RUNNERS))
+    parser.add_argument("--tracer", required=True)
+    parser.add_argument("--scenario", action="append", choices=SCENARIOS)
+    parser.add_argument("--otlp", help="OTLP/HTTP traces URL to export to")
+    parser.add_argument("--report", help="JSON file: the trace ids of each scenario")
+    parser.add_argument("--record", help="folder for <framework>-<tracer>-<scenario>.json")
+    args = parser.parse_args(argv)
+    if args.tracer not in TRACERS[args.framework]:
+        parser.error(f"{args.framework} has no tracer {args.tracer!r}")
+    for key, value in CONTENT_ENV.items():
+        os.environ[key] = value
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = TracerProvider()
+    # Tracers that read only the global provider (AutoGen's runtime) see the same one.
+    trace.set_tracer_provider(provider)
+    SETUPS[args.framework](args.tracer, provider)
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    if args.otlp:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        # Synchronous export: when a run returns, the collector has committed its spans.
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=args.otlp)))
+    report: dict[str, list[str]] = {}
+    for scenario in args.scenario or SCENARIOS:
+        memory.clear()
+        RUNNERS[args.framework](scenario, args.tracer, provider)
+        provider.force_flush()
+        spans = memory.get_finished_spans()
+        report[scenario] = sorted({format(s.context.trace_id, "032x") for s in spans})
+        if args.record:
+            name = f"{args.framework}-{args.tracer}-{scenario}.json"
+            with open(os.path.join(args.record, name), "w", encoding="utf-8") as out:
+                # One line per resource/scope/span keeps the files diffable and small.
+                out.write(_dump(to_otlp_json(spans)))
+                out.write("\n")
+    provider.shutdown()
+    if args.report:
+        with open(args.report, "w", encoding="utf-8") as out:
+            json.dump(report, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
