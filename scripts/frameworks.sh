@@ -13,8 +13,11 @@ quiet() { grep -vE "Location 'file:///opt/pypi|^\s*$|BuildBackendWarning|!!|Edit
 # Test-only: the third-party tracers of the route A tests and recorded fixtures
 # (tests/frameworks/_route_a.py, scripts/record_framework_spans.py), pinned exactly: the
 # fixtures in tests/testdata/frameworks/ are what these releases emit (versions.json).
+# llama-index-llms-ollama only because OpenLLMetry's LlamaIndex instrumentor imports the
+# llama_index.llms namespace, which exists once any llama-index-llms-* is installed (the
+# usual -openai one would pull openai 2.x, which openai-agents 0.24 cannot share).
 declare -A TRACERS=(
-  [.venv-fw]="openinference-instrumentation-pydantic-ai==0.1.30 openinference-instrumentation-openai-agents==2.6.0 openinference-instrumentation-langchain==0.1.80 openinference-instrumentation-smolagents==0.1.43 openinference-instrumentation-llama-index==4.6.1 openinference-instrumentation-autogen-agentchat==0.1.22 opentelemetry-instrumentation-openai-agents==0.62.4 opentelemetry-instrumentation-langchain==0.62.4 opentelemetry-instrumentation-llamaindex==0.62.4"
+  [.venv-fw]="openinference-instrumentation-pydantic-ai==0.1.30 openinference-instrumentation-openai-agents==2.6.0 openinference-instrumentation-langchain==0.1.80 openinference-instrumentation-smolagents==0.1.43 openinference-instrumentation-llama-index==4.6.1 openinference-instrumentation-autogen-agentchat==0.1.22 opentelemetry-instrumentation-openai-agents==0.62.4 opentelemetry-instrumentation-langchain==0.62.4 opentelemetry-instrumentation-llamaindex==0.62.4 llama-index-llms-ollama==0.11.0"
   [.venv-crewai]="openinference-instrumentation-crewai==1.1.21 opentelemetry-instrumentation-crewai==0.62.4"
 )
 declare -A EXTRAS=(

@@ -26,6 +26,7 @@ Tracers (:data:`TRACERS`): ``native`` (the framework's own OpenTelemetry spans),
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -57,6 +58,7 @@ CONTENT_ENV = {
     # smolagents, CrewAI: no telemetry of their own to a vendor during the tests.
     "CREWAI_DISABLE_TELEMETRY": "true",
     "CREWAI_DISABLE_TRACKING": "true",
+    "CREWAI_TRACING_ENABLED": "false",
     "OTEL_SDK_DISABLED": "false",
 }
 
@@ -241,12 +243,314 @@ def run_langgraph(scenario: str, tracer: str, provider: Any) -> None:
     graph.invoke({"messages": [("user", PROMPT)]}, {"recursion_limit": 50})
 
 
+# ---------------------------------------------------------------------------- smolagents
+
+
+def setup_smolagents(tracer: str, provider: Any) -> None:
+    if tracer != "openinference":
+        raise ValueError(f"smolagents has no tracer {tracer!r}")
+    from openinference.instrumentation.smolagents import SmolagentsInstrumentor
+
+    SmolagentsInstrumentor().instrument(tracer_provider=provider)
+
+
+def _openai_chat_client(scenario: str) -> Any:
+    """An object shaped like ``openai.OpenAI`` whose ``chat.completions.create`` answers
+    from the scenario's script with real ``ChatCompletion`` objects (no network)."""
+    from types import SimpleNamespace
+
+    from openai.types.chat import ChatCompletion
+
+    turns = iter(plan(scenario))
+
+    def create(**kwargs: Any) -> Any:
+        turn = next(turns)
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        if turn.final:
+            # smolagents ends a run with its own final_answer tool.
+            name, args, call_id = "final_answer", {"answer": FINAL}, "call_final"
+        else:
+            name, args, call_id = str(turn.tool), turn.args, turn.call_id
+        message["tool_calls"] = [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+        ]
+        return ChatCompletion.model_validate(
+            {
+                "id": f"chatcmpl-{call_id}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "gpt-4o-mini",
+                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": message}],
+                "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25},
+            }
+        )
+
+    return SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+
+
+def run_smolagents(scenario: str, tracer: str, provider: Any) -> None:
+    from smolagents import OpenAIModel, ToolCallingAgent
+    from smolagents import tool as smol_tool
+    from smolagents.monitoring import LogLevel
+
+    class ScriptedModel(OpenAIModel):
+        """smolagents' own OpenAI model class over a scripted client: its ``generate``
+        (what OpenInference wraps) runs unchanged."""
+
+        def create_client(self) -> Any:
+            return _openai_chat_client(scenario)
+
+    if scenario == "paginate":
+
+        @smol_tool
+        def list_orders(cursor: int) -> str:
+            """List orders, one page at a time from the cursor.
+
+            Args:
+                cursor: where the page starts.
+            """
+            return TOOLS["list_orders"](cursor)
+
+        tools = [list_orders]
+    else:
+
+        @smol_tool
+        def lookup_order(order_id: str) -> str:
+            """Look up one order by its id.
+
+            Args:
+                order_id: the order's id.
+            """
+            return TOOLS["lookup_order"](order_id)
+
+        tools = [lookup_order]
+    agent = ToolCallingAgent(
+        tools=tools,
+        model=ScriptedModel(model_id="gpt-4o-mini", api_key="unused"),
+        name=AGENT_NAME,
+        max_steps=RUNAWAY_CALLS + 4,
+        verbosity_level=LogLevel.OFF,
+    )
+    agent.run(PROMPT)
+
+
+# ---------------------------------------------------------------------------- llamaindex
+
+
+def setup_llamaindex(tracer: str, provider: Any) -> None:
+    if tracer == "openinference":
+        from openinference.instrumentation.llama_index import LlamaIndexInstrumentor
+
+        LlamaIndexInstrumentor().instrument(tracer_provider=provider)
+    elif tracer == "openllmetry":
+        from opentelemetry.instrumentation.llamaindex import (
+            LlamaIndexInstrumentor as TraceloopInstrumentor,
+        )
+
+        TraceloopInstrumentor().instrument(tracer_provider=provider)
+    else:
+        raise ValueError(f"llamaindex has no tracer {tracer!r}")
+
+
+def run_llamaindex(scenario: str, tracer: str, provider: Any) -> None:
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
+    from llama_index.core.llms.mock import MockFunctionCallingLLM
+    from llama_index.core.tools import FunctionTool
+
+    turns = iter(plan(scenario))
+
+    def respond(messages: Any, **kwargs: Any) -> Any:
+        turn = next(turns)
+        if turn.final:
+            return ChatMessage(role=MessageRole.ASSISTANT, content=FINAL)
+        block = ToolCallBlock(
+            tool_call_id=turn.call_id, tool_name=str(turn.tool), tool_kwargs=turn.args
+        )
+        return ChatMessage(role=MessageRole.ASSISTANT, blocks=[block])
+
+    # LlamaIndex's own function-calling test model, answering from the script.
+    llm = MockFunctionCallingLLM(response_generator=respond, is_chat_model=True)
+    agent = FunctionAgent(
+        name=AGENT_NAME,
+        description="Answers questions about orders.",
+        tools=[FunctionTool.from_defaults(fn) for fn in tools_of(scenario)],
+        llm=llm,
+        system_prompt="Answer questions about orders.",
+    )
+
+    async def main() -> None:
+        await agent.run(user_msg=PROMPT, max_iterations=RUNAWAY_CALLS + 4)
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------------------- autogen
+
+
+def setup_autogen(tracer: str, provider: Any) -> None:
+    # AutoGen's native spans (create_agent, invoke_agent, execute_tool) go to the global
+    # tracer provider, which _main sets: they are there under every tracer, as for users.
+    if tracer == "openinference":
+        from openinference.instrumentation.autogen_agentchat import (
+            AutogenAgentChatInstrumentor,
+        )
+
+        AutogenAgentChatInstrumentor().instrument(tracer_provider=provider)
+    elif tracer != "native":
+        raise ValueError(f"autogen has no tracer {tracer!r}")
+
+
+def run_autogen(scenario: str, tracer: str, provider: Any) -> None:
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_core import FunctionCall
+    from autogen_core.models import ChatCompletionClient, CreateResult, ModelInfo, RequestUsage
+
+    turns = iter(plan(scenario))
+    usage = RequestUsage(prompt_tokens=20, completion_tokens=5)
+
+    class ScriptedClient(ChatCompletionClient):
+        """An AutoGen model client answering from the scenario's script."""
+
+        async def create(self, messages: Any, **kwargs: Any) -> CreateResult:
+            turn = next(turns)
+            if turn.final:
+                return CreateResult(finish_reason="stop", content=FINAL, usage=usage, cached=False)
+            call = FunctionCall(
+                id=turn.call_id, name=str(turn.tool), arguments=json.dumps(turn.args)
+            )
+            return CreateResult(
+                finish_reason="function_calls", content=[call], usage=usage, cached=False
+            )
+
+        def create_stream(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError("the scripted client does not stream")
+
+        async def close(self) -> None:
+            return None
+
+        def actual_usage(self) -> RequestUsage:
+            return usage
+
+        def total_usage(self) -> RequestUsage:
+            return usage
+
+        def count_tokens(self, messages: Any, **kwargs: Any) -> int:
+            return 0
+
+        def remaining_tokens(self, messages: Any, **kwargs: Any) -> int:
+            return 100_000
+
+        @property
+        def capabilities(self) -> Any:
+            return self.model_info
+
+        @property
+        def model_info(self) -> ModelInfo:
+            return ModelInfo(
+                vision=False,
+                function_calling=True,
+                json_output=False,
+                family="unknown",
+                structured_output=False,
+            )
+
+    agent = AssistantAgent(
+        AGENT_NAME,
+        model_client=ScriptedClient(),
+        tools=tools_of(scenario),
+        max_tool_iterations=RUNAWAY_CALLS + 4,
+    )
+
+    async def main() -> None:
+        await agent.run(task=PROMPT)
+
+    asyncio.run(main())
+
+
+# -------------------------------------------------------------------------------- crewai
+
+
+def setup_crewai(tracer: str, provider: Any) -> None:
+    if tracer == "openinference":
+        from openinference.instrumentation.crewai import CrewAIInstrumentor
+
+        CrewAIInstrumentor().instrument(tracer_provider=provider)
+    elif tracer == "openllmetry":
+        from opentelemetry.instrumentation.crewai import (
+            CrewAIInstrumentor as TraceloopInstrumentor,
+        )
+
+        TraceloopInstrumentor().instrument(tracer_provider=provider)
+    else:
+        raise ValueError(f"crewai has no tracer {tracer!r}")
+
+
+def run_crewai(scenario: str, tracer: str, provider: Any) -> None:
+    from crewai import Agent, Crew, Task
+    from crewai.llms.base_llm import BaseLLM
+    from crewai.tools import tool as crew_tool
+
+    turns = iter(plan(scenario))
+
+    class ScriptedLLM(BaseLLM):
+        """A CrewAI LLM answering from the scenario's script in CrewAI's ReAct format."""
+
+        def call(self, messages: Any, *args: Any, **kwargs: Any) -> str:
+            turn = next(turns)
+            if turn.final:
+                return f"Thought: I now know the final answer\nFinal Answer: {FINAL}"
+            return (
+                "Thought: I should look this up\n"
+                f"Action: {turn.tool}\nAction Input: {json.dumps(turn.args)}"
+            )
+
+        def supports_function_calling(self) -> bool:
+            return False
+
+    if scenario == "paginate":
+
+        @crew_tool("list_orders")
+        def list_orders_tool(cursor: int) -> str:
+            """List orders, one page at a time from the cursor."""
+            return TOOLS["list_orders"](cursor)
+
+        tools = [list_orders_tool]
+    else:
+
+        @crew_tool("lookup_order")
+        def lookup_order_tool(order_id: str) -> str:
+            """Look up one order by its id."""
+            return TOOLS["lookup_order"](order_id)
+
+        tools = [lookup_order_tool]
+    agent = Agent(
+        role=AGENT_NAME,
+        goal="Answer questions about orders.",
+        backstory="Support agent of an online shop.",
+        llm=ScriptedLLM(model="gpt-4o-mini"),
+        tools=tools,
+        max_iter=RUNAWAY_CALLS + 4,
+        verbose=False,
+    )
+    task = Task(description=PROMPT, expected_output="Where the order is.", agent=agent)
+    Crew(agents=[agent], tasks=[task], verbose=False).kickoff()
+
+
 # ------------------------------------------------------------------------------ registry
 
 SETUPS: dict[str, Callable[[str, Any], None]] = {
     "pydantic_ai": setup_pydantic_ai,
     "openai_agents": setup_openai_agents,
     "langgraph": setup_langgraph,
+    "smolagents": setup_smolagents,
+    "llamaindex": setup_llamaindex,
+    "autogen": setup_autogen,
+    "crewai": setup_crewai,
 }
 """Framework -> ``setup(tracer, provider)``: switch the tracer on, once per process, before
 the provider's exporting processors are added (a processor that edits spans goes first)."""
@@ -255,6 +559,10 @@ RUNNERS: dict[str, Callable[[str, str, Any], None]] = {
     "pydantic_ai": run_pydantic_ai,
     "openai_agents": run_openai_agents,
     "langgraph": run_langgraph,
+    "smolagents": run_smolagents,
+    "llamaindex": run_llamaindex,
+    "autogen": run_autogen,
+    "crewai": run_crewai,
 }
 """Framework -> ``run(scenario, tracer, provider)``: one agent invocation."""
 
@@ -262,6 +570,10 @@ TRACERS: dict[str, tuple[str, ...]] = {
     "pydantic_ai": ("native", "openinference"),
     "openai_agents": ("openinference", "openllmetry"),
     "langgraph": ("openinference", "openllmetry"),
+    "smolagents": ("openinference",),
+    "llamaindex": ("openinference", "openllmetry"),
+    "autogen": ("native", "openinference"),
+    "crewai": ("openinference", "openllmetry"),
 }
 """Framework -> the tracers recorded and tested for it (see the module docstring)."""
 
