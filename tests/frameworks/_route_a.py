@@ -671,6 +671,21 @@ def _dump(request: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _scrub_paths(text: str) -> str:
+    """``text`` without this machine's paths (exception stack traces carry them): the
+    site-packages folders become ``<site-packages>``, the repository ``<repo>``, the
+    interpreter's prefix ``<python>``."""
+    import site
+
+    folders = [(p, "<site-packages>") for p in site.getsitepackages()]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    folders += [(root, "<repo>"), (sys.base_prefix, "<python>")]
+    for folder, placeholder in sorted(folders, key=lambda item: -len(item[0])):
+        if folder and folder != "/":
+            text = text.replace(folder, placeholder)
+    return text
+
+
 def _main(argv: list[str] | None = None) -> int:
     """Subprocess entry: run the scenarios of one framework and tracer, then either export
     OTLP/HTTP to ``--otlp`` and write ``{scenario: [trace ids (hex)]}`` to ``--report``, or
@@ -715,7 +730,7 @@ def _main(argv: list[str] | None = None) -> int:
             name = f"{args.framework}-{args.tracer}-{scenario}.json"
             with open(os.path.join(args.record, name), "w", encoding="utf-8") as out:
                 # One line per resource/scope/span keeps the files diffable and small.
-                out.write(_dump(to_otlp_json(spans)))
+                out.write(_scrub_paths(_dump(to_otlp_json(spans))))
                 out.write("\n")
     provider.shutdown()
     if args.report:
