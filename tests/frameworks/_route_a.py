@@ -174,15 +174,14 @@ def setup_openai_agents(tracer: str, provider: Any) -> None:
 
 def run_openai_agents(scenario: str, tracer: str, provider: Any) -> None:
     import agents
-    from agents.testing import ScriptedModel, assistant_message, function_call
+    from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 
-    steps = [
-        [assistant_message(FINAL)]
-        if turn.final
-        else [function_call(turn.tool, turn.args, call_id=turn.call_id)]
-        for turn in plan(scenario)
-    ]
-    model = ScriptedModel(steps, emit_traces=True)
+    # The SDK's own Chat Completions model over a scripted client: its generation spans
+    # (model, input, output, usage) are the ones a real model call makes.
+    model = OpenAIChatCompletionsModel(
+        model="gpt-4o-mini",
+        openai_client=_openai_chat_client(scenario, final_tool=False, is_async=True),
+    )
     agent = agents.Agent(
         name=AGENT_NAME,
         instructions="Answer questions about orders.",
@@ -206,12 +205,14 @@ def _langgraph_model(scenario: str) -> Any:
         def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
             return self
 
+    usage = {"input_tokens": 20, "output_tokens": 5, "total_tokens": 25}
     messages = [
-        AIMessage(content=FINAL)
+        AIMessage(content=FINAL, usage_metadata=usage)
         if turn.final
         else AIMessage(
             content="",
             tool_calls=[{"name": turn.tool, "args": turn.args, "id": turn.call_id}],
+            usage_metadata=usage,
         )
         for turn in plan(scenario)
     ]
@@ -254,9 +255,12 @@ def setup_smolagents(tracer: str, provider: Any) -> None:
     SmolagentsInstrumentor().instrument(tracer_provider=provider)
 
 
-def _openai_chat_client(scenario: str) -> Any:
-    """An object shaped like ``openai.OpenAI`` whose ``chat.completions.create`` answers
-    from the scenario's script with real ``ChatCompletion`` objects (no network)."""
+def _openai_chat_client(scenario: str, *, final_tool: bool, is_async: bool = False) -> Any:
+    """An object shaped like ``openai.OpenAI`` (or ``AsyncOpenAI``) whose
+    ``chat.completions.create`` answers from the scenario's script with real
+    ``ChatCompletion`` objects (no network), so the framework's own OpenAI model class and
+    its tracing run unchanged. ``final_tool``: the final answer is a ``final_answer`` tool
+    call (smolagents' way) rather than text."""
     from types import SimpleNamespace
 
     from openai.types.chat import ChatCompletion
@@ -266,30 +270,39 @@ def _openai_chat_client(scenario: str) -> Any:
     def create(**kwargs: Any) -> Any:
         turn = next(turns)
         message: dict[str, Any] = {"role": "assistant", "content": None}
-        if turn.final:
-            # smolagents ends a run with its own final_answer tool.
-            name, args, call_id = "final_answer", {"answer": FINAL}, "call_final"
+        finish = "tool_calls"
+        if turn.final and not final_tool:
+            message["content"], finish = FINAL, "stop"
         else:
-            name, args, call_id = str(turn.tool), turn.args, turn.call_id
-        message["tool_calls"] = [
-            {
-                "id": call_id,
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args)},
-            }
-        ]
+            if turn.final:
+                name, args, call_id = "final_answer", {"answer": FINAL}, "call_final"
+            else:
+                name, args, call_id = str(turn.tool), turn.args, turn.call_id
+            message["tool_calls"] = [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(args)},
+                }
+            ]
         return ChatCompletion.model_validate(
             {
-                "id": f"chatcmpl-{call_id}",
+                "id": f"chatcmpl-{turn.call_id or 'final'}",
                 "object": "chat.completion",
                 "created": 0,
                 "model": "gpt-4o-mini",
-                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": message}],
+                "choices": [{"index": 0, "finish_reason": finish, "message": message}],
                 "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25},
             }
         )
 
-    return SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+    async def acreate(**kwargs: Any) -> Any:
+        return create(**kwargs)
+
+    completions = SimpleNamespace(create=acreate if is_async else create)
+    return SimpleNamespace(
+        chat=SimpleNamespace(completions=completions), base_url="https://api.openai.invalid/v1/"
+    )
 
 
 def run_smolagents(scenario: str, tracer: str, provider: Any) -> None:
@@ -302,7 +315,7 @@ def run_smolagents(scenario: str, tracer: str, provider: Any) -> None:
         (what OpenInference wraps) runs unchanged."""
 
         def create_client(self) -> Any:
-            return _openai_chat_client(scenario)
+            return _openai_chat_client(scenario, final_tool=True)
 
     if scenario == "paginate":
 
