@@ -30,6 +30,7 @@ import asyncio
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ SCENARIOS = ("runaway", "success", "paginate")
 TOOL_CALLS = {"runaway": RUNAWAY_CALLS, "success": 1, "paginate": PAGES}
 """Tool calls each scenario makes (the collector must count exactly these)."""
 LOOPING = {"runaway": True, "success": False, "paginate": False}
+"""Whether the collector must flag the scenario's run as a loop."""
 
 PROMPT = "Where is order A-1?"
 FINAL = "Order A-1 has shipped."
@@ -55,12 +57,13 @@ CONTENT_ENV = {
     # OpenLLMetry would otherwise create metrics instruments on the global meter provider.
     "TRACELOOP_METRICS_ENABLED": "false",
     # OpenInference captures content unless told not to (OPENINFERENCE_HIDE_*): defaults.
-    # smolagents, CrewAI: no telemetry of their own to a vendor during the tests.
+    # CrewAI: none of its own telemetry or cloud tracing (it would try the network).
     "CREWAI_DISABLE_TELEMETRY": "true",
     "CREWAI_DISABLE_TRACKING": "true",
     "CREWAI_TRACING_ENABLED": "false",
-    "OTEL_SDK_DISABLED": "false",
 }
+"""Environment set before any framework is imported: content capture on, vendor
+telemetry off."""
 
 
 @dataclass(frozen=True)
@@ -113,10 +116,62 @@ def tools_of(scenario: str) -> list[Callable[..., str]]:
     return [list_orders] if scenario == "paginate" else [lookup_order]
 
 
+def _openai_chat_client(scenario: str, *, final_tool: bool, is_async: bool = False) -> Any:
+    """An object shaped like ``openai.OpenAI`` (or ``AsyncOpenAI``) whose
+    ``chat.completions.create`` answers from the scenario's script with real
+    ``ChatCompletion`` objects (no network), so the framework's own OpenAI model class and
+    its tracing run unchanged. ``final_tool``: the final answer is a ``final_answer`` tool
+    call (smolagents' way) rather than text."""
+    from types import SimpleNamespace
+
+    from openai.types.chat import ChatCompletion
+
+    turns = iter(plan(scenario))
+
+    def create(**kwargs: Any) -> Any:
+        turn = next(turns)
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        finish = "tool_calls"
+        if turn.final and not final_tool:
+            message["content"], finish = FINAL, "stop"
+        else:
+            if turn.final:
+                name, args, call_id = "final_answer", {"answer": FINAL}, "call_final"
+            else:
+                name, args, call_id = str(turn.tool), turn.args, turn.call_id
+            message["tool_calls"] = [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(args)},
+                }
+            ]
+        return ChatCompletion.model_validate(
+            {
+                "id": f"chatcmpl-{turn.call_id or 'final'}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "gpt-4o-mini",
+                "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+                "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25},
+            }
+        )
+
+    async def acreate(**kwargs: Any) -> Any:
+        return create(**kwargs)
+
+    completions = SimpleNamespace(create=acreate if is_async else create)
+    return SimpleNamespace(
+        chat=SimpleNamespace(completions=completions), base_url="https://api.openai.invalid/v1/"
+    )
+
+
 # --------------------------------------------------------------------------- pydantic-ai
 
 
 def setup_pydantic_ai(tracer: str, provider: Any) -> None:
+    """Native spans need no setup (the agent is given the provider); OpenInference is a
+    span processor."""
     if tracer == "openinference":
         # OpenInference for pydantic-ai is a span processor that adds its attributes to
         # pydantic-ai's own spans as they end (so it comes before the exporters).
@@ -126,6 +181,7 @@ def setup_pydantic_ai(tracer: str, provider: Any) -> None:
 
 
 def run_pydantic_ai(scenario: str, tracer: str, provider: Any) -> None:
+    """pydantic-ai's own ``FunctionModel`` answers from the script."""
     from pydantic_ai import Agent
     from pydantic_ai.capabilities.instrumentation import Instrumentation
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
@@ -236,11 +292,15 @@ def run_langgraph(scenario: str, tracer: str, provider: Any) -> None:
     from langchain_core.tools import tool as lc_tool
     from langgraph.prebuilt import create_react_agent
 
-    graph = create_react_agent(
-        _langgraph_model(scenario),
-        tools=[lc_tool(fn) for fn in tools_of(scenario)],
-        name=AGENT_NAME,
-    )
+    with warnings.catch_warnings():
+        # LangGraph 1.x still ships create_react_agent and points to langchain's
+        # create_agent, which needs the langchain package: not part of the pinned set.
+        warnings.simplefilter("ignore")
+        graph = create_react_agent(
+            _langgraph_model(scenario),
+            tools=[lc_tool(fn) for fn in tools_of(scenario)],
+            name=AGENT_NAME,
+        )
     graph.invoke({"messages": [("user", PROMPT)]}, {"recursion_limit": 50})
 
 
@@ -253,56 +313,6 @@ def setup_smolagents(tracer: str, provider: Any) -> None:
     from openinference.instrumentation.smolagents import SmolagentsInstrumentor
 
     SmolagentsInstrumentor().instrument(tracer_provider=provider)
-
-
-def _openai_chat_client(scenario: str, *, final_tool: bool, is_async: bool = False) -> Any:
-    """An object shaped like ``openai.OpenAI`` (or ``AsyncOpenAI``) whose
-    ``chat.completions.create`` answers from the scenario's script with real
-    ``ChatCompletion`` objects (no network), so the framework's own OpenAI model class and
-    its tracing run unchanged. ``final_tool``: the final answer is a ``final_answer`` tool
-    call (smolagents' way) rather than text."""
-    from types import SimpleNamespace
-
-    from openai.types.chat import ChatCompletion
-
-    turns = iter(plan(scenario))
-
-    def create(**kwargs: Any) -> Any:
-        turn = next(turns)
-        message: dict[str, Any] = {"role": "assistant", "content": None}
-        finish = "tool_calls"
-        if turn.final and not final_tool:
-            message["content"], finish = FINAL, "stop"
-        else:
-            if turn.final:
-                name, args, call_id = "final_answer", {"answer": FINAL}, "call_final"
-            else:
-                name, args, call_id = str(turn.tool), turn.args, turn.call_id
-            message["tool_calls"] = [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(args)},
-                }
-            ]
-        return ChatCompletion.model_validate(
-            {
-                "id": f"chatcmpl-{turn.call_id or 'final'}",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "gpt-4o-mini",
-                "choices": [{"index": 0, "finish_reason": finish, "message": message}],
-                "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25},
-            }
-        )
-
-    async def acreate(**kwargs: Any) -> Any:
-        return create(**kwargs)
-
-    completions = SimpleNamespace(create=acreate if is_async else create)
-    return SimpleNamespace(
-        chat=SimpleNamespace(completions=completions), base_url="https://api.openai.invalid/v1/"
-    )
 
 
 def run_smolagents(scenario: str, tracer: str, provider: Any) -> None:
