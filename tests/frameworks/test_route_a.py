@@ -93,6 +93,13 @@ CASES = [
 ]
 
 
+def _skip_unless_installed(framework: str, tracer: str) -> None:
+    if not _installed(_route_a.FRAMEWORK_MODULE[framework]):
+        pytest.skip(f"{framework} is not installed in this venv")
+    if not _installed(TRACER_MODULE[framework, tracer]):
+        pytest.skip(f"{tracer} for {framework} is not installed (scripts/frameworks.sh does)")
+
+
 @pytest.fixture(scope="module")
 def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One real ``loopwatch collector`` for the module (each invocation is its own trace,
@@ -101,16 +108,24 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield running
 
 
+STOPS_METRIC = "loopwatch_agent_stops_total"
+STOPS_COUNTED = "stops counted"
+"""Key of the report that holds how much ``loopwatch_agent_stops_total`` rose while the
+framework and tracer ran its three scenarios."""
+
+
 @pytest.fixture(scope="module")
 def invocations(
     collector: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Callable[[str, str], dict[str, list[str]]]:
-    """``(framework, tracer) -> {scenario: [trace ids]}``: runs the three scenarios once
-    per framework and tracer, in a subprocess exporting to the collector."""
-    done: dict[tuple[str, str], dict[str, list[str]]] = {}
+) -> Callable[[str, str], dict[str, Any]]:
+    """``(framework, tracer) -> {scenario: [trace ids], STOPS_COUNTED: float}``: runs the
+    three scenarios once per framework and tracer, in a subprocess exporting to the
+    collector (synchronously: its spans are committed and counted when it exits)."""
+    done: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def get(framework: str, tracer: str) -> dict[str, list[str]]:
+    def get(framework: str, tracer: str) -> dict[str, Any]:
         if (framework, tracer) not in done:
+            before = collector.metrics().total(STOPS_METRIC)
             report = tmp_path_factory.mktemp("report") / f"{framework}-{tracer}.json"
             env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
             proc = subprocess.run(
@@ -135,7 +150,9 @@ def invocations(
                 check=False,
             )
             assert proc.returncode == 0, f"scripted agents failed:\n{proc.stderr[-4000:]}"
-            done[framework, tracer] = json.loads(report.read_text(encoding="utf-8"))
+            result = json.loads(report.read_text(encoding="utf-8"))
+            result[STOPS_COUNTED] = collector.metrics().total(STOPS_METRIC) - before
+            done[framework, tracer] = result
         return done[framework, tracer]
 
     return get
@@ -147,13 +164,10 @@ def test_route_a(
     tracer: str,
     scenario: str,
     collector: Any,
-    invocations: Callable[[str, str], dict[str, list[str]]],
+    invocations: Callable[[str, str], dict[str, Any]],
 ) -> None:
     """One invocation, as the collector lists it: one run, named, counted, judged."""
-    if not _installed(_route_a.FRAMEWORK_MODULE[framework]):
-        pytest.skip(f"{framework} is not installed in this venv")
-    if not _installed(TRACER_MODULE[framework, tracer]):
-        pytest.skip(f"{tracer} for {framework} is not installed (scripts/frameworks.sh does)")
+    _skip_unless_installed(framework, tracer)
     traces = set(invocations(framework, tracer)[scenario])
     assert traces, "the tracer emitted no span"
     runs = [r for r in collector.runs() if r["trace_id"] in traces]
@@ -179,6 +193,22 @@ def test_route_a(
         assert run.get("loop_tool") == "lookup_order", summary
     else:
         assert run.get("observe_reason") is None, summary
+
+
+@pytest.mark.parametrize(
+    ("framework", "tracer"), [pytest.param(*c, id="-".join(c)) for c in _route_a.combos()]
+)
+def test_route_a_counts_one_stop_per_invocation(
+    framework: str,
+    tracer: str,
+    invocations: Callable[[str, str], dict[str, Any]],
+) -> None:
+    """``loopwatch_agent_stops_total`` rises by one per invocation, never for a phantom
+    run (what on-call alerts read); an invocation whose tracer sends neither a tool nor a
+    model span (CrewAI) makes a run with no step, which never counts a stop."""
+    _skip_unless_installed(framework, tracer)
+    expected = 0 if framework == "crewai" else len(_route_a.SCENARIOS)
+    assert invocations(framework, tracer)[STOPS_COUNTED] == expected
 
 
 def test_fixture_versions_match_the_installed_releases() -> None:
