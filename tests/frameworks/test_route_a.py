@@ -12,7 +12,8 @@ checks the issue 25 "Done when" for route A:
   ``final_answer`` tool is the final answer, not a call);
 - the runaway loop flagged (``observe_reason`` ``repeated_action`` or ``action_cycle``,
   ``loop_tool`` the tool), the succeeding and paginating agents not flagged;
-- the agent's real name (``support_bot``, never a method name such as ``X.run``).
+- the agent's real name (``support_bot``, never a method name such as ``X.run``);
+- ``loopwatch_agent_stops_total`` up by one per invocation (none for a run with no step).
 
 Where a tracer sends no tool spans (CrewAI under both tracers, LlamaIndex under
 OpenLLMetry) or no content (AutoGen's native spans), only what it can show is asserted:
