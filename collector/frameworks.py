@@ -12,6 +12,10 @@ the spans the frameworks really emit (``tests/testdata/frameworks/*.json``, reco
 - **Not a model call** (:func:`is_model_preparation`): OpenInference's LlamaIndex
   instrumentation emits an ``LLM`` span for ``<llm>._prepare_chat_with_tools`` beside the
   real call (``<llm>.astream_chat``) in every turn; it builds the request, it is no turn.
+- **An answer is not a tool call** (:func:`is_final_answer`): smolagents answers
+  through its own ``final_answer`` tool, which OpenInference traces as a ``TOOL`` span
+  (``FinalAnswerTool``, ``tool.name=final_answer``). It is the run's final decision, not
+  an action: counted as a call, every smolagents run would show one call too many.
 - **The agent's name** (:func:`agent_label`): ``gen_ai.agent.name``, else OpenInference
   ``agent.name``, else ``graph.node.id`` (OpenAI Agents, AutoGen and CrewAI agent
   spans), else CrewAI's ``crewai.agent.role`` (OpenLLMetry), else
@@ -61,6 +65,7 @@ __all__ = [
     "DROPPED_KEYS",
     "METHOD_SUFFIXES",
     "agent_label",
+    "is_final_answer",
     "is_graph_node",
     "is_model_preparation",
     "name_hint",
@@ -129,6 +134,11 @@ def is_graph_node(attrs: Attributes) -> bool:
         parsed = _loads(metadata)
         return isinstance(parsed, dict) and sc.LANGGRAPH_NODE in parsed
     return isinstance(metadata, dict) and sc.LANGGRAPH_NODE in metadata
+
+
+def is_final_answer(name: str, attrs: Attributes) -> bool:
+    """Whether a tool span is smolagents' answer tool (module docstring)."""
+    return name == "FinalAnswerTool" and attrs.get(sc.OPENINFERENCE_TOOL_NAME) == "final_answer"
 
 
 def is_model_preparation(name: str) -> bool:

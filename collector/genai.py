@@ -34,6 +34,7 @@ from loopwatch.instrumentation.budgets import MAX_REPORTED_TOKENS
 
 from .frameworks import (
     agent_label,
+    is_final_answer,
     is_graph_node,
     is_model_preparation,
     unwrap_arguments,
@@ -87,12 +88,15 @@ def span_role(attrs: Attributes, name: str = "") -> int:
     ``gen_ai.operation.name`` decides first, then ``openinference.span.kind``, then
     OpenLLMetry's ``llm.request.type``. A graph node that looks like an agent
     (:func:`~loopwatch.collector.frameworks.is_graph_node`) is ``ROLE_OTHER``;
-    ``create_agent`` (building an agent, not running it) is too, and so is a model span
-    that only prepares the request (the span ``name`` tells,
-    :func:`~loopwatch.collector.frameworks.is_model_preparation`).
+    ``create_agent`` (building an agent, not running it) is too, and so are a model span
+    that only prepares the request and smolagents' answer tool (the span ``name`` tells,
+    :func:`~loopwatch.collector.frameworks.is_model_preparation`,
+    :func:`~loopwatch.collector.frameworks.is_final_answer`).
     """
     role = _role(attrs)
-    return ROLE_OTHER if role == ROLE_MODEL and is_model_preparation(name) else role
+    if role == ROLE_MODEL and is_model_preparation(name):
+        return ROLE_OTHER
+    return ROLE_OTHER if role == ROLE_TOOL and is_final_answer(name, attrs) else role
 
 
 def _role(attrs: Attributes) -> int:

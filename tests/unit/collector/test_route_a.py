@@ -60,7 +60,8 @@ TRACERS = {
     "openai_agents-openllmetry": Tracer(),
     "langgraph-openinference": Tracer(),
     "langgraph-openllmetry": Tracer(),
-    "smolagents-openinference": Tracer(extra_tools=("final_answer",)),
+    # smolagents' final_answer tool span is the answer, not a call.
+    "smolagents-openinference": Tracer(),
     "llamaindex-openinference": Tracer(),
     # OpenLLMetry's LlamaIndex instrumentation sends tool calls as untyped task spans.
     "llamaindex-openllmetry": Tracer(tool_spans=False, content=False),
