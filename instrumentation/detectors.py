@@ -5,6 +5,8 @@
   whatever came between); for writes (declared, or inferred from the tool's name:
   :mod:`.tool_risk`), the same *intent* anywhere in the window after it succeeded,
   whatever it returned (``duplicate_intent``; the evidence names ``risk_source``).
+  Identical calls still in flight (dispatched, result not yet recorded: parallel calls of
+  one model turn) count too, at dispatch (see :class:`RepeatLimits`).
 - action cycle: periods ``2..cycle_max_period`` repeated ``cycle_repetitions`` times with
   unchanged observations.
 - repeated decision: the same non-tool decision ``repeated_decision_limit`` times.
@@ -16,14 +18,17 @@
 
 Each check returns a :class:`~.outcomes.Stop` or None; the guard decides what a stop does
 (end the run, or record it in ``observe`` mode). State is bounded by ``detector_window``
-(or what a limit needs, up to :data:`MAX_LOOKBACK`) whatever the run's length. Not
-thread-safe by itself: the owning guard holds its lock around every call.
+(or what a limit needs, up to :data:`MAX_LOOKBACK`) whatever the run's length, and the
+calls in flight by how many run at once. Not thread-safe by itself: the owning guard holds
+its lock around every call. Calls in flight are not part of a snapshot (:mod:`.state`): a
+run is resumed between calls, and a call in flight when the snapshot was taken is either
+recorded before it (then it is in the streak) or lost with the process.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -74,6 +79,15 @@ class RepeatLimits(NamedTuple):
             row with no progress between is refused; for a write, also the N-th run of the
             same intent in the window. The tool's ``repeat_limit``, else the profile's
             (reads) or 2 (writes); at least 2: the first occurrence is never a repeat.
+            Identical calls still in flight count at dispatch, as if each had returned
+            the streak's observation (their results are not known yet): the call is the
+            (streak + in flight + 1)-th occurrence, refused when that reaches N, so a
+            model turn asking for the same call many times in parallel runs its body at
+            most N - 1 times, as it would in sequence. Likewise a write whose intent is
+            in flight (an idempotency key it shares is a replay, not a duplicate) counts
+            that run towards the N-th. The evidence then carries ``detail.in_flight``
+            (how many of the counted calls were concurrent). With nothing in flight the
+            rule is the sequential one above, unchanged.
         across_progress: refused in a row whatever progress came between:
             ``in_a_row`` x :data:`REPEAT_ACROSS_PROGRESS_FACTOR`.
         keyed / keyed_across_progress: the same for a write carrying its idempotency key:
@@ -96,6 +110,19 @@ class RepeatLimits(NamedTuple):
         keyed = max(limit, policy.repeat_limit, 2)
         factor = REPEAT_ACROSS_PROGRESS_FACTOR
         return cls(limit, limit * factor, keyed, keyed * factor)
+
+
+def _take(held: dict[str, list[Any]], key: str, item: Any) -> None:
+    """Remove one ``item`` from ``held[key]`` (the key too once empty); absent: nothing."""
+    items = held.get(key)
+    if items is None:
+        return
+    try:
+        items.remove(item)
+    except ValueError:
+        return
+    if not items:
+        del held[key]
 
 
 def _lookback(window: int, needed: int) -> int:
@@ -228,6 +255,10 @@ class Detectors:
         )
         self.decision_counts: Counter[str] = Counter()
         self.provided: set[str] = set()
+        # Calls dispatched and not yet recorded, with their steps: by fingerprint, and a
+        # write's by intent with its key. Bounded by how many calls run at once.
+        self.in_flight: dict[str, list[int]] = {}
+        self.writes_in_flight: dict[str, list[tuple[str | None, int]]] = {}
 
     # ------------------------------------------------------------ before a call
 
@@ -290,28 +321,57 @@ class Detectors:
         """A retry of the action ``key`` was dispatched."""
         self.retries.set(key, self.retries.get(key, 0) + 1)
 
+    def dispatch(self, ticket: ToolTicket, is_retry: bool) -> None:
+        """An allowed call leaves the process: count it if it is a retry, and hold it in
+        flight until :meth:`release` (the guard calls it for an allowed ticket only, so a
+        refused call holds nothing)."""
+        if is_retry:
+            self.count_retry(ticket.retry_key)
+        self.in_flight.setdefault(ticket.fingerprint, []).append(ticket.step)
+        if ticket.risk == "write":
+            held = self.writes_in_flight.setdefault(ticket.intent, [])
+            held.append((ticket.idempotency_key, ticket.step))
+
+    def release(self, ticket: ToolTicket) -> None:
+        """The dispatched ``ticket`` returned, failed or timed out: it is no longer in
+        flight (its result, if recorded, joins the streak)."""
+        _take(self.in_flight, ticket.fingerprint, ticket.step)
+        if ticket.risk == "write":
+            _take(self.writes_in_flight, ticket.intent, (ticket.idempotency_key, ticket.step))
+
     def repeat(self, ticket: ToolTicket, ts: ToolSettings, step: int) -> Stop | None:
         """The ``repeated_action`` stop this call would make, checked before dispatch: the
-        triggering duplicate is recorded but not executed."""
+        triggering duplicate is recorded but not executed. Identical calls in flight count
+        as occurrences (:class:`RepeatLimits`)."""
         limits = ts.repeat
         if ts.write:
             stop = self._duplicate_intent(ticket, ts, limits.in_a_row, step)
             if stop is not None:
                 return stop
+        flying = self.in_flight.get(ticket.fingerprint) or ()
         streak = self.streak
-        if streak is None or streak.fingerprint != ticket.fingerprint:
+        same = streak is not None and streak.fingerprint == ticket.fingerprint
+        if not same and not flying:
             return None
         if ts.write and ticket.idempotency_key is not None:
             limit, cap = limits.keyed, limits.keyed_across_progress
         else:
             limit, cap = limits.in_a_row, limits.across_progress
-        since = self.streak_count
-        across = since + 1 < limit and self.streak_all_count + 1 >= cap
+        k = len(flying)
+        since = (self.streak_count if same else 0) + k
+        total = (self.streak_all_count if same else 0) + k
+        across = since + 1 < limit and total + 1 >= cap
         if since + 1 < limit and not across:
             return None
-        repeats = self.streak_all if across else self.streak_steps
-        count = (self.streak_all_count if across else since) + 1
-        detail: dict[str, Any] = {"observation": streak.observation[:12]}
+        repeats: Iterable[int] = ()
+        if same:
+            repeats = self.streak_all if across else self.streak_steps
+        count = (total if across else since) + 1
+        detail: dict[str, Any] = {}
+        if streak is not None and same:
+            detail["observation"] = streak.observation[:12]
+        if k:
+            detail["in_flight"] = k
         if across:
             detail["across_progress"] = True
         if ts.write:
@@ -325,7 +385,7 @@ class Detectors:
                 detector="repeated_action",
                 tool=ticket.tool,
                 repetitions=count,
-                step_indices=(*repeats, ticket.step),
+                step_indices=(*repeats, *flying[-self.window :], ticket.step),
                 fingerprint_previews=(preview(ticket.tool, ticket.fingerprint),),
                 detail=detail,
             ),
@@ -335,13 +395,21 @@ class Detectors:
         self, ticket: ToolTicket, ts: ToolSettings, limit: int, step: int
     ) -> Stop | None:
         """The same write intent (loose fingerprint, idempotency key left out) already
-        succeeded ``limit - 1`` times in the window: refused whatever those calls
-        returned (a ticket created twice is not progress, even with a new id each time)."""
+        succeeded, or is in flight, ``limit - 1`` times in the window: refused whatever
+        those calls returned (a ticket created twice is not progress, even with a new id
+        each time), or before they return (two parallel runs of one write are a duplicate
+        side effect whatever the first returns)."""
         prior: list[tuple[str | None, int]] = self.writes.get(ticket.intent) or []
         key = ticket.idempotency_key
         if key is not None and any(k == key for k, _ in prior):
             return None  # an idempotent replay: stable completion, not a new side effect
         duplicates = [(k, s) for k, s in prior if k is None or k != key]
+        flying = [
+            (k, s)
+            for k, s in self.writes_in_flight.get(ticket.intent) or ()
+            if k is None or k != key
+        ]
+        duplicates += flying
         if not duplicates or len(duplicates) + 1 < limit:
             return None
         steps = (*(s for _, s in duplicates), ticket.step)
@@ -360,6 +428,7 @@ class Detectors:
                     "risk": "write",
                     "risk_source": ts.risk_source,
                     "idempotency_key_changed": key is not None,
+                    **({"in_flight": len(flying)} if flying else {}),
                 },
             ),
         )

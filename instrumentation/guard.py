@@ -10,9 +10,9 @@ are data (a :class:`Stop` inside an :class:`Outcome`), never exceptions (DESIGN 
 A limit of N permits exactly N calls: the budget is checked and reserved before the call
 leaves the process. Checks before a tool dispatch, in order: deadline, ceilings (this
 run's, then the parent's, then success slots held by calls in flight: refused without a
-stop), retries per action, repeated action. After a tool result: action cycle. After each
-step, in order: goal check, ceilings (tokens and cost as observed), then no progress.
-Progress evidence comes from the environment only, never the model's say-so.
+stop), retries per action, repeated action (identical calls in flight count). After a
+tool result: action cycle. After each step, in order: goal check, ceilings (tokens and
+cost as observed), then no progress. Progress evidence: the environment's, never the model's.
 
 Thread-safety: every public method takes the guard's lock, so parallel tool calls cannot
 both take the last slot. A run tree shares one lock (a child uses its root's), so a
@@ -461,8 +461,7 @@ class Guard:
                 return ticket
             ticket.allowed = True
             ticket.is_retry = is_retry
-            if is_retry:
-                d.count_retry(ticket.retry_key)
+            d.dispatch(ticket, is_retry)  # held in flight: parallel repeats count at once
             ticket.timeout_seconds = b.dispatch(is_retry, ts.timeout, elapsed)
             return ticket
 
@@ -550,6 +549,7 @@ class Guard:
             b = self._budget
             if ticket.allowed and not ticket.done:
                 b.release()
+                self._detectors.release(ticket)
             if (
                 ticket.done
                 or not ticket.allowed
