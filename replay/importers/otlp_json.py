@@ -42,7 +42,10 @@ Runs:
   function.arguments}``, or else from an OpenAI response in ``output.value``. Each tool
   row answers the call it matches by tool-call id, else the turn's oldest unanswered
   call of the same name, else is a call of its own; a requested call no tool span
-  answered stays, with no observation. The last model step without tool calls is
+  answered stays, with no observation. What the tracer did not record is a stand-in
+  unlike any other (:data:`UNRECORDED`): the arguments of a call recorded with neither
+  arguments nor result, the text of a turn recorded with neither text nor calls. The
+  last model step without tool calls is
   ``final`` unless a span other than a tool span has status ``ERROR`` (a failed tool call
   is an observation, a failed model or agent span is a failed run); other text-only
   steps are ``message``. A run whose tracer reports no call (CrewAI) is a trajectory with
@@ -101,7 +104,7 @@ from loopwatch.replay.trajectory import (
     Trajectory,
 )
 
-__all__ = ["IMPORTER", "OtlpJsonImporter"]
+__all__ = ["IMPORTER", "MSG_NO_STEPS", "UNRECORDED", "OtlpJsonImporter"]
 
 COMPLETED: Final = "completed"
 """The loopwatch stop reason of a run that ended with a verified final answer."""
@@ -111,6 +114,11 @@ _UNKNOWN_TOOL: Final = "unknown_tool"
 _CREATE_AGENT: Final = "create_agent"
 """GenAI semconv ``gen_ai.operation.name`` of a span that builds an agent (no run)."""
 MSG_NO_STEPS: Final = "no model-call, tool or agent step spans"
+UNRECORDED: Final = "loopwatch.replay.unrecorded"
+"""Stand-in key of what a tracer did not record: a tool call's arguments
+``{UNRECORDED: <span id>}`` when neither its arguments nor its result were recorded, a
+model turn's text ``"<UNRECORDED>=<span id>"`` when neither its text nor its calls were:
+each is unlike every other, so replay's detectors judge no loop on what nobody saw."""
 _MODEL_KEYS: Final = (
     sc.GEN_AI_REQUEST_MODEL,
     sc.GEN_AI_RESPONSE_MODEL,
@@ -506,6 +514,10 @@ def _third_party_run(
                 yield ImportProblem(source, f"span {decisions[0].span_id}", problem)
             if output is not None:
                 draft.text, draft.calls = output.text, output.calls
+            if draft.text is None and not draft.calls:
+                # The tracer recorded no output of the turn (OpenLLMetry's LlamaIndex
+                # spans): equal unknowns are no repeated decision.
+                draft.text = f"{UNRECORDED}={decisions[0].span_id}"
             draft.input_tokens = decisions[0].input_tokens
             draft.output_tokens = decisions[0].output_tokens
         by_id: OpenCalls[CallDraft] = OpenCalls()
@@ -679,6 +691,10 @@ def _tool_result(row: StepRow, draft: _Draft, by_id: OpenCalls[CallDraft]) -> No
         call = next((c for c in draft.calls if not c.answered and c.name == name), None)
     if call is None:
         arguments = json_or_text(row.arguments)
+        if arguments is None and row.result is None:
+            # Nothing of the call was recorded (AutoGen's own spans): not comparable with
+            # another call, as the collector judges no call without content.
+            arguments = {UNRECORDED: row.span_id}
         call = CallDraft(name, {} if arguments is None else arguments, row.tool_call_id)
         draft.calls.append(call)
     call.answered = True
