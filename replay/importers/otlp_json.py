@@ -467,9 +467,7 @@ class _TraceContext:
         self.stop: str | None = _first(spans, sc.GEN_AI_AGENT_FINISH_REASON)
         # A failed tool call is an observation; a failed model or agent span a failed run.
         self.failed = any(
-            s.status_code == STATUS_ERROR
-            and genai.span_role(s.attributes, s.name) != genai.ROLE_TOOL
-            for s in spans
+            s.status_code == STATUS_ERROR and _role(s) != genai.ROLE_TOOL for s in spans
         )
         self.model = _model(spans)
 
@@ -478,17 +476,20 @@ class _TraceContext:
         first model span nested under it that has one (the map stage keeps the outer
         span of a turn seen through several)."""
         todo = [span_id]
+        visited: set[str] = set()  # a file may link spans in a cycle
         first: tuple[_Draft | None, str | None] = (None, None)
         while todo:
-            span = self.by_id.get(todo.pop(0))
-            if span is None:
+            current = todo.pop()
+            span = self.by_id.get(current)
+            if span is None or current in visited:
                 continue
+            visited.add(current)
             if _role(span) == genai.ROLE_MODEL:
                 draft, problem = _model_step(span)
                 if draft.calls or draft.text is not None or problem:
                     return draft, problem
                 first = first if first[0] is not None else (draft, problem)
-            todo.extend(c.span_id for c in self.children.get(span.span_id, []))
+            todo.extend(reversed([c.span_id for c in self.children.get(span.span_id, [])]))
         return first
 
 
@@ -514,10 +515,6 @@ def _third_party_run(
                 yield ImportProblem(source, f"span {decisions[0].span_id}", problem)
             if output is not None:
                 draft.text, draft.calls = output.text, output.calls
-            if draft.text is None and not draft.calls:
-                # The tracer recorded no output of the turn (OpenLLMetry's LlamaIndex
-                # spans): equal unknowns are no repeated decision.
-                draft.text = f"{UNRECORDED}={decisions[0].span_id}"
             draft.input_tokens = decisions[0].input_tokens
             draft.output_tokens = decisions[0].output_tokens
         by_id: OpenCalls[CallDraft] = OpenCalls()
@@ -527,6 +524,10 @@ def _third_party_run(
         for row in step_rows:
             if row.kind == KIND_TOOL_RESULT:
                 _tool_result(row, draft, by_id)
+        if decisions and draft.text is None and not draft.calls:
+            # The tracer recorded no output of the turn (OpenLLMetry's LlamaIndex spans):
+            # equal unknowns are no repeated decision.
+            draft.text = f"{UNRECORDED}={decisions[0].span_id}"
         draft.timestamp = _seconds(min(r.start_unix_nano for r in step_rows))
         drafts.append(draft)
     last = drafts[-1] if drafts else None

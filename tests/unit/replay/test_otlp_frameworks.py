@@ -140,3 +140,26 @@ def test_default_policy_stops_only_the_runaways_it_can_see(
         assert row["stop_reason"] in (None, "no_progress"), row
     else:
         assert row["stop_reason"] is None, row
+
+
+def test_spans_linked_in_a_cycle_are_read_once(tmp_path: Path) -> None:
+    """A hostile file whose model spans are each other's parent: read, no endless walk."""
+
+    def span(span_id: str, parent: str) -> dict[str, Any]:
+        return {
+            "traceId": "ab" * 16,
+            "spanId": span_id,
+            "parentSpanId": parent,
+            "name": "chat m",
+            "startTimeUnixNano": "1",
+            "endTimeUnixNano": "2",
+            "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}}],
+        }
+
+    spans = [span("1" * 16, "2" * 16), span("2" * 16, "1" * 16)]
+    path = tmp_path / "cycle.json"
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    result = read_file(path, format="otlp_json")
+    assert result.problems == []
+    (run,) = result.trajectories
+    assert run.steps and all(s.text and s.text.startswith(UNRECORDED) for s in run.steps)
