@@ -87,7 +87,15 @@ RUN_TABLE_COLUMNS: Final[tuple[str, ...]] = (
 )
 """The runs tables' columns, in display order."""
 
-RUN_COLUMNS: Final = (*RUN_TABLE_COLUMNS, "tokens", "sample_rule", "policy_name", "source")
+RUN_COLUMNS: Final = (
+    *RUN_TABLE_COLUMNS,
+    "tokens",
+    "sample_rule",
+    "policy_name",
+    "source",
+    "observe_reason",
+    "loop_tool",
+)
 """Columns of :attr:`RunsPage.runs`: :data:`RUN_TABLE_COLUMNS`, then the hidden ones."""
 
 TOOL_OUTCOME_COLUMNS: Final = ("ok", "errors", "blocked")

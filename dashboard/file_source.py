@@ -13,7 +13,7 @@ needs neither.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Unpack
@@ -70,14 +70,14 @@ class DuckDBSource:
             self._cursor, timeout_seconds=timeout_seconds, max_rows=max_rows, owned=connection
         )
         try:
-            self._query("SELECT max(version) AS v FROM schema_version", [])
-            self._query("SELECT run_key FROM runs LIMIT 0", [])
+            # The reader's own list query: it fails on a file without loopwatch's tables.
+            self.check()
         except data.QueryFailed:
             self.close()
             raise data.SourceUnavailable(
                 "not_loopwatch",
                 f"{self.path} is a DuckDB file but not a loopwatch database "
-                "(no schema_version or runs table).",
+                "(no loopwatch runs table).",
             ) from None
 
     @property
@@ -89,11 +89,6 @@ class DuckDBSource:
             if self._connection is None:
                 raise data.SourceUnavailable("unreadable", f"{self.path} was closed.")
             return self._connection.cursor()
-
-    def _query(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-        """Run one parameterized query with the time limit; rows past the cap are dropped."""
-        rows, _ = self._call(self._reader._query, sql, params)
-        return rows  # type: ignore[no-any-return]
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call a reader method, mapping its errors to :class:`QueryFailed`."""
@@ -107,11 +102,18 @@ class DuckDBSource:
             raise data.QueryFailed("bad_parameter", str(exc)) from None
 
     def check(self) -> None:
-        self._query("SELECT 1 AS ok", [])
+        """Read one run through the reader's public list query.
+
+        Raises:
+            QueryFailed: the file has no loopwatch tables, or the query failed.
+        """
+        self._call(self._reader.list_runs, limit=1)
 
     def runs(self, filters: data.RunFilter, *, limit: int = 50, offset: int = 0) -> data.RunsPage:
         page = self._call(self._reader.list_runs, **filters.given(), limit=limit, offset=offset)
-        items = self._call(queries.attach_steps_since_progress, self._reader, page.items)
+        # The same stop summary the read API's list attaches (steps_since_progress,
+        # observe_reason, loop_tool), so both sources list the same columns.
+        items = self._call(queries.attach_stop_summary, self._reader, page.items)
         return data.RunsPage(frames.runs_frame(items), offset, page.next_offset)
 
     def run(self, run_id: str) -> data.RunData | None:

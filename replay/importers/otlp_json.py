@@ -5,9 +5,10 @@ JSON Lines with one such request per line (what the OpenTelemetry Collector ``fi
 exporter writes). Each request is read by the collector's own reader,
 :func:`loopwatch.collector.decode.decode_json`, and its spans are understood by
 :mod:`loopwatch.collector.genai` (span roles, tool names, call ids, arguments, results,
-tokens, agent names), so a file replays what the collector would have stored: what the
-collector refuses is a problem here, and what it accepts is read. This module builds
-trajectories from the decoded spans; it parses no OTLP itself.
+tokens, agent names) and mapped by its map stage, so a file replays what the collector
+would have stored: what the collector refuses is a problem here, and what it accepts is
+read into the same runs and steps (issue 24: there is no second reader). This module
+builds trajectories from the collector's rows; it parses no OTLP itself.
 
 Runs:
 
@@ -25,22 +26,37 @@ Runs:
   (``{"loopwatch.action.fingerprint": <sha256>}``) and ``loopwatch.observation.digest``
   for the observation (``"loopwatch.observation.digest=<sha256>"``): equal calls and
   equal results stay equal, which is all replay's detectors compare.
-* Any other trace is one run (``run_id`` is the trace id). Model-call spans are agent
-  steps; their tool calls come from ``gen_ai.output.messages`` (GenAI semconv 1.38 JSON
-  parts ``{type: "tool_call", id, name, arguments}``), from OpenInference's flattened
+* Any other trace is read by the collector's own map stage
+  (:class:`~loopwatch.collector.map.MapStage`, fed one request at a time as the
+  collector is; steps still pending at the end of the file are released to their
+  trace-level run, as the collector does after ``max_idle_seconds``): its runs are the
+  trajectories (one per agent invocation: graph-node and ``create_agent`` spans and
+  workflow wrappers are no runs), its step rows the steps (nested spans of one tool call
+  are one call, nested model spans one turn, LangChain/OpenLLMetry content envelopes
+  unwrapped), its run's agent name the trajectory's. ``run_id`` is the trace id when the
+  trace holds one run, else ``<trace id>/run=<run id>``. What the rows do not carry is
+  read from the spans: a model turn's text and the calls it asked for, from
+  ``gen_ai.output.messages`` (GenAI semconv 1.38 JSON parts ``{type: "tool_call", id,
+  name, arguments}``), from OpenInference's flattened
   ``llm.output_messages.<i>.message.tool_calls.<j>.tool_call.{id, function.name,
-  function.arguments}``, or else from an OpenAI response in ``output.value``. Tool
-  spans are the observations: matched to the model's call by tool-call id, else to the
-  latest step's oldest unanswered call of the same name, else a step of their own. The
-  last model step without tool calls is ``final`` unless a span other than a tool span
-  has status ``ERROR`` (a failed tool call is an observation, a failed model or agent
-  span is a failed run); other text-only steps are ``message``. Third-party traces
-  record no stop unless a span carries ``gen_ai.agent.finish_reason``.
+  function.arguments}``, or else from an OpenAI response in ``output.value``. Each tool
+  row answers the call it matches by tool-call id, else the turn's oldest unanswered
+  call of the same name, else is a call of its own; a requested call no tool span
+  answered stays, with no observation. What the tracer did not record is a stand-in
+  unlike any other (:data:`UNRECORDED`): the arguments of a call recorded with neither
+  arguments nor result, the text of a turn recorded with neither text nor calls. The
+  last model step without tool calls is
+  ``final`` unless a span other than a tool span has status ``ERROR`` (a failed tool call
+  is an observation, a failed model or agent span is a failed run); other text-only
+  steps are ``message``. A run whose tracer reports no call (CrewAI) is a trajectory with
+  no step. Third-party traces record no stop unless a span carries
+  ``gen_ai.agent.finish_reason`` (the collector's inferred ``completed`` is not one).
 * Recorded outcome: stop ``completed`` is ``success``, any other stop ``failure`` (the
   run did not reach a verified answer), no stop ``unknown``.
-* Agent name: the first agent span's (:func:`~loopwatch.collector.genai.agent_name`),
-  else OpenLLMetry's ``traceloop.workflow.name``, else the resource's ``service.name``,
-  else ``otlp``.
+* Agent name: the collector's run's; for a trace-level run whose root names no agent
+  by attribute, OpenLLMetry's ``traceloop.workflow.name`` on the root, or the resource's
+  ``service.name`` when the root is a bare model or tool call (the collector keeps the
+  root's span name there); ``otlp`` when nothing names one.
 
 Problems: a request the collector refuses whole (not JSON, ``resourceSpans`` not an
 array of objects...) is one :class:`ImportProblem` naming the file or ``line N``; a span
@@ -48,8 +64,8 @@ it refuses names the span's place (``resourceSpans[0].scopeSpans[1].spans[4]``,
 prefixed ``line N:`` in JSON Lines) with the collector's message, and its trace is still
 read from its other spans. A loopwatch span no row could be made of
 (:func:`~loopwatch.collector.map.unmappable_reason`) is a problem naming
-``span <span id>``. A trace with no model, tool or agent step span gives a problem naming
-the trace.
+``span <span id>``. A trace the map stage makes no run of gives a problem naming the
+trace, unless it only builds agents (``create_agent`` spans).
 
 The collector's decoder module imports protobuf: without the collector extra, an
 OTLP/JSON file is one problem saying ``pip install 'loopwatch[collector]'`` (the other
@@ -58,6 +74,7 @@ formats need no extra).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -65,8 +82,10 @@ from typing import Any, Final, cast
 
 from loopwatch.collector import genai
 from loopwatch.collector.errors import DecodeError
-from loopwatch.collector.map import unmappable_reason
+from loopwatch.collector.frameworks import named_agent
+from loopwatch.collector.map import MapStage, unmappable_reason
 from loopwatch.collector.records import STATUS_ERROR, Attributes, SpanBatch, SpanRecord
+from loopwatch.collector.rows import KIND_DECISION, KIND_TOOL_RESULT, MappedBatch, RunRow, StepRow
 from loopwatch.instrumentation import DecisionType
 from loopwatch.instrumentation import _semconv as sc
 from loopwatch.replay.importers import Document
@@ -85,13 +104,21 @@ from loopwatch.replay.trajectory import (
     Trajectory,
 )
 
-__all__ = ["IMPORTER", "OtlpJsonImporter"]
+__all__ = ["IMPORTER", "MSG_NO_STEPS", "UNRECORDED", "OtlpJsonImporter"]
 
 COMPLETED: Final = "completed"
 """The loopwatch stop reason of a run that ended with a verified final answer."""
 
 _DECISIONS: Final = frozenset(DecisionType)
 _UNKNOWN_TOOL: Final = "unknown_tool"
+_CREATE_AGENT: Final = "create_agent"
+"""GenAI semconv ``gen_ai.operation.name`` of a span that builds an agent (no run)."""
+MSG_NO_STEPS: Final = "no model-call, tool or agent step spans"
+UNRECORDED: Final = "loopwatch.replay.unrecorded"
+"""Stand-in key of what a tracer did not record: a tool call's arguments
+``{UNRECORDED: <span id>}`` when neither its arguments nor its result were recorded, a
+model turn's text ``"<UNRECORDED>=<span id>"`` when neither its text nor its calls were:
+each is unlike every other, so replay's detectors judge no loop on what nobody saw."""
 _MODEL_KEYS: Final = (
     sc.GEN_AI_REQUEST_MODEL,
     sc.GEN_AI_RESPONSE_MODEL,
@@ -131,6 +158,7 @@ class OtlpJsonImporter:
         """
         source = str(doc.path)
         traces: dict[str, list[SpanRecord]] = {}
+        requests: list[list[SpanRecord]] = []
         for record, text, refused in _requests(doc):
             if text is None:
                 yield ImportProblem(source, record, refused)
@@ -143,15 +171,29 @@ class OtlpJsonImporter:
                 continue
             for where, message in rejected:
                 yield ImportProblem(source, prefix + where, message)
+            kept: list[SpanRecord] = []
             for span in batch.spans:
                 reason = unmappable_reason(span.attributes) if _is_loopwatch(span) else None
                 if reason is not None:
                     yield ImportProblem(source, f"{prefix}span {span.span_id}", reason)
                 else:
                     traces.setdefault(span.trace_id, []).append(span)
+                    kept.append(span)
+            requests.append(kept)
+        loopwatch = {s.trace_id for spans in traces.values() for s in spans if _is_loopwatch(s)}
+        # Third-party traces go through the collector's own map stage, request by
+        # request: the runs, steps and agent names are the ones the collector stores.
+        mapper = _Mapper()
+        for kept in requests:
+            mapper.feed([s for s in kept if s.trace_id not in loopwatch])
+        by_run = mapper.end().by_run()
         seen: set[str] = set()
         for trace_id, spans in traces.items():
-            for found in _trace_runs(source, trace_id, spans):
+            if trace_id in loopwatch:
+                found_runs = _loopwatch_runs(source, trace_id, spans)
+            else:
+                found_runs = _third_party_runs(source, trace_id, spans, by_run.get(trace_id, {}))
+            for found in found_runs:
                 yield _unique(found, seen, trace_id) if isinstance(found, Trajectory) else found
 
 
@@ -218,21 +260,20 @@ def _is_loopwatch(span: SpanRecord) -> bool:
     return sc.LW_EVENT in span.attributes or sc.LW_RUN_ID in span.attributes
 
 
-def _trace_runs(
+def _loopwatch_runs(
     source: str, trace_id: str, spans: list[SpanRecord]
 ) -> Iterator[Trajectory | ImportProblem]:
+    """One trajectory per loopwatch run id of a trace holding loopwatch spans; its other
+    spans (model calls of other instrumentations nested in decisions) give the model."""
     spans.sort(key=lambda s: s.start_unix_nano)  # stable: request order breaks ties
-    loopwatch: dict[str, list[SpanRecord]] = {}
+    runs: dict[str, list[SpanRecord]] = {}
     for span in spans:
         run_id = genai.attr_str(span.attributes, sc.LW_RUN_ID)
         if run_id and _is_loopwatch(span):
-            loopwatch.setdefault(run_id, []).append(span)
-    if loopwatch:
-        model = _model(spans)
-        for run_id, run_spans in loopwatch.items():
-            yield _loopwatch_run(source, trace_id, run_id, run_spans, model)
-        return
-    yield from _third_party_run(source, trace_id, spans)
+            runs.setdefault(run_id, []).append(span)
+    model = _model(spans)
+    for run_id, run_spans in runs.items():
+        yield _loopwatch_run(source, trace_id, run_id, run_spans, model)
 
 
 # --- loopwatch's own spans -------------------------------------------------------------
@@ -342,39 +383,159 @@ class _Draft:
     calls: list[CallDraft] = field(default_factory=list)
 
 
-def _third_party_run(
-    source: str, trace_id: str, spans: list[SpanRecord]
+@dataclass
+class _Rows:
+    """What the collector's map stage made of a file's third-party spans: run rows by
+    run id, and each step's final row by span key (a released pending row replaces it)."""
+
+    runs: dict[str, RunRow] = field(default_factory=dict)
+    steps: dict[tuple[str, str], StepRow] = field(default_factory=dict)
+
+    def by_run(self) -> dict[str, dict[str, tuple[RunRow | None, list[StepRow]]]]:
+        """Trace id -> run id -> (its run row, if the stage made one; its step rows), in
+        the order the stage made the runs, then the order of steps with no run row."""
+        out: dict[str, dict[str, tuple[RunRow | None, list[StepRow]]]] = {}
+        for run in self.runs.values():
+            out.setdefault(run.trace_id, {})[run.run_id] = (run, [])
+        for row in self.steps.values():
+            trace = out.setdefault(row.trace_id, {})
+            trace.setdefault(row.run_id, (None, []))[1].append(row)
+        return out
+
+    def add(self, mapped: MappedBatch) -> None:
+        for run in mapped.runs:
+            self.runs.setdefault(run.run_id, run)
+        for step in mapped.steps:
+            self.steps[(step.trace_id, step.span_id)] = step
+        for step, _parent in mapped.pending:
+            self.steps.setdefault((step.trace_id, step.span_id), step)
+
+
+class _Mapper:
+    """The collector's :class:`~loopwatch.collector.map.MapStage`, fed one request at a
+    time as the collector is, then told the file is over: every step still pending (its
+    agent span never came) is released to its trace-level run, as the collector does
+    after ``max_idle_seconds``."""
+
+    def __init__(self) -> None:
+        self._now = 0.0
+        self._stage = MapStage(clock=lambda: self._now)
+        self.rows = _Rows()
+
+    def feed(self, spans: list[SpanRecord]) -> None:
+        if spans:
+            self.rows.add(self._stage.process(SpanBatch(spans=spans)))
+
+    def end(self) -> _Rows:
+        self._now = math.inf
+        self.rows.add(self._stage.process(SpanBatch(spans=[])))
+        return self.rows
+
+
+def _third_party_runs(
+    source: str,
+    trace_id: str,
+    spans: list[SpanRecord],
+    runs: dict[str, tuple[RunRow | None, list[StepRow]]],
 ) -> Iterator[Trajectory | ImportProblem]:
-    drafts: list[_Draft] = []
-    by_id: OpenCalls[CallDraft] = OpenCalls()
-    agent: str | None = None
-    stop: str | None = None
-    failed = False
-    for span in spans:
-        role = genai.span_role(span.attributes)
-        stop = stop or genai.attr_str(span.attributes, sc.GEN_AI_AGENT_FINISH_REASON)
-        failed = failed or (span.status_code == STATUS_ERROR and role != genai.ROLE_TOOL)
-        if role == genai.ROLE_AGENT and agent is None:
-            agent = genai.agent_name(span)
-        elif role == genai.ROLE_MODEL:
-            draft, problem = _model_step(span)
-            if problem:
-                yield ImportProblem(source, f"span {span.span_id}", problem)
-            by_id.begin_turn()
-            for call in draft.calls:
-                by_id.add(call.call_id, call)
-            drafts.append(draft)
-        elif role == genai.ROLE_TOOL:
-            _tool_result(span, drafts, by_id)
-    if not drafts:
-        yield ImportProblem(source, f"trace {trace_id}", "no model-call, tool or agent step spans")
+    """One trajectory per run the map stage made of a trace (``run_id`` the trace id when
+    it made one, else ``<trace id>/run=<run id>``); a problem for a trace that made none,
+    unless it only built agents (``create_agent``: AutoGen's and LangGraph's)."""
+    if not runs:
+        if not all(s.attributes.get(sc.GEN_AI_OPERATION_NAME) == _CREATE_AGENT for s in spans):
+            yield ImportProblem(source, f"trace {trace_id}", MSG_NO_STEPS)
         return
-    last = drafts[-1]
+    context = _TraceContext(spans)
+    for run_id, (run, rows) in runs.items():
+        name = trace_id if len(runs) == 1 else f"{trace_id}/run={run_id}"
+        yield from _third_party_run(
+            source, name, trace_id=trace_id, run=run, rows=rows, context=context
+        )
+
+
+class _TraceContext:
+    """The spans of one third-party trace, for what the map stage's rows do not carry:
+    the model's text and the calls it asked for, the recorded stop, the model name."""
+
+    def __init__(self, spans: list[SpanRecord]) -> None:
+        spans.sort(key=lambda s: s.start_unix_nano)  # stable: request order breaks ties
+        self.spans = spans
+        self.by_id = {s.span_id: s for s in spans}
+        self.children: dict[str, list[SpanRecord]] = {}
+        for span in spans:
+            self.children.setdefault(span.parent_span_id, []).append(span)
+        self.stop: str | None = _first(spans, sc.GEN_AI_AGENT_FINISH_REASON)
+        # A failed tool call is an observation; a failed model or agent span a failed run.
+        self.failed = any(
+            s.status_code == STATUS_ERROR and _role(s) != genai.ROLE_TOOL for s in spans
+        )
+        self.model = _model(spans)
+
+    def model_output(self, span_id: str) -> tuple[_Draft | None, str | None]:
+        """The output of the model turn whose row is ``span_id``: that span's, else the
+        first model span nested under it that has one (the map stage keeps the outer
+        span of a turn seen through several)."""
+        todo = [span_id]
+        visited: set[str] = set()  # a file may link spans in a cycle
+        first: tuple[_Draft | None, str | None] = (None, None)
+        while todo:
+            current = todo.pop()
+            span = self.by_id.get(current)
+            if span is None or current in visited:
+                continue
+            visited.add(current)
+            if _role(span) == genai.ROLE_MODEL:
+                draft, problem = _model_step(span)
+                if draft.calls or draft.text is not None or problem:
+                    return draft, problem
+                first = first if first[0] is not None else (draft, problem)
+            todo.extend(reversed([c.span_id for c in self.children.get(span.span_id, [])]))
+        return first
+
+
+def _third_party_run(
+    source: str,
+    run_id: str,
+    *,
+    trace_id: str,
+    run: RunRow | None,
+    rows: list[StepRow],
+    context: _TraceContext,
+) -> Iterator[Trajectory | ImportProblem]:
+    numbered: dict[int, list[StepRow]] = {}
+    for row in sorted(rows, key=lambda r: (r.step or 0, r.start_unix_nano)):
+        numbered.setdefault(row.step or 0, []).append(row)
+    drafts: list[_Draft] = []
+    for step_rows in numbered.values():
+        decisions = [r for r in step_rows if r.kind == KIND_DECISION]
+        draft = _Draft(model_call=bool(decisions), text=None, timestamp=None)
+        if decisions:
+            output, problem = context.model_output(decisions[0].span_id)
+            if problem:
+                yield ImportProblem(source, f"span {decisions[0].span_id}", problem)
+            if output is not None:
+                draft.text, draft.calls = output.text, output.calls
+            draft.input_tokens = decisions[0].input_tokens
+            draft.output_tokens = decisions[0].output_tokens
+        by_id: OpenCalls[CallDraft] = OpenCalls()
+        by_id.begin_turn()
+        for call in draft.calls:
+            by_id.add(call.call_id, call)
+        for row in step_rows:
+            if row.kind == KIND_TOOL_RESULT:
+                _tool_result(row, draft, by_id)
+        if decisions and draft.text is None and not draft.calls:
+            # The tracer recorded no output of the turn (OpenLLMetry's LlamaIndex spans):
+            # equal unknowns are no repeated decision.
+            draft.text = f"{UNRECORDED}={decisions[0].span_id}"
+        draft.timestamp = _seconds(min(r.start_unix_nano for r in step_rows))
+        drafts.append(draft)
+    last = drafts[-1] if drafts else None
     steps = [
         Step(
             index=i,
             actor=AGENT,
-            decision=_third_party_decision(d, is_last=d is last and not failed),
+            decision=_third_party_decision(d, is_last=d is last and not context.failed),
             text=d.text,
             tool_calls=tuple(c.recorded() for c in d.calls),
             timestamp=d.timestamp,
@@ -383,11 +544,42 @@ def _third_party_run(
         )
         for i, d in enumerate(drafts)
     ]
-    agent = agent or _first(spans, sc.OPENLLMETRY_WORKFLOW_NAME) or _service_name(spans)
-    metadata = {"trace_id": trace_id}
+    agent = _run_agent(run, context)
+    metadata: dict[str, Any] = {"trace_id": trace_id}
+    if run is not None and run.parent_run_id:
+        metadata["parent_run_id"] = run.parent_run_id
     yield _trajectory(
-        source, trace_id, steps, stop, agent=agent, model=_model(spans), metadata=metadata
+        source, run_id, steps, context.stop, agent=agent, model=context.model, metadata=metadata
     )
+
+
+def _role(span: SpanRecord) -> int:
+    return genai.span_role(span.attributes, span.name)
+
+
+def _run_agent(run: RunRow | None, context: _TraceContext) -> str:
+    """The collector's name for the run; for a trace-level run (no agent span) whose root
+    names no agent by attribute, OpenLLMetry's workflow name when the root carries one
+    (the collector keeps the span name, ``support_triage.workflow``), and the service
+    when the root is a bare model or tool call (the collector keeps its span name, e.g.
+    ``ChatCompletion``, which names no agent)."""
+    if run is None or not run.agent:
+        return _fallback_agent(context.spans)
+    root = context.by_id.get(run.span_id)
+    if run.run_id != run.trace_id or root is None or named_agent(root.attributes):
+        return run.agent
+    workflow = genai.attr_str(root.attributes, sc.OPENLLMETRY_WORKFLOW_NAME)
+    if workflow:
+        return workflow
+    if _role(root) in (genai.ROLE_MODEL, genai.ROLE_TOOL):
+        return _service_name(context.spans)
+    return run.agent
+
+
+def _fallback_agent(spans: list[SpanRecord]) -> str:
+    """The name of a run the map stage made no run row for (its steps were released to
+    the trace at the end of the file): OpenLLMetry's workflow name, else the service."""
+    return _first(spans, sc.OPENLLMETRY_WORKFLOW_NAME) or _service_name(spans)
 
 
 def _third_party_decision(draft: _Draft, *, is_last: bool) -> DecisionKindName:
@@ -487,25 +679,30 @@ def _openai_response(raw: str | None, draft: _Draft) -> None:
             draft.calls.append(CallDraft(name, arguments, _id(item.get("id"))))
 
 
-def _tool_result(span: SpanRecord, drafts: list[_Draft], by_id: OpenCalls[CallDraft]) -> None:
-    attrs = span.attributes
-    name = genai.tool_name(span) or _UNKNOWN_TOOL
-    call_id = genai.tool_call_id(attrs)
-    call = by_id.answer(call_id)
+def _tool_result(row: StepRow, draft: _Draft, by_id: OpenCalls[CallDraft]) -> None:
+    """The map stage's row of one tool call (nested spans of the call already merged,
+    content envelopes unwrapped) answers the call the model asked for: by tool-call id,
+    else the oldest unanswered call of the same name in its turn; else it is a call of
+    its own (a tracer that records no model output, or no model span)."""
+    name = row.tool or _UNKNOWN_TOOL
+    call = by_id.answer(row.tool_call_id)
     if call is not None and call.answered:
         call = None
-    if call is None and drafts and drafts[-1].model_call:
-        call = next((c for c in drafts[-1].calls if not c.answered and c.name == name), None)
     if call is None:
-        arguments = json_or_text(genai.tool_arguments(attrs))
-        call = CallDraft(name, {} if arguments is None else arguments, call_id)
-        start = _seconds(span.start_unix_nano)
-        drafts.append(_Draft(model_call=False, text=None, timestamp=start, calls=[call]))
+        call = next((c for c in draft.calls if not c.answered and c.name == name), None)
+    if call is None:
+        arguments = json_or_text(row.arguments)
+        if arguments is None and row.result is None:
+            # Nothing of the call was recorded (AutoGen's own spans): not comparable with
+            # another call, as the collector judges no call without content.
+            arguments = {UNRECORDED: row.span_id}
+        call = CallDraft(name, {} if arguments is None else arguments, row.tool_call_id)
+        draft.calls.append(call)
     call.answered = True
-    call.observation = genai.tool_result(attrs)
-    call.error = genai.tool_failed(span)
-    call.started_at = _seconds(span.start_unix_nano)
-    call.ended_at = _seconds(span.end_unix_nano)
+    call.observation = row.result
+    call.error = row.outcome == sc.OUTCOME_ERROR
+    call.started_at = _seconds(row.start_unix_nano)
+    call.ended_at = _seconds(row.end_unix_nano)
 
 
 # --- small readers ---------------------------------------------------------------------
