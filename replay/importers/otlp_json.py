@@ -82,7 +82,7 @@ from typing import Any, Final, cast
 
 from loopwatch.collector import genai
 from loopwatch.collector.errors import DecodeError
-from loopwatch.collector.frameworks import named_agent
+from loopwatch.collector.frameworks import is_final_answer, named_agent
 from loopwatch.collector.map import MapStage, unmappable_reason
 from loopwatch.collector.records import STATUS_ERROR, Attributes, SpanBatch, SpanRecord
 from loopwatch.collector.rows import KIND_DECISION, KIND_TOOL_RESULT, MappedBatch, RunRow, StepRow
@@ -470,6 +470,13 @@ class _TraceContext:
             s.status_code == STATUS_ERROR and _role(s) != genai.ROLE_TOOL for s in spans
         )
         self.model = _model(spans)
+        # smolagents answers through a tool: the model asks for ``final_answer``; that is
+        # the run's answer, not a call (the map stage drops its tool span the same way).
+        self.answer_tools = {
+            str(s.attributes.get(sc.OPENINFERENCE_TOOL_NAME))
+            for s in spans
+            if is_final_answer(s.name, s.attributes)
+        }
 
     def model_output(self, span_id: str) -> tuple[_Draft | None, str | None]:
         """The output of the model turn whose row is ``span_id``: that span's, else the
@@ -514,7 +521,8 @@ def _third_party_run(
             if problem:
                 yield ImportProblem(source, f"span {decisions[0].span_id}", problem)
             if output is not None:
-                draft.text, draft.calls = output.text, output.calls
+                draft.text = output.text
+                draft.calls = [c for c in output.calls if c.name not in context.answer_tools]
             draft.input_tokens = decisions[0].input_tokens
             draft.output_tokens = decisions[0].output_tokens
         by_id: OpenCalls[CallDraft] = OpenCalls()
