@@ -40,6 +40,8 @@ the spans the frameworks really emit (``tests/testdata/frameworks/*.json``, reco
   - a LangChain message: ``{"type": "tool", "data": {"content": ...}}`` (``dumpd``
     form) or ``{"lc": 1, "type": "constructor", "kwargs": {"content": ...}}``
     (``output.kwargs.content``) -> ``content``;
+  - a Python call record with no positional argument (OpenInference's smolagents and
+    LlamaIndex tool inputs, ``{"args": [], "kwargs": {...}}``) -> ``kwargs``;
   - a LangChain ``ToolCall`` dict ``{"name", "args", "id", "type": "tool_call"}`` ->
     ``args``;
   - then, at the top level of what is left, call ids (``tool_call_id``, ``call_id``),
@@ -120,6 +122,11 @@ _HINT_KEYS: Final = (
 )
 _RUN_PREFIX: Final = sc.SPAN_RUN.split("{", 1)[0]
 _CALLBACK_KEYS: Final = frozenset({"input_str", "tags", "metadata", "inputs", "kwargs"})
+_CALL_KEYS: Final = frozenset({"args", "kwargs", "sanitize_inputs_outputs"})
+"""A Python call recorded as its positional and keyword arguments: OpenInference's
+smolagents (``{"args": [], "sanitize_inputs_outputs": true, "kwargs": {...}}``) and
+LlamaIndex (``{"kwargs": {...}}``) tool spans. With no positional argument it is the
+keyword arguments."""
 _OUTPUT_KEYS: Final = frozenset({"output", "kwargs"})
 _MAX_UNWRAP_CHARS: Final = 1_000_000
 
@@ -221,6 +228,8 @@ def _peel(value: Any, *, arguments: bool) -> Any:
             value = inputs if inputs else _loads_or_text(value.get("input_str"))
         elif not arguments and "output" in keys and keys <= _OUTPUT_KEYS:
             value = value["output"]
+        elif arguments and "kwargs" in keys and keys <= _CALL_KEYS and not value.get("args"):
+            value = value["kwargs"]  # a Python call record: f(**kwargs)
         elif value.get("type") == "tool_call" and "args" in keys:
             value = value["args"]
         elif value.get("type") == "tool" and isinstance(value.get("data"), dict):

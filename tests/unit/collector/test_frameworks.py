@@ -54,6 +54,18 @@ def _j(value: object) -> str:
             ),
             '{"order_id":"A-1"}',
         ),
+        # A Python call record with no positional argument: its keyword arguments
+        # (OpenInference's smolagents and LlamaIndex tool inputs).
+        (
+            _j({"args": [], "sanitize_inputs_outputs": True, "kwargs": {"order_id": "A-1"}}),
+            '{"order_id":"A-1"}',
+        ),
+        (_j({"kwargs": {"cursor": 2}}), '{"cursor":2}'),
+        # ... but one with positional arguments is kept whole: they are the call too.
+        (
+            _j({"args": ["A-1"], "kwargs": {}}),
+            _j({"args": ["A-1"], "kwargs": {}}),
+        ),
         # Call ids and checkpoint namespaces at the top level are dropped.
         (_j({"order_id": "A-1", "tool_call_id": "call_7"}), '{"order_id":"A-1"}'),
         # Plain arguments stay exactly as received.
