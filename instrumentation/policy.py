@@ -177,40 +177,28 @@ class ToolPolicy:
             key=self.idempotency_key,
             timeout=self.timeout_seconds,
         )
+
+        def bad(where: str, message: str) -> None:
+            problems.append(PolicyProblem(where, message, "<code>"))
+
         if self.risk_source not in RISK_SOURCES:
-            problems.append(
-                PolicyProblem(
-                    f"{path}.risk_source",
-                    f"must be one of {', '.join(RISK_SOURCES)}, got {self.risk_source!r}",
-                    "<code>",
-                )
+            bad(
+                f"{path}.risk_source",
+                f"must be one of {', '.join(RISK_SOURCES)}, got {self.risk_source!r}",
             )
         if not isinstance(self.name, str):  # "" is allowed: Policy.tool's undeclared tool
-            problems.append(
-                PolicyProblem(
-                    path,
-                    f"the tool name must be a string, got {type(self.name).__name__}",
-                    "<code>",
-                )
-            )
+            bad(path, f"the tool name must be a string, got {type(self.name).__name__}")
         for attr in ("volatile", "progress"):
             value = getattr(self, attr)
             if isinstance(value, str | bytes | Mapping) or not isinstance(value, Collection):
-                problems.append(
-                    PolicyProblem(
-                        f"{path}.{attr}",
-                        f"must be a collection of non-empty strings, got {type(value).__name__}",
-                        "<code>",
-                    )
+                bad(
+                    f"{path}.{attr}",
+                    f"must be a collection of non-empty strings, got {type(value).__name__}",
                 )
                 continue
             items = tuple(value)
             if not all(isinstance(v, str) and v for v in items):
-                problems.append(
-                    PolicyProblem(
-                        f"{path}.{attr}", "must be a collection of non-empty strings", "<code>"
-                    )
-                )
+                bad(f"{path}.{attr}", "must be a collection of non-empty strings")
             else:
                 object.__setattr__(self, attr, frozenset(items))
         if problems:
@@ -505,23 +493,19 @@ def _parse_profile(
         version = "invalid"
     limits = {k: raw[k] for k in LIMIT_SPEC if k in raw}
     problems.extend(validate_values(limits, path, source))
-    strict_tools = raw.get("strict_tools", False)
-    if not isinstance(strict_tools, bool):
-        problems.append(PolicyProblem(f"{path}.strict_tools", "must be true or false", source))
-        strict_tools = False
-    infer = raw.get(_INFER, True)
-    if not isinstance(infer, bool):
-        problems.append(PolicyProblem(f"{path}.{_INFER}", "must be true or false", source))
-        infer = True
-    description = raw.get("description", "")
-    if not isinstance(description, str):
-        problems.append(PolicyProblem(f"{path}.description", "must be a string", source))
-        description = ""
+
+    def setting(key: str, kind: type, default: Any, message: str) -> Any:
+        value = raw.get(key, default)
+        if isinstance(value, kind):
+            return value
+        problems.append(PolicyProblem(f"{path}.{key}", message, source))
+        return default
+
+    strict_tools = setting("strict_tools", bool, False, "must be true or false")
+    infer = setting(_INFER, bool, True, "must be true or false")
+    description = setting("description", str, "", "must be a string")
+    tools_raw = setting("tools", dict, {}, "must be a table of tool tables")
     tools: dict[str, ToolPolicy] = {}
-    tools_raw = raw.get("tools", {})
-    if not isinstance(tools_raw, dict):
-        problems.append(PolicyProblem(f"{path}.tools", "must be a table of tool tables", source))
-        tools_raw = {}
     for tool_name, tool_raw in tools_raw.items():
         parsed = _parse_tool(tool_name, tool_raw, f"{path}.tools.{tool_name}", source, problems)
         if parsed is not None:
@@ -549,11 +533,9 @@ def _parse_document(text: str, source: str) -> tuple[dict[str, Policy], list[Pol
     problems: list[PolicyProblem] = []
     try:
         doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        return {}, [PolicyProblem("<toml>", f"not valid TOML: {exc}", source)]
     except RecursionError:
         return {}, [PolicyProblem("<toml>", "not valid TOML: nested too deeply", source)]
-    except ValueError as exc:  # e.g. an integer over Python's int-string digit limit
+    except ValueError as exc:  # a TOMLDecodeError, or an int past Python's digit limit
         return {}, [PolicyProblem("<toml>", f"not valid TOML: {exc}", source)]
     for key in sorted(set(doc) - {"profiles"}):
         problems.append(
