@@ -268,17 +268,12 @@ class Policy:
     a run takes the policy as it is."""
 
     def __post_init__(self) -> None:
-        problems = validate_values(
-            {f: getattr(self, f) for f in LIMIT_FIELDS}, f"profiles.{self.name}", self.origin
-        )
+        path = f"profiles.{self.name}"
+        problems = validate_values({f: getattr(self, f) for f in LIMIT_FIELDS}, path, self.origin)
         if not self.name:
-            problems.append(PolicyProblem(f"profiles.{self.name}", "name is empty", self.origin))
+            problems.append(PolicyProblem(path, "name is empty", self.origin))
         if not isinstance(self.infer_write_risk, bool):
-            problems.append(
-                PolicyProblem(
-                    f"profiles.{self.name}.infer_write_risk", "must be true or false", self.origin
-                )
-            )
+            problems.append(PolicyProblem(f"{path}.{_INFER}", "must be true or false", self.origin))
         if problems:
             raise PolicyError(problems)
         # A whole-number float for a count (16.0) passed validation; the guard needs an int
@@ -648,20 +643,16 @@ def load_policy(
 
 
 def _select(profiles: Mapping[str, Policy], profile: str | None, source: str) -> Policy:
+    known = ", ".join(profiles)
     if profile is None:
         if len(profiles) != 1:
             raise PolicyError(
-                [PolicyProblem("profiles", f"name a profile: one of {', '.join(profiles)}", source)]
+                [PolicyProblem("profiles", f"name a profile: one of {known}", source)]
             )
         return next(iter(profiles.values()))
     if profile not in profiles:
-        raise PolicyError(
-            [
-                PolicyProblem(
-                    f"profiles.{profile}", f"no such profile (have: {', '.join(profiles)})", source
-                )
-            ]
-        )
+        problem = PolicyProblem(f"profiles.{profile}", f"no such profile (have: {known})", source)
+        raise PolicyError([problem])
     return profiles[profile]
 
 
