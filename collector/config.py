@@ -328,23 +328,19 @@ def _read_secret(name: str, path: str) -> str | None:
     return text
 
 
+_TRUE_WORDS: Final = ("1", "true", "yes", "on")
+_FALSE_WORDS: Final = ("0", "false", "no", "off")
+
+
 def _coerce(section: str, name: str, current: Any, raw: Any, source: str) -> Any:
     where = f"{section}.{name}"
     target = type(current)
     if target is bool:
         if isinstance(raw, bool):
             return raw
-        if isinstance(raw, str) and raw.strip().lower() in (
-            "1",
-            "true",
-            "yes",
-            "on",
-            "0",
-            "false",
-            "no",
-            "off",
-        ):
-            return raw.strip().lower() in ("1", "true", "yes", "on")
+        word = raw.strip().lower() if isinstance(raw, str) else None
+        if word in _TRUE_WORDS or word in _FALSE_WORDS:
+            return word in _TRUE_WORDS
         raise ConfigError(where, f"must be true or false ({source})")
     if target is int:
         if isinstance(raw, bool):

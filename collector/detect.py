@@ -116,12 +116,9 @@ def loop_tool(stop: StopRow) -> str | None:
     (``stops.loop_tool``): the API filters and groups loops by the label counted live
     rather than parsing the evidence again in SQL.
     """
-    if stop.reason in LOOP_DETECTORS:
-        evidence = stop.evidence
-    elif stop.observe_reason in LOOP_DETECTORS:
-        evidence = stop.observe_evidence
-    else:  # no loop detection (a retry budget's evidence names a tool too)
+    if loop_detector(stop) is None:
         return None
+    evidence = stop.evidence if stop.reason in LOOP_DETECTORS else stop.observe_evidence
     if not evidence:
         return None
     try:

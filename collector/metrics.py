@@ -35,7 +35,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from loopwatch.instrumentation import StopReason
 from loopwatch.instrumentation import _semconv as sc
@@ -164,6 +164,17 @@ class _Histogram:
             out.append((_le(upper), running))
         out.append(("+Inf", self.count))
         return out
+
+
+def _counter(
+    name: str, doc: str, labels: tuple[str, ...], counts: Mapping[Any, float]
+) -> CounterMetricFamily:
+    """A counter family with one sample per ``counts`` item, in key order (a key is the
+    label values, or the one value of a one-label family)."""
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, n in sorted(counts.items()):
+        family.add_metric(key if isinstance(key, tuple) else (key,), n)
+    return family
 
 
 def _le(upper: float) -> str:
@@ -333,14 +344,12 @@ class LoopwatchMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         """Yield every metric family (called by the registry on each scrape)."""
         with self._lock:
-            stops = CounterMetricFamily(
+            yield _counter(
                 "loopwatch_agent_stops",
                 "Agent runs stopped, by agent and stop reason.",
-                labels=("agent", "stop_reason"),
+                ("agent", "stop_reason"),
+                self._stops,
             )
-            for (agent, reason), n in sorted(self._stops.items()):
-                stops.add_metric((agent, reason), n)
-            yield stops
             for name, doc, store in (
                 (
                     "loopwatch_agent_steps_since_progress",
@@ -353,62 +362,47 @@ class LoopwatchMetrics(Collector):
                 for (agent, reason), h in sorted(store.items()):
                     hist.add_metric((agent, reason), h.cumulative(), sum_value=h.total)
                 yield hist
-            calls = CounterMetricFamily(
+            yield _counter(
                 "loopwatch_tool_calls",
                 "Tool calls by agent, tool and outcome (ok, error, blocked).",
-                labels=("agent", "tool", "outcome"),
+                ("agent", "tool", "outcome"),
+                self._tool_calls,
             )
-            for key, n in sorted(self._tool_calls.items()):
-                calls.add_metric(key, n)
-            yield calls
-            detections = CounterMetricFamily(
+            yield _counter(
                 "loopwatch_loop_detections",
                 "Loop detections by agent, tool and detector.",
-                labels=("agent", "tool", "detector"),
+                ("agent", "tool", "detector"),
+                self._detections,
             )
-            for key, n in sorted(self._detections.items()):
-                detections.add_metric(key, n)
-            yield detections
-            canaries = CounterMetricFamily(
+            yield _counter(
                 "loopwatch_canary_detections",
                 "Planted canary secrets found in received telemetry, by location.",
-                labels=("location",),
+                ("location",),
+                {location: self._canaries.get(location, 0) for location in CANARY_LOCATIONS},
             )
-            for location in sorted(CANARY_LOCATIONS):
-                canaries.add_metric((location,), self._canaries.get(location, 0))
-            yield canaries
-            redactions = CounterMetricFamily(
-                "loopwatch_redactions", "Values redacted, by rule.", labels=("rule",)
+            yield _counter(
+                "loopwatch_redactions", "Values redacted, by rule.", ("rule",), self._redactions
             )
-            for rule, n in sorted(self._redactions.items()):
-                redactions.add_metric((rule,), n)
-            yield redactions
-            received = CounterMetricFamily(
+            yield _counter(
                 "loopwatch_collector_spans_received",
                 "Spans received, by transport.",
-                labels=("transport",),
-            )
-            for transport, n in sorted(self._received.items()):
-                received.add_metric((transport,), n)
-            yield received
-            rejected = CounterMetricFamily(
-                "loopwatch_collector_spans_rejected",
-                "Spans refused, by reason.",
-                labels=("reason",),
+                ("transport",),
+                self._received,
             )
             # Every known reason is exported from the start (at 0), so rate() and alerts
             # see the series before the first rejection instead of "no data".
-            for reason in sorted({*REJECT_REASONS, *self._rejected}):
-                rejected.add_metric((reason,), self._rejected.get(reason, 0))
-            yield rejected
-            refused = CounterMetricFamily(
+            yield _counter(
+                "loopwatch_collector_spans_rejected",
+                "Spans refused, by reason.",
+                ("reason",),
+                {r: self._rejected.get(r, 0) for r in {*REJECT_REASONS, *self._rejected}},
+            )
+            yield _counter(
                 "loopwatch_collector_requests_rejected",
                 "Whole OTLP requests refused before their spans could be counted, by reason.",
-                labels=("reason",),
+                ("reason",),
+                {r: self._refused.get(r, 0) for r in {*REQUEST_REJECT_REASONS, *self._refused}},
             )
-            for reason in sorted({*REQUEST_REJECT_REASONS, *self._refused}):
-                refused.add_metric((reason,), self._refused.get(reason, 0))
-            yield refused
             commit = HistogramMetricFamily(
                 "loopwatch_collector_commit_duration_seconds",
                 "Duration of one DuckDB group commit.",

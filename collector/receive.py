@@ -39,7 +39,6 @@ __all__ = [
     "Decode",
     "InMemoryReceiverCounters",
     "InflightLimit",
-    "NullCounters",
     "ReceiverCounters",
     "Reservation",
     "Submit",
@@ -157,17 +156,6 @@ class InMemoryReceiverCounters:
         """Add one to ``refused[reason]``."""
         with self._lock:
             self.refused[reason] = self.refused.get(reason, 0) + 1
-
-
-class NullCounters:
-    def spans_received(self, transport: str, count: int) -> None:
-        pass
-
-    def spans_rejected(self, reason: str, count: int) -> None:
-        pass
-
-    def request_refused(self, reason: str) -> None:
-        pass
 
 
 class InflightLimit:

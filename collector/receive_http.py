@@ -72,7 +72,7 @@ from .receive import (
     REASON_UNSUPPORTED_MEDIA_TYPE,
     Decode,
     InflightLimit,
-    NullCounters,
+    InMemoryReceiverCounters,
     ReceiverCounters,
     Reservation,
     Submit,
@@ -138,7 +138,7 @@ def create_otlp_app(
         max_decompressed_bytes: cap on the body after ``Content-Encoding`` is undone, bytes.
         token: if set, every request needs ``Authorization: Bearer <token>`` (compared in
             constant time). Never logged.
-        counters: receives span and request counts; defaults to a no-op.
+        counters: receives span and request counts; defaults to totals kept in memory.
         path: URL path of the endpoint (OTLP default ``/v1/traces``).
         backpressure_status_code: ``429`` or ``503``, answered when ``submit`` raises
             :class:`QueueFull` (both are retryable per "OTLP/HTTP Throttling").
@@ -177,7 +177,7 @@ def create_otlp_app(
         max_body_bytes=max_body_bytes,
         max_decompressed_bytes=max_decompressed_bytes,
         token=None if token is None else token.encode("utf-8"),
-        counters=counters if counters is not None else NullCounters(),
+        counters=counters if counters is not None else InMemoryReceiverCounters(),
         backpressure_status_code=backpressure_status_code,
         retry_after_seconds=retry_after_seconds,
         decode=decode,

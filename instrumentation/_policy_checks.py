@@ -56,44 +56,34 @@ def validate_values(values: Mapping[str, Any], prefix: str, source: str) -> list
     problems: list[PolicyProblem] = []
     for key, value in values.items():
         spec = LIMIT_SPEC.get(key)
-        if spec is None:
-            continue
-        kind, _default, minimum, strict = spec
-        path = f"{prefix}.{key}"
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            problems.append(
-                PolicyProblem(path, f"must be a number, got {type(value).__name__}", source)
-            )
-            continue
-        floor = f"{'>' if strict else '>='} {minimum:g}"
-        too_large = out_of_range(value, kind, floor)
-        if too_large is not None:
-            problems.append(PolicyProblem(path, too_large, source))
-            continue
-        if not math.isfinite(value):
-            problems.append(
-                PolicyProblem(
-                    path, f"must be finite, got {value!r} (omit it for the default)", source
-                )
-            )
-            continue
-        if kind == INT and not isinstance(value, int) and not value.is_integer():
-            problems.append(PolicyProblem(path, f"must be a whole number, got {value!r}", source))
-            continue
-        if kind == INT and isinstance(value, float) and not -MAX_INT <= value <= MAX_INT:
-            # A whole float becomes an int (Policy.__post_init__): bound it as an int is.
-            bound = f"must be {floor}" if value < 0 else f"must be <= {MAX_INT}"
-            problems.append(PolicyProblem(path, f"{bound}, got {value!r}", source))
-            continue
-        if strict and value <= minimum:
-            problems.append(PolicyProblem(path, f"must be > {minimum:g}, got {value!r}", source))
-        elif value < minimum:
-            problems.append(PolicyProblem(path, f"must be >= {minimum:g}, got {value!r}", source))
-        if key == "detector_window" and value > MAX_DETECTOR_WINDOW:
-            problems.append(
-                PolicyProblem(path, f"must be <= {MAX_DETECTOR_WINDOW}, got {value!r}", source)
-            )
+        reason = None if spec is None else _limit_problem(key, value, spec)
+        if reason is not None:
+            problems.append(PolicyProblem(f"{prefix}.{key}", reason, source))
     return problems
+
+
+def _limit_problem(key: str, value: Any, spec: tuple[str, float, float, bool]) -> str | None:
+    """What is wrong with limit ``key`` = ``value`` (its :data:`LIMIT_SPEC` row), or ``None``."""
+    kind, _default, minimum, strict = spec
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a number, got {type(value).__name__}"
+    floor = f"{'>' if strict else '>='} {minimum:g}"
+    too_large = out_of_range(value, kind, floor)
+    if too_large is not None:
+        return too_large
+    if not math.isfinite(value):
+        return f"must be finite, got {value!r} (omit it for the default)"
+    if kind == INT and not isinstance(value, int) and not value.is_integer():
+        return f"must be a whole number, got {value!r}"
+    if kind == INT and isinstance(value, float) and not -MAX_INT <= value <= MAX_INT:
+        # A whole float becomes an int (Policy.__post_init__): bound it as an int is.
+        bound = f"must be {floor}" if value < 0 else f"must be <= {MAX_INT}"
+        return f"{bound}, got {value!r}"
+    if (strict and value <= minimum) or value < minimum:
+        return f"must be {floor}, got {value!r}"
+    if key == "detector_window" and value > MAX_DETECTOR_WINDOW:
+        return f"must be <= {MAX_DETECTOR_WINDOW}, got {value!r}"
+    return None
 
 
 def out_of_range(value: int | float, kind: str, floor: str) -> str | None:
@@ -139,10 +129,12 @@ def tool_problems(
     """The problems of one tool's settings, for a file's tool table and a
     :class:`ToolPolicy` built in code alike (``path``: the tool's path)."""
     problems: list[PolicyProblem] = []
+
+    def bad(field: str, message: str) -> None:
+        problems.append(PolicyProblem(f"{path}.{field}", message, source))
+
     if risk not in ("read", "write"):
-        problems.append(
-            PolicyProblem(f"{path}.risk", f"must be 'read' or 'write', got {risk!r}", source)
-        )
+        bad("risk", f"must be 'read' or 'write', got {risk!r}")
     if repeat_limit is not None:
         whole = (
             not isinstance(repeat_limit, bool)
@@ -150,41 +142,25 @@ def tool_problems(
             and (isinstance(repeat_limit, int) or repeat_limit.is_integer())
         )
         if not whole or repeat_limit < 1:
-            problems.append(
-                PolicyProblem(
-                    f"{path}.repeat_limit",
-                    f"must be a whole number >= 1, got {repeat_limit!r}",
-                    source,
-                )
-            )
+            bad("repeat_limit", f"must be a whole number >= 1, got {repeat_limit!r}")
         elif too_large := out_of_range(int(repeat_limit), INT, ">= 1"):
-            problems.append(PolicyProblem(f"{path}.repeat_limit", too_large, source))
+            bad("repeat_limit", too_large)
     if key is not None and (not isinstance(key, str) or not key):
-        problems.append(
-            PolicyProblem(f"{path}.idempotency_key", "must be a non-empty string", source)
-        )
+        bad("idempotency_key", "must be a non-empty string")
     elif key is not None and risk != "write":
-        problems.append(
-            PolicyProblem(
-                f"{path}.idempotency_key", "only write tools take an idempotency key", source
-            )
-        )
+        bad("idempotency_key", "only write tools take an idempotency key")
     too_large = (
         out_of_range(timeout, FLOAT, "> 0")
         if isinstance(timeout, int) and not isinstance(timeout, bool)
         else None
     )
     if too_large is not None:
-        problems.append(PolicyProblem(f"{path}.timeout_seconds", too_large, source))
+        bad("timeout_seconds", too_large)
     elif timeout is not None and (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)
         or not math.isfinite(timeout)
         or timeout <= 0
     ):
-        problems.append(
-            PolicyProblem(
-                f"{path}.timeout_seconds", f"must be a finite number > 0, got {timeout!r}", source
-            )
-        )
+        bad("timeout_seconds", f"must be a finite number > 0, got {timeout!r}")
     return problems

@@ -74,10 +74,9 @@ class Example:
     mode: str = "enforce"
 
 
-def _poll_policy() -> Policy:
-    return Policy.build(
-        name="poller", version="2026-11-30", tools=(ToolPolicy("poll_job", repeat_limit=4),)
-    )
+def _policy(name: str, **limits: Any) -> Policy:
+    """A profile of the examples' one policy version."""
+    return Policy.build(name=name, version="2026-11-30", **limits)
 
 
 EXAMPLES: tuple[Example, ...] = (
@@ -90,7 +89,7 @@ EXAMPLES: tuple[Example, ...] = (
             + [_final("3 late orders")]
         ),
         lambda: {"search_orders": CursorTool(pages=3)},
-        Policy.build(name="investigate-readonly", version="2026-11-30", repeat_limit=3),
+        _policy("investigate-readonly", repeat_limit=3),
     ),
     Example(
         "polls a job until it is done (eventual tool)",
@@ -98,7 +97,7 @@ EXAMPLES: tuple[Example, ...] = (
         "completed",
         lambda: [_call("poll_job", job="j-17")] * 3 + [_final("job done")],
         lambda: {"poll_job": EventualTool(pending_calls=2)},
-        _poll_policy(),
+        _policy("poller", tools=(ToolPolicy("poll_job", repeat_limit=4),)),
     ),
     Example(
         "same lookup 95 times with the same answer (constant tool)",
@@ -106,9 +105,7 @@ EXAMPLES: tuple[Example, ...] = (
         "repeated_action",
         lambda: [_call("get_details_by_id", id="ORD-4471")] * 95,
         lambda: {"get_details_by_id": ConstantTool()},
-        Policy.build(
-            name="investigate-readonly", version="2026-11-30", max_model_turns=200, repeat_limit=3
-        ),
+        _policy("investigate-readonly", max_model_turns=200, repeat_limit=3),
     ),
     Example(
         "status check where only the timestamp changes (false-progress tool)",
@@ -133,7 +130,7 @@ EXAMPLES: tuple[Example, ...] = (
         "no_progress",
         lambda: [_call("toggle_state", flag="maintenance")] * 12,
         lambda: {"toggle_state": OscillatingTool()},
-        Policy.build(name="change-small", version="2026-11-30", no_progress_patience=4),
+        _policy("change-small", no_progress_patience=4),
     ),
     Example(
         "rewrites its plan forever",
@@ -153,7 +150,7 @@ EXAMPLES: tuple[Example, ...] = (
         "budget_exhausted",
         lambda: [_call("fetch_invoice", id="INV-9")] * 6,
         lambda: {"fetch_invoice": ErrorTool(retryable=True)},
-        Policy.build(name="external-read", version="2026-11-30", max_retries_per_action=2),
+        _policy("external-read", max_retries_per_action=2),
     ),
     Example(
         "retries an invalid argument (error tool, non-retryable)",
@@ -172,7 +169,7 @@ EXAMPLES: tuple[Example, ...] = (
             )
         ],
         lambda: {"fetch_page": ConstantTool(name="fetch_page", result={"ok": True})},
-        Policy.build(name="investigate-readonly", version="2026-11-30", max_tool_attempts=12),
+        _policy("investigate-readonly", max_tool_attempts=12),
     ),
     Example(
         "export hangs past the deadline (hanging tool)",
@@ -183,12 +180,7 @@ EXAMPLES: tuple[Example, ...] = (
             + [Decision.message(f"waiting {i}") for i in range(6)]
         ),
         lambda: {"slow_export": HangingTool(max_seconds=0.3)},
-        Policy.build(
-            name="change-small",
-            version="2026-11-30",
-            max_elapsed_seconds=4,
-            tool_timeout_seconds=0.1,
-        ),
+        _policy("change-small", max_elapsed_seconds=4, tool_timeout_seconds=0.1),
     ),
     Example(
         "answers, but the goal check fails",

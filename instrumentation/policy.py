@@ -177,40 +177,28 @@ class ToolPolicy:
             key=self.idempotency_key,
             timeout=self.timeout_seconds,
         )
+
+        def bad(where: str, message: str) -> None:
+            problems.append(PolicyProblem(where, message, "<code>"))
+
         if self.risk_source not in RISK_SOURCES:
-            problems.append(
-                PolicyProblem(
-                    f"{path}.risk_source",
-                    f"must be one of {', '.join(RISK_SOURCES)}, got {self.risk_source!r}",
-                    "<code>",
-                )
+            bad(
+                f"{path}.risk_source",
+                f"must be one of {', '.join(RISK_SOURCES)}, got {self.risk_source!r}",
             )
         if not isinstance(self.name, str):  # "" is allowed: Policy.tool's undeclared tool
-            problems.append(
-                PolicyProblem(
-                    path,
-                    f"the tool name must be a string, got {type(self.name).__name__}",
-                    "<code>",
-                )
-            )
+            bad(path, f"the tool name must be a string, got {type(self.name).__name__}")
         for attr in ("volatile", "progress"):
             value = getattr(self, attr)
             if isinstance(value, str | bytes | Mapping) or not isinstance(value, Collection):
-                problems.append(
-                    PolicyProblem(
-                        f"{path}.{attr}",
-                        f"must be a collection of non-empty strings, got {type(value).__name__}",
-                        "<code>",
-                    )
+                bad(
+                    f"{path}.{attr}",
+                    f"must be a collection of non-empty strings, got {type(value).__name__}",
                 )
                 continue
             items = tuple(value)
             if not all(isinstance(v, str) and v for v in items):
-                problems.append(
-                    PolicyProblem(
-                        f"{path}.{attr}", "must be a collection of non-empty strings", "<code>"
-                    )
-                )
+                bad(f"{path}.{attr}", "must be a collection of non-empty strings")
             else:
                 object.__setattr__(self, attr, frozenset(items))
         if problems:
@@ -280,17 +268,12 @@ class Policy:
     a run takes the policy as it is."""
 
     def __post_init__(self) -> None:
-        problems = validate_values(
-            {f: getattr(self, f) for f in LIMIT_FIELDS}, f"profiles.{self.name}", self.origin
-        )
+        path = f"profiles.{self.name}"
+        problems = validate_values({f: getattr(self, f) for f in LIMIT_FIELDS}, path, self.origin)
         if not self.name:
-            problems.append(PolicyProblem(f"profiles.{self.name}", "name is empty", self.origin))
+            problems.append(PolicyProblem(path, "name is empty", self.origin))
         if not isinstance(self.infer_write_risk, bool):
-            problems.append(
-                PolicyProblem(
-                    f"profiles.{self.name}.infer_write_risk", "must be true or false", self.origin
-                )
-            )
+            problems.append(PolicyProblem(f"{path}.{_INFER}", "must be true or false", self.origin))
         if problems:
             raise PolicyError(problems)
         # A whole-number float for a count (16.0) passed validation; the guard needs an int
@@ -505,23 +488,19 @@ def _parse_profile(
         version = "invalid"
     limits = {k: raw[k] for k in LIMIT_SPEC if k in raw}
     problems.extend(validate_values(limits, path, source))
-    strict_tools = raw.get("strict_tools", False)
-    if not isinstance(strict_tools, bool):
-        problems.append(PolicyProblem(f"{path}.strict_tools", "must be true or false", source))
-        strict_tools = False
-    infer = raw.get(_INFER, True)
-    if not isinstance(infer, bool):
-        problems.append(PolicyProblem(f"{path}.{_INFER}", "must be true or false", source))
-        infer = True
-    description = raw.get("description", "")
-    if not isinstance(description, str):
-        problems.append(PolicyProblem(f"{path}.description", "must be a string", source))
-        description = ""
+
+    def setting(key: str, kind: type, default: Any, message: str) -> Any:
+        value = raw.get(key, default)
+        if isinstance(value, kind):
+            return value
+        problems.append(PolicyProblem(f"{path}.{key}", message, source))
+        return default
+
+    strict_tools = setting("strict_tools", bool, False, "must be true or false")
+    infer = setting(_INFER, bool, True, "must be true or false")
+    description = setting("description", str, "", "must be a string")
+    tools_raw = setting("tools", dict, {}, "must be a table of tool tables")
     tools: dict[str, ToolPolicy] = {}
-    tools_raw = raw.get("tools", {})
-    if not isinstance(tools_raw, dict):
-        problems.append(PolicyProblem(f"{path}.tools", "must be a table of tool tables", source))
-        tools_raw = {}
     for tool_name, tool_raw in tools_raw.items():
         parsed = _parse_tool(tool_name, tool_raw, f"{path}.tools.{tool_name}", source, problems)
         if parsed is not None:
@@ -549,11 +528,9 @@ def _parse_document(text: str, source: str) -> tuple[dict[str, Policy], list[Pol
     problems: list[PolicyProblem] = []
     try:
         doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        return {}, [PolicyProblem("<toml>", f"not valid TOML: {exc}", source)]
     except RecursionError:
         return {}, [PolicyProblem("<toml>", "not valid TOML: nested too deeply", source)]
-    except ValueError as exc:  # e.g. an integer over Python's int-string digit limit
+    except ValueError as exc:  # a TOMLDecodeError, or an int past Python's digit limit
         return {}, [PolicyProblem("<toml>", f"not valid TOML: {exc}", source)]
     for key in sorted(set(doc) - {"profiles"}):
         problems.append(
@@ -666,20 +643,16 @@ def load_policy(
 
 
 def _select(profiles: Mapping[str, Policy], profile: str | None, source: str) -> Policy:
+    known = ", ".join(profiles)
     if profile is None:
         if len(profiles) != 1:
             raise PolicyError(
-                [PolicyProblem("profiles", f"name a profile: one of {', '.join(profiles)}", source)]
+                [PolicyProblem("profiles", f"name a profile: one of {known}", source)]
             )
         return next(iter(profiles.values()))
     if profile not in profiles:
-        raise PolicyError(
-            [
-                PolicyProblem(
-                    f"profiles.{profile}", f"no such profile (have: {', '.join(profiles)})", source
-                )
-            ]
-        )
+        problem = PolicyProblem(f"profiles.{profile}", f"no such profile (have: {known})", source)
+        raise PolicyError([problem])
     return profiles[profile]
 
 

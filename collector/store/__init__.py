@@ -37,22 +37,10 @@ __all__ = [
 ]
 
 _WHERE = {
-    "MIGRATIONS": ".schema",
-    "SCHEMA_VERSION": ".schema",
-    "Migration": ".schema",
-    "apply_migrations": ".schema",
-    "CommitResult": ".writer",
-    "CommitStats": ".writer",
-    "Store": ".writer",
-    "StoreConfig": ".writer",
-    "RunDetail": ".reader",
-    "RunsPage": ".reader",
-    "Stats": ".reader",
-    "StoreReader": ".reader",
-    "ReadTimeout": "..errors",
-    "SchemaTooNew": "..errors",
-    "StoreClosed": "..errors",
-    "StoreError": "..errors",
+    **dict.fromkeys(("MIGRATIONS", "SCHEMA_VERSION", "Migration", "apply_migrations"), ".schema"),
+    **dict.fromkeys(("CommitResult", "CommitStats", "Store", "StoreConfig"), ".writer"),
+    **dict.fromkeys(("RunDetail", "RunsPage", "Stats", "StoreReader"), ".reader"),
+    **dict.fromkeys(("ReadTimeout", "SchemaTooNew", "StoreClosed", "StoreError"), "..errors"),
 }
 
 

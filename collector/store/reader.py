@@ -9,16 +9,8 @@ opened read-only, so both tell the same story from one copy of the SQL. Each fun
 takes a :class:`StoreReader` and runs parameterized SQL through its ``_query``, with the
 reader's time limit and row cap.
 
-- :func:`run_extra`: a run's effective ``limits`` (parsed JSON) and ``detector_version``.
-- :func:`attach_steps_since_progress`: ``steps_since_progress`` of the primary stop, added
-  to run rows (``None`` for a run without a stop).
-- :func:`attach_stop_summary`: the same, plus why the run is worth a look from the list:
-  ``observe_reason`` and ``loop_tool`` of its stop.
-- :func:`tools`: per tool, calls by outcome, runs that called it, runs among those stopped
-  by ``repeated_action``.
-- :func:`loops_by_tool`: loop stops per tool (the tool the detection named) and reason.
-- :func:`stats`: stops by reason per time bucket, loop stops per tool, runs per agent and
-  stop reason, canary-flagged runs, optionally for one agent.
+The functions: :func:`run_extra`, :func:`attach_steps_since_progress`,
+:func:`attach_stop_summary`, :func:`tools`, :func:`loops_by_tool` and :func:`stats`.
 
 Time windows are half-open ``[since, until)`` in ns since the Unix epoch. A run's time is
 its stop time, else its end, start or first-seen time (as in ``StoreReader.list_runs``);
@@ -675,9 +667,9 @@ def stats(
     bucket_seconds: int = 3600,
     agent: str | None = None,
 ) -> Aggregates:
-    """Overview aggregates for ``[since, until)``, for every agent or only ``agent``.
-
-    Four queries, each with the reader's time limit and row cap.
+    """Overview aggregates for ``[since, until)``, for every agent or only ``agent``:
+    stops by reason per time bucket, loop stops per tool, runs per agent and stop reason,
+    canary-flagged runs. Four queries, each with the reader's time limit and row cap.
     """
     if bucket_seconds < 1:
         raise ValueError("bucket_seconds must be >= 1")

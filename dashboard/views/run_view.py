@@ -217,12 +217,10 @@ if steps:
                     folded = runview.fold(content)
                     if not folded.full:
                         st.caption(f"{label}: not captured")
-                    elif folded.folded:
-                        st.caption(f"{label} (folded): {ui.escape_md(folded.short)}")
-                        st.code(folded.full, language="json")
-                    else:
-                        st.caption(f"{label}:")
-                        st.code(folded.full, language="json")
+                        continue
+                    short = f" (folded): {ui.escape_md(folded.short)}" if folded.folded else ":"
+                    st.caption(f"{label}{short}")
+                    st.code(folded.full, language="json")
 
     series = runview.progress_series(steps, card)
     if not series.empty:

@@ -20,15 +20,12 @@ window = ui.time_range(key="tools_range")
 data = ui.call(ui.cached_tools, key, src, window.since_unix_nano, window.until_unix_nano)
 loops = charts.loops_table(data.loops)
 
+if data.note:
+    st.info(data.note)
 if (data.tools is None or data.tools.empty) and loops.empty:
-    if data.note:
-        st.info(data.note)
     ui.empty_state(f"No tool calls in the selected time range ({window.label.lower()}).")
     ui.footer(src)
     st.stop()
-
-if data.note:
-    st.info(data.note)
 
 loop_counts = loops.assign(tool=loops["tool"].replace("(no tool)", ""))
 if data.tools is not None and not data.tools.empty:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -118,13 +118,6 @@ class ScriptedModel:
             if callable(item) and not isinstance(item, Decision)
             else item
         )
-
-    @classmethod
-    def repeating(
-        cls, decision: Decision, times: int, *, then: Sequence[Decision] = ()
-    ) -> ScriptedModel:
-        """A script of ``decision`` repeated ``times`` times, then ``then``."""
-        return cls([decision] * times + list(then))
 
 
 def tool_loop(

@@ -378,22 +378,22 @@ def read_file(path: str | Path, *, format: str | None = None) -> ImportResult:
     """
     path = Path(path)
     result = ImportResult()
+
+    def file_problem(message: str) -> ImportResult:
+        result.problems.append(ImportProblem(str(path), "file", message))
+        return result
+
     try:
         mode = path.stat().st_mode
         if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
             with path.open("rb") as handle:
                 raw = handle.read(MAX_FILE_BYTES + 1)
         else:
-            result.problems.append(ImportProblem(str(path), "file", "not a regular file"))
-            return result
+            return file_problem("not a regular file")
     except OSError as exc:
-        result.problems.append(ImportProblem(str(path), "file", exc.strerror or str(exc)))
-        return result
+        return file_problem(exc.strerror or str(exc))
     if len(raw) > MAX_FILE_BYTES:
-        result.problems.append(
-            ImportProblem(str(path), "file", f"larger than {MAX_FILE_BYTES} bytes")
-        )
-        return result
+        return file_problem(f"larger than {MAX_FILE_BYTES} bytes")
     doc = Document(path=path, text=decode_text(raw))
     importer: Importer | None = None
     try:
@@ -410,12 +410,10 @@ def read_file(path: str | Path, *, format: str | None = None) -> ImportResult:
             else:
                 result.trajectories.append(item)
     except UnknownFormat as exc:
-        message = "empty file" if not doc.text.strip() else _broken_json(doc) or str(exc)
-        result.problems.append(ImportProblem(str(path), "file", message))
+        file_problem("empty file" if not doc.text.strip() else _broken_json(doc) or str(exc))
     except (ValueError, RecursionError) as exc:
         # A forced format on a broken document: the JSON error is the cause.
-        message = _broken_json(doc) or str(exc) or type(exc).__name__
-        result.problems.append(ImportProblem(str(path), "file", message))
+        file_problem(_broken_json(doc) or str(exc) or type(exc).__name__)
     except Exception as exc:  # an importer bug on odd input must not stop other files
         name = importer.name if importer is not None else "?"
         result.problems.append(
@@ -426,9 +424,7 @@ def read_file(path: str | Path, *, format: str | None = None) -> ImportResult:
             )
         )
     if importer is not None and not result.trajectories and not result.problems:
-        result.problems.append(
-            ImportProblem(str(path), "file", f"no runs in this {importer.name} file")
-        )
+        file_problem(f"no runs in this {importer.name} file")
     _unique_run_ids(result)
     return result
 
