@@ -1503,11 +1503,13 @@ def test_a_step_after_the_trace_level_run_was_declined_goes_to_its_agent(
 ) -> None:
     """The trace-level run is decided (not sampled) at its root span; a tool span whose
     agent is not known yet is pending; then the agent span releases it to the agent run
-    (declined: counted, not kept), or a loopwatch span discards it, in any grouping."""
+    (declined: counted, not kept), or a loopwatch span discards it, in any grouping. The
+    trace-level run has a model call of its own (a run with no step is no run)."""
     store = make_store(sampling=SamplingConfig(completed_fraction=0.0, max_full_runs_per_hour=1))
     stage = MapStage()
     trace = "ab" * 16
     root = _span(trace, "workflow", {}, "", 1)
+    model = _span(trace, "chat m", {sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT}, root.span_id, 2)
     a = _span(
         trace, "invoke_agent A", {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT}, root.span_id, 3
     )
@@ -1522,7 +1524,7 @@ def test_a_step_after_the_trace_level_run_was_declined_goes_to_its_agent(
         trace, "decide", {sc.LW_EVENT: sc.EVENT_DECISION, sc.LW_RUN_ID: "lw", sc.LW_STEP: 1}, "", 7
     )
     requests = [
-        stage.process(SpanBatch(spans=s)) for s in ([root], [tool], [lw if takeover else a])
+        stage.process(SpanBatch(spans=s)) for s in ([model, root], [tool], [lw if takeover else a])
     ]
     assert len(requests[2].released) + len(requests[2].discarded) == 1
     commit(store, requests[0])
