@@ -363,9 +363,25 @@ def test_genai_run_in_one_batch() -> None:
 
 def test_agent_error_status_infers_error_stop() -> None:
     agent = make_span(
+        "invoke_agent a",
+        {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT},
+        status=STATUS_ERROR,
+        start=0,
+        end=50,
+    )
+    model = make_span(
+        "chat m", {sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT}, parent=agent.span_id, start=5
+    )
+    assert only(mapped(model, agent).stops).reason == "error"
+
+
+def test_an_agent_span_with_no_step_counts_no_stop_even_when_it_failed() -> None:
+    # Issue 25: a run with no step never counts as a stop (a framework's wrapper or a
+    # create_agent span must not feed loopwatch_agent_stops_total).
+    agent = make_span(
         "invoke_agent a", {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT}, status=STATUS_ERROR
     )
-    assert only(mapped(agent).stops).reason == "error"
+    assert mapped(agent).stops == []
 
 
 def test_openinference_spans() -> None:
