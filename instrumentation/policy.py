@@ -113,7 +113,7 @@ DEFAULT_VOLATILE_FIELDS: Final[frozenset[str]] = frozenset(
 LIMIT_FIELDS: Final[tuple[str, ...]] = tuple(LIMIT_SPEC)
 _INFER: Final = "infer_write_risk"
 MAX_POLICY_FILE_BYTES: Final = 1 << 20
-"""Largest policy file read, in bytes (1 MiB; the shipped seed file is under 2 KiB)."""
+"""Largest policy file read, in bytes (1 MiB; the shipped seed file is under 4 KiB)."""
 _LADDER_KEYS: Final = frozenset({"loop_response", "loop_response_by_detector", "nudge_template"})
 _PROFILE_KEYS: Final = frozenset(
     {
