@@ -501,3 +501,50 @@ def test_build_and_with_overrides_refuse_what_a_file_refuses(overrides: dict[str
         Policy.build(**overrides)
     with pytest.raises(ValueError):
         Policy().with_overrides(**overrides)
+
+
+# ------------------------------------------------------------- testing kit
+
+
+def test_plugin_fixtures_give_the_three_nudge_models(
+    ignoring_model: Any, obeying_model: Any, relapsing_model: Any
+) -> None:
+    outcomes = {}
+    for name, factory in (
+        ("ignore", ignoring_model),
+        ("obey", obeying_model),
+        ("relapse", relapsing_model),
+    ):
+        model = factory("search", {"q": "x"})
+        assert isinstance(model, NudgedModel) and model.reaction == name
+        run, _ = _play(model, NUDGE_STOP)
+        outcomes[name] = (run.outcome.reason.value, [n.result for n in run.outcome.nudges])
+    assert outcomes == {
+        "ignore": ("repeated_action", ["stopped"]),
+        "obey": ("completed", ["recovered"]),
+        "relapse": ("repeated_action", ["recovered"]),
+    }
+
+
+def test_invariant_checker_rejects_a_nudged_span_without_its_rung(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    from loopwatch.instrumentation.testing import InvariantViolation
+
+    _play(ignoring_model("search", {"q": "x"}), NUDGE_STOP, provider)
+    spans = exporter.get_finished_spans()
+
+    class Stripped:
+        def __init__(self, span: Any) -> None:
+            self.name, self.start_time, self.end_time = span.name, span.start_time, span.end_time
+            self.attributes = {
+                k: v for k, v in (span.attributes or {}).items() if k != sc.LW_LOOP_RUNG
+            }
+
+    with pytest.raises(InvariantViolation, match="names its rung"):
+        assert_trace_invariants([Stripped(s) for s in spans])
+
+
+def test_nudged_model_rejects_an_unknown_reaction() -> None:
+    with pytest.raises(ValueError, match="reaction"):
+        NudgedModel("search", reaction="sulk")  # type: ignore[arg-type]
