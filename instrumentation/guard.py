@@ -714,11 +714,7 @@ class Guard:
             return self.outcome()
 
     def outcome(self) -> Outcome:
-        """The run's :class:`Outcome`.
-
-        Raises:
-            RunStateError: the run has not stopped yet.
-        """
+        """The run's :class:`Outcome`; :class:`RunStateError` before the run stopped."""
         with self._lock:
             if self._stop is None:
                 raise RunStateError("the run has not stopped yet")
@@ -746,7 +742,8 @@ class Guard:
         """Serialize usage and detector state (JSON-ready) so the run can be resumed;
         resuming never grants a fresh budget (:meth:`restore`, format: :mod:`.state`)."""
         with self._lock:
-            return snapshot(self, self._budget, self._detectors, self._stop, self._partial)
+            state = snapshot(self, self._budget, self._detectors, self._stop, self._partial)
+            return self._ladder.save(state) if self._ladder is not None else state
 
     @classmethod
     def restore(
@@ -766,7 +763,7 @@ class Guard:
 
         An open step stays open (checkpoints cannot defeat the no-progress check). A child
         run resumes under ``parent=``: capped again by what the parent has left, and
-        charged to it from then on. The ladder's position starts afresh.
+        charged to it from then on. The ladder's rungs and nudges carry over too.
 
         Raises:
             ValueError: not a guard snapshot, a stopped run's, or a corrupted one
@@ -797,4 +794,6 @@ class Guard:
             )
         load(state, g._budget, g._detectors)
         g._partial = state.get("partial")
+        if g._ladder is not None:
+            g._ladder.load(state.get("ladder"))
         return g

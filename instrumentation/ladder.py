@@ -62,6 +62,17 @@ _ADVICE: Final[dict[str, str]] = {
 }
 
 
+def _nudge(raw: Any) -> Nudge:
+    result = raw.get("result")
+    return Nudge(
+        str(raw["detector"]),
+        str(raw["tool"]),
+        int(raw["rung"]),
+        int(raw["step"]),
+        None if result is None else str(result),
+    )
+
+
 class Ladder:
     """The ladder state of one run. Build it with :meth:`of` (None for the default).
 
@@ -204,6 +215,41 @@ class Ladder:
         detail = {**stop.evidence.detail, "after_nudges": self.nudge_count}
         evidence = dataclasses.replace(stop.evidence, detail=detail)
         return dataclasses.replace(stop, evidence=evidence)
+
+    def save(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` (a guard snapshot) with the ladder's position and nudges under
+        ``"ladder"``: a resumed run goes on up the ladder, never back to its first rung."""
+        state["ladder"] = {
+            "counts": dict(self._counts),
+            "nudges": [n.to_dict() for n in self._nudges],
+            "open": list(self._open),
+            "late": sorted(self._late),
+            "dropped": self.dropped,
+            "observed": [n.to_dict() for n in self.observed],
+            "stopped_by_rung": self._stopped_by_rung,
+        }
+        return state
+
+    def load(self, saved: Any) -> None:
+        """Take back what :meth:`save` stored (nothing for an older snapshot).
+
+        Raises:
+            ValueError: a malformed ladder state.
+        """
+        if saved is None:
+            return
+        try:
+            self._counts = {str(k): int(v) for k, v in saved["counts"].items()}
+            self._nudges = [_nudge(n) for n in saved["nudges"]][:MAX_NUDGES]
+            self._open = [int(i) for i in saved["open"] if 0 <= int(i) < len(self._nudges)]
+            self._late = {int(i) for i in saved["late"] if 0 <= int(i) < len(self._nudges)}
+            self.dropped = int(saved["dropped"])
+            self.observed = [_nudge(n) for n in saved["observed"]][:MAX_NUDGES]
+            self._stopped_by_rung = bool(saved["stopped_by_rung"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError("snapshot field 'ladder' is malformed") from None
+        if any(v < 0 for v in self._counts.values()) or self.dropped < 0:
+            raise ValueError("snapshot field 'ladder' is malformed")
 
     def outcome_fields(self) -> dict[str, Any]:
         """``nudges``, ``nudges_dropped`` and ``observed_nudges`` of the Outcome."""

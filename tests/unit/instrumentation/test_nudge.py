@@ -548,3 +548,32 @@ def test_invariant_checker_rejects_a_nudged_span_without_its_rung(
 def test_nudged_model_rejects_an_unknown_reaction() -> None:
     with pytest.raises(ValueError, match="reaction"):
         NudgedModel("search", reaction="sulk")  # type: ignore[arg-type]
+
+
+def test_a_resumed_run_goes_on_up_the_ladder() -> None:
+    body = Search()
+    model = ignoring_model("search", {"q": "x"})
+    with Run("support", NUDGE_STOP, tools={"search": body}) as run:
+        for _ in range(3):  # x, x, x (nudged)
+            d = run.decide(model)
+            for c in d.tool_calls:
+                model.see(run.call_tool(c.name, c.arguments))
+        state = json.loads(json.dumps(run.snapshot()))
+        run.cancel()
+    assert len(model.nudges) == 1
+    with Run.resume("support", NUDGE_STOP, state, tools={"search": body}) as resumed:
+        drive(resumed, model)
+    out = resumed.outcome
+    # The next identical call meets the stop rung, not a fresh first nudge.
+    assert out.reason is StopReason.REPEATED_ACTION and len(model.nudges) == 1
+    assert [(n.step, n.result) for n in out.nudges] == [(3, "stopped")]
+    assert out.stop.evidence.detail["after_nudges"] == 1
+
+
+def test_a_malformed_ladder_snapshot_is_refused() -> None:
+    with Run("support", NUDGE_STOP, tools={"search": Search()}) as run:
+        state = run.snapshot()
+        run.cancel()
+    state["ladder"] = {"counts": {"repeated_action": -1}}
+    with pytest.raises(ValueError, match="ladder"):
+        Run.resume("support", NUDGE_STOP, state)
