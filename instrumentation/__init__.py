@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from .decorators import agent, decision, tool
 from .errors import LoopwatchError, PolicyError, PolicyProblem, RunStateError, StopRun
-from .failures import FailureClass, ToolFailure, classify_exception
+from .failures import FailureClass, ToolFailure, ToolNudged, classify_exception
 from .guard import Guard
 from .outcomes import (
     Decision,
@@ -28,6 +28,8 @@ from .outcomes import (
     Dimension,
     Evidence,
     LoopDetector,
+    Nudge,
+    NudgeText,
     Outcome,
     Stop,
     StopReason,
@@ -59,6 +61,8 @@ __all__ = [
     "Guard",
     "LoopDetector",
     "LoopwatchError",
+    "Nudge",
+    "NudgeText",
     "Outcome",
     "Policy",
     "PolicyError",
@@ -70,6 +74,7 @@ __all__ = [
     "StopRun",
     "ToolCall",
     "ToolFailure",
+    "ToolNudged",
     "ToolOutcome",
     "ToolPolicy",
     "ToolRecord",

@@ -8,18 +8,27 @@ validated at load): each returns every problem with its path, never raises.
 from __future__ import annotations
 
 import math
+import string
 from collections.abc import Mapping
 from typing import Any, Final
 
 from .errors import PolicyProblem
 
 __all__ = [
+    "DEFAULT_LOOP_RESPONSE",
+    "DEFAULT_NUDGE_TEMPLATE",
     "FLOAT",
     "INT",
+    "LADDER_DETECTORS",
     "LIMIT_SPEC",
     "MAX_DETECTOR_WINDOW",
     "MAX_INT",
+    "MAX_NUDGE_TEMPLATE_BYTES",
+    "NUDGE_PLACEHOLDERS",
+    "RUNGS",
+    "STOP_ONLY_DETECTORS",
     "describe_int",
+    "ladder_problems",
     "out_of_range",
     "tool_problems",
     "validate_values",
@@ -48,6 +57,134 @@ MAX_DETECTOR_WINDOW: Final = 4096
 """Largest ``detector_window`` (steps of history a guard keeps)."""
 MAX_INT: Final = 2**63 - 1
 """Largest whole-number limit: what an OTLP ``intValue`` (signed 64-bit) carries."""
+
+
+RUNGS: Final[tuple[str, ...]] = ("warn", "nudge", "stop")
+"""The rungs of a loop-response ladder (``loop_response``)."""
+DEFAULT_LOOP_RESPONSE: Final[tuple[str, ...]] = ("stop",)
+"""The default ladder: stop at the first detection, as before ladders existed."""
+LADDER_DETECTORS: Final[tuple[str, ...]] = ("repeated_action",)
+"""Detectors a ladder acts on (judged when a tool call is asked for, before it runs)."""
+STOP_ONLY_DETECTORS: Final[tuple[str, ...]] = (
+    "action_cycle",
+    "repeated_decision",
+    "no_progress",
+    "budget_exhausted",
+    "deadline_exceeded",
+    "retry_rule",
+)
+"""Keys ``loop_response_by_detector`` accepts with ``["stop"]`` only: budgets, the
+deadline and the retry rule only stop (a nudge cannot give a budget back), and the other
+loop detectors judge a call after it ran or a whole step, where no tool result is left
+to answer with."""
+_BUDGET_LIKE: Final = frozenset({"budget_exhausted", "deadline_exceeded", "retry_rule"})
+NUDGE_PLACEHOLDERS: Final[tuple[str, ...]] = ("tool", "count", "unchanged", "advice")
+"""The placeholders a ``nudge_template`` may use."""
+MAX_NUDGE_TEMPLATE_BYTES: Final = 2048
+"""Largest ``nudge_template``, in UTF-8 bytes (2 KiB)."""
+DEFAULT_NUDGE_TEMPLATE: Final = (
+    "loopwatch did not run this call: {tool} was called {count} times with the same "
+    "arguments and its result did not change ({unchanged}). {advice}"
+)
+"""The nudge the model reads when a profile sets none."""
+
+
+def _ladder_problems(
+    value: Any, path: str, source: str, *, stop_only: bool = False, detector: str = ""
+) -> list[PolicyProblem]:
+    """The problems of one ladder (each one line)."""
+    if not isinstance(value, list | tuple) or not all(isinstance(r, str) for r in value):
+        return [PolicyProblem(path, "must be a list of rungs (warn, nudge, stop)", source)]
+    if not value:
+        return [PolicyProblem(path, 'empty ladder: give at least one rung, e.g. ["stop"]', source)]
+    problems = [
+        PolicyProblem(path, f"unknown rung {r[:40]!r} (use warn, nudge or stop)", source)
+        for r in value
+        if r not in RUNGS
+    ]
+    if problems:
+        return problems
+    if "stop" in value[:-1]:
+        problems.append(
+            PolicyProblem(path, "stop must be the last rung: the rungs after it never come", source)
+        )
+    if stop_only and tuple(value) != DEFAULT_LOOP_RESPONSE:
+        rung = "nudge" if "nudge" in value else "warn"
+        why = (
+            "budgets, deadlines and the retry rule only stop"
+            if detector in _BUDGET_LIKE
+            else "only repeated_action takes warn or nudge"
+        )
+        problems.append(
+            PolicyProblem(
+                path, f"a {rung} rung makes no sense for {detector}: {why}; use ['stop']", source
+            )
+        )
+    return problems
+
+
+def _template_problems(value: Any, path: str, source: str) -> list[PolicyProblem]:
+    if not isinstance(value, str) or not value.strip():
+        return [PolicyProblem(path, "must be a non-empty string", source)]
+    size = len(value.encode("utf-8"))
+    if size > MAX_NUDGE_TEMPLATE_BYTES:
+        return [
+            PolicyProblem(
+                path, f"{size} bytes, over the {MAX_NUDGE_TEMPLATE_BYTES}-byte limit", source
+            )
+        ]
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(value)]
+    except ValueError as exc:
+        return [PolicyProblem(path, f"not a valid template: {exc}", source)]
+    for name, spec, conv in fields:
+        if name is None:
+            continue
+        if name not in NUDGE_PLACEHOLDERS or spec or conv:
+            shown = "{" + name[:40] + "}"
+            return [
+                PolicyProblem(
+                    path,
+                    f"unknown placeholder {shown} (use {{tool}}, {{count}}, {{unchanged}}, "
+                    "{advice}; write {{ and }} for a literal brace)",
+                    source,
+                )
+            ]
+    return []
+
+
+def ladder_problems(values: Mapping[str, Any], prefix: str, source: str) -> list[PolicyProblem]:
+    """The problems of ``loop_response``, ``loop_response_by_detector`` and
+    ``nudge_template`` in ``values`` (absent keys are skipped), each one line with its
+    path ``prefix.KEY``."""
+    problems: list[PolicyProblem] = []
+    if "loop_response" in values:
+        problems += _ladder_problems(values["loop_response"], f"{prefix}.loop_response", source)
+    if "loop_response_by_detector" in values:
+        by = values["loop_response_by_detector"]
+        path = f"{prefix}.loop_response_by_detector"
+        if not isinstance(by, Mapping):
+            problems.append(PolicyProblem(path, "must be a table of detector = [rungs]", source))
+        else:
+            for name, ladder in by.items():
+                if name not in LADDER_DETECTORS and name not in STOP_ONLY_DETECTORS:
+                    known = ", ".join((*LADDER_DETECTORS, *STOP_ONLY_DETECTORS))
+                    problems.append(
+                        PolicyProblem(
+                            f"{path}.{str(name)[:40]}", f"unknown detector (use {known})", source
+                        )
+                    )
+                    continue
+                problems += _ladder_problems(
+                    ladder,
+                    f"{path}.{name}",
+                    source,
+                    stop_only=name in STOP_ONLY_DETECTORS,
+                    detector=name,
+                )
+    if "nudge_template" in values:
+        problems += _template_problems(values["nudge_template"], f"{prefix}.nudge_template", source)
+    return problems
 
 
 def validate_values(values: Mapping[str, Any], prefix: str, source: str) -> list[PolicyProblem]:

@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from .errors import StopRun
+from .failures import ToolNudged
 from .outcomes import Decision, ToolRecord, ToolTicket
 
 if TYPE_CHECKING:
@@ -132,7 +133,8 @@ class ModelCall(_SpanScope):
 
 class ToolCallScope(_SpanScope):
     """Context manager returned by :meth:`Run.tool_call`; ``with`` yields it as the handle
-    (``ticket`` once entered, ``set_result``, and ``record`` after a normal exit)."""
+    (``ticket`` once entered, ``set_result``, and ``record`` after a normal exit).
+    Entering raises :class:`~.failures.ToolNudged` when the ladder nudged the call."""
 
     __slots__ = ("_args", "_call_id", "_name", "_run", "record", "result", "ticket")
 
@@ -151,6 +153,9 @@ class ToolCallScope(_SpanScope):
     def __enter__(self) -> ToolCallScope:
         run = self._run
         self.ticket, span = run._start_tool(self._name, self._args, self._call_id)
+        if self.ticket.nudge is not None:
+            # Raised on entry, the block's body cannot run: a nudged call is not made.
+            raise ToolNudged(self.ticket.nudge, self.ticket)
         self._enter_span(span)
         return self
 

@@ -106,6 +106,20 @@ LW_TOOL_FAILURE_CLASS: Final = "loopwatch.tool.failure_class"
 OUTCOME_OK: Final = "ok"
 OUTCOME_ERROR: Final = "error"
 OUTCOME_BLOCKED: Final = "blocked"
+OUTCOME_NUDGED: Final = "nudged"
+
+# Loop response (the ladder, issue 26): on the tool span of a call that met a warn or
+# nudge rung, and as the attributes of its ``loopwatch.loop_response`` event.
+LW_LOOP_RESPONSE: Final = "loopwatch.loop.response"
+LW_LOOP_RUNG: Final = "loopwatch.loop.rung"
+LW_LOOP_DETECTOR: Final = "loopwatch.loop.detector"
+EVENT_LOOP_RESPONSE: Final = "loopwatch.loop_response"
+LW_OBSERVE_LOOP_RESPONSE: Final = "loopwatch.observe.loop_response"
+RESPONSE_WARN: Final = "warn"
+RESPONSE_NUDGE: Final = "nudge"
+NUDGE_RECOVERED: Final = "recovered"
+NUDGE_STOPPED: Final = "stopped"
+NUDGE_ENDED: Final = "ended"
 
 # Stop span.
 LW_STOP_REASON: Final = "loopwatch.stop.reason"
@@ -124,6 +138,8 @@ LW_USAGE_TOOL_SUCCESSES: Final = "loopwatch.usage.tool_successes"
 LW_USAGE_TOKENS: Final = "loopwatch.usage.tokens"
 LW_USAGE_COST_USD: Final = "loopwatch.usage.cost_usd"
 LW_USAGE_ELAPSED_SECONDS: Final = "loopwatch.usage.elapsed_seconds"
+LW_NUDGES: Final = "loopwatch.nudges"
+LW_NUDGES_DROPPED: Final = "loopwatch.nudges.dropped"
 
 # Content capture switch shared with other GenAI instrumentations.
 ENV_CAPTURE_CONTENT: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"

@@ -20,6 +20,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, Trac
 from . import _semconv as sc
 from .budgets import usage_cost, usage_tokens
 from .guard import Guard
+from .ladder import MAX_NUDGES
 from .outcomes import Decision, DecisionType, Outcome, Stop, ToolRecord, ToolTicket
 
 __all__ = ["RunTelemetry", "telemetry_drops"]
@@ -79,6 +80,30 @@ def _decision_attributes(decision: Decision) -> dict[str, Any]:
     cost = usage_cost(decision.cost_usd)
     if cost and math.isfinite(cost):
         attrs[sc.LW_COST_USD] = cost
+    return attrs
+
+
+def _loop_response(ticket: ToolTicket) -> dict[str, Any]:
+    """The rung a call met: tool span attributes and its event's attributes."""
+    return {
+        sc.LW_LOOP_RESPONSE: ticket.response or "",
+        sc.LW_LOOP_RUNG: ticket.rung,
+        sc.LW_LOOP_DETECTOR: ticket.detector or "",
+    }
+
+
+def _nudges_attributes(outcome: Outcome) -> dict[str, Any]:
+    """``loopwatch.nudges`` (compact JSON, first :data:`MAX_NUDGES`) and the count
+    dropped; empty when the run had no nudge."""
+    if not outcome.nudges and not outcome.nudges_dropped:
+        return {}
+    kept = outcome.nudges[:MAX_NUDGES]
+    attrs: dict[str, Any] = {
+        sc.LW_NUDGES: json.dumps([n.to_dict() for n in kept], separators=(",", ":"))
+    }
+    dropped = outcome.nudges_dropped + len(outcome.nudges) - len(kept)
+    if dropped:
+        attrs[sc.LW_NUDGES_DROPPED] = dropped
     return attrs
 
 
@@ -269,13 +294,21 @@ class RunTelemetry:
                 attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = arguments_json
             if ticket.would_stop is not None:
                 attrs[sc.LW_OBSERVE_STOP_REASON] = ticket.would_stop.reason.value
-            return self._get_tracer().start_span(
+            if ticket.observed_response is not None:
+                attrs[sc.LW_OBSERVE_LOOP_RESPONSE] = ticket.observed_response
+            response = _loop_response(ticket) if ticket.response is not None else None
+            if response is not None:
+                attrs.update(response)
+            span = self._get_tracer().start_span(
                 self._tool_span_name(ticket.tool),
                 context=self._run_ctx,
                 kind=SpanKind.INTERNAL,
                 attributes=attrs,
                 start_time=start_time,
             )
+            if response is not None:
+                span.add_event(sc.EVENT_LOOP_RESPONSE, response, timestamp=start_time)
+            return span
         except Exception as exc:
             _dropped(exc)
             return None
@@ -348,6 +381,41 @@ class RunTelemetry:
         except Exception as exc:
             _dropped(exc)
 
+    def nudged_tool(
+        self,
+        ticket: ToolTicket,
+        arguments_json: str | None,
+        result_json: str | None,
+        *,
+        start_time: int | None = None,
+    ) -> None:
+        """Emit the tool span of a nudged call (outcome ``nudged``: not run, the nudge is
+        its result), from ``start_time`` (ns since the epoch; now when None) to now."""
+        try:
+            response = _loop_response(ticket)
+            attrs = self._tool_attributes(ticket)
+            attrs |= response
+            attrs |= {
+                sc.LW_TOOL_OUTCOME: sc.OUTCOME_NUDGED,
+                sc.LW_PROGRESS: False,
+                sc.LW_STEPS_SINCE_PROGRESS: self.guard.steps_since_progress,
+            }
+            if arguments_json is not None:
+                attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = arguments_json
+            if result_json is not None:
+                attrs[sc.GEN_AI_TOOL_CALL_RESULT] = result_json
+            span = self._get_tracer().start_span(
+                self._tool_span_name(ticket.tool),
+                context=self._run_ctx,
+                kind=SpanKind.INTERNAL,
+                attributes=attrs,
+                start_time=start_time,
+            )
+            span.add_event(sc.EVENT_LOOP_RESPONSE, response, timestamp=start_time)
+            span.end()
+        except Exception as exc:
+            _dropped(exc)
+
     def stop(self, outcome: Outcome) -> None:
         """Emit the one ``stop {agent}`` span and end the run span. Idempotent."""
         with self._lock:
@@ -365,6 +433,7 @@ class RunTelemetry:
                 attrs[sc.LW_OBSERVE_STOP_REASON] = first.reason.value
                 attrs[sc.LW_OBSERVE_STOP_STEP] = first.step
                 attrs[sc.LW_OBSERVE_STOP_EVIDENCE] = _json(first.evidence.to_dict())
+            attrs |= _nudges_attributes(outcome)
             span = self._get_tracer().start_span(
                 self._stop_name, context=self._run_ctx, kind=SpanKind.INTERNAL, attributes=attrs
             )

@@ -227,6 +227,9 @@ def tool(fn: Callable[P, R] | None = None, /, *, name: str | None = None) -> Any
     per tool (logger ``loopwatch.instrumentation``): submit such calls with
     ``contextvars.copy_context().run``.
 
+    When the policy's ladder nudges a call (:mod:`.ladder`), the function does not run
+    and the call returns the nudge text instead: the model reads it as the tool's result.
+
     Args:
         name: tool name (default: the function's name).
 

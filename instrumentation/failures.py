@@ -29,9 +29,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["FailureClass", "ToolFailure", "classify_exception", "retry_allowance"]
+__all__ = [
+    "FailureClass",
+    "ToolFailure",
+    "ToolNudged",
+    "classify_exception",
+    "retry_allowance",
+]
 
 
 class FailureClass(StrEnum):
@@ -61,6 +67,23 @@ class ToolFailure(Exception):
     ) -> None:
         super().__init__(message)
         self.failure_class = FailureClass(failure_class)
+
+
+class ToolNudged(ToolFailure):
+    """Raised by ``with run.tool_call(...)`` on entry when the policy's ladder nudged the
+    call (:mod:`.ladder`): the block's body does not run; give the model ``text`` as the
+    call's result. ``str(exc)`` is the text too, so code that reports a
+    :class:`ToolFailure` to the model as the tool's error shows it the nudge.
+
+    Attributes:
+        text: the nudge, built from the policy's template and the guard's facts.
+        ticket: the guard's :class:`~.outcomes.ToolTicket` (``rung``, ``detector``).
+    """
+
+    def __init__(self, text: str, ticket: Any = None) -> None:
+        super().__init__(text, FailureClass.PERMANENT)
+        self.text = text
+        self.ticket = ticket
 
 
 _TRANSIENT_TYPES: Final = (ConnectionError, BrokenPipeError, InterruptedError)

@@ -22,7 +22,8 @@ recorded, so calls in flight together cannot all succeed past ``max_tool_success
 call that finds every slot left held is refused without ending the run.
 
 Modes: ``enforce`` ends the run at the first stop; ``observe`` records what it would have
-stopped (``Outcome.observed_stops``) and lets the run go on to its natural end.
+stopped (``Outcome.observed_stops``) and lets the run go on to its natural end. A policy's
+loop-response ladder (warn, nudge, stop) answers repeated actions: :mod:`.ladder`.
 
 Example::
 
@@ -55,12 +56,8 @@ from .budgets import Budget
 from .detectors import Detectors, ToolSettings
 from .errors import RunStateError
 from .failures import FailureClass, classify_exception
-from .fingerprint import (
-    canonical_json,
-    digest,
-    fingerprint_with,
-    observation_digest_with,
-)
+from .fingerprint import canonical_json, digest, fingerprint_with, observation_digest_with
+from .ladder import Ladder
 from .outcomes import (
     ALLOWED,
     Decision,
@@ -125,6 +122,8 @@ class Guard:
         scrub: redaction applied to results before digesting (see
             :func:`~.fingerprint.observation_digest`).
         parent: the parent run's guard (use :meth:`child`).
+        result_preview: ``result -> str``, the captured text a nudge may quote (content
+            capture on); None: a nudge names the result's digest (:mod:`.ladder`).
 
     Raises:
         ValueError: an unknown mode.
@@ -141,6 +140,7 @@ class Guard:
         known_tools: Collection[str] | None = None,
         scrub: Callable[[Any], Any] | None = None,
         parent: Guard | None = None,
+        result_preview: Callable[[Any], str] | None = None,
     ) -> None:
         if mode not in ("enforce", "observe"):
             raise ValueError(f"mode must be 'enforce' or 'observe', got {mode!r}")
@@ -162,6 +162,8 @@ class Guard:
         self._has_answer = False
         self._partial: str | None = None
         self._call_ids = itertools.count(1)
+        self._preview = result_preview
+        self._ladder = Ladder.of(policy, mode, result_preview)  # None: default ["stop"]
 
     # ------------------------------------------------------------------ state
 
@@ -201,7 +203,7 @@ class Guard:
     # ------------------------------------------------------------------ stops
 
     def _close(self, stop: Stop) -> None:
-        self._stop = stop
+        self._stop = stop = self._ladder.close(stop) if self._ladder else stop
         self._budget.closed_by = stop.reason
 
     def _decide(self, stop: Stop) -> Verdict:
@@ -233,13 +235,9 @@ class Guard:
     ) -> Guard:
         """A child run's guard that draws from this run's remaining budget.
 
-        Each budget of the child is capped at what this run has left when the child is
-        created (the cap records source ``parent``), and every use in the child is also
-        charged here, so children can never create capacity (10 children of 10 turns do
-        not make 100 turns). The child's deadline is capped by this run's.
-
-        Raises:
-            RunStateError: this run has stopped.
+        Each budget (and the deadline) is capped at what this run has left (source
+        ``parent``) and every use is charged here too: 10 children of 10 turns do not make
+        100 turns. Raises :class:`RunStateError` when this run has stopped.
         """
         with self._lock:
             if self._stop is not None and not _after_stop:
@@ -255,6 +253,7 @@ class Guard:
                 known_tools=known_tools if known_tools is not None else self._known_tools,
                 scrub=self._scrub,
                 parent=self,
+                result_preview=self._preview,
             )
             if self._stop is not None:
                 # A sub-agent asked for after the stop (``_after_stop``): it is recorded,
@@ -271,12 +270,9 @@ class Guard:
     ) -> Verdict:
         """Check and reserve one model turn; begins a new step.
 
-        Ends the previous step first (ceilings, then no progress). With an estimate, the
+        Ends the previous step first (ceilings, then no progress). With an estimate
+        (``estimate_tokens``: input + output; ``estimate_cost_usd``: US dollars), the
         token and cost budgets are checked on the projected totals.
-
-        Args:
-            estimate_tokens: expected input + output tokens of this call.
-            estimate_cost_usd: expected cost of this call in US dollars.
 
         Returns:
             ``Verdict(allowed=True)`` when the call may be made; otherwise the stop.
@@ -391,18 +387,16 @@ class Guard:
     ) -> ToolTicket:
         """Check and reserve one tool dispatch.
 
-        Args:
-            tool: tool name.
-            arguments: the call's arguments.
-            call_id: the model's tool-call id (one is generated when omitted).
+        ``call_id``: the model's tool-call id (one is generated when omitted).
 
         Returns:
             A :class:`ToolTicket`; dispatch only when ``ticket.allowed``, and always record
             an allowed one (:meth:`record_tool_result`): it holds a tool-success slot. A
             refusal that ends the run carries ``ticket.stop``. Refused without a stop, the
             run goes on: ``blocked_by="ceiling"`` (enforce mode: every slot left is held by
-            a call in flight; try again once they return) or ``"unknown_tool"`` (an error
-            the model can see; retrying it as-is ends the run).
+            a call in flight; try again once they return), ``"unknown_tool"`` (an error
+            the model can see; retrying it as-is ends the run) or ``"nudge"`` (a ladder's
+            nudge rung: give the model ``ticket.nudge`` as the call's result).
         """
         args: Mapping[str, Any] = arguments if arguments is not None else {}
         with self._lock:
@@ -444,6 +438,14 @@ class Guard:
                 return self._unknown_tool(ticket, ts)
             elapsed = b.elapsed()
             stop, blocked_by, is_retry = self._pre_dispatch(ticket, ts, elapsed)
+            if stop is not None and self._ladder is not None:
+                stop = self._ladder.respond(ticket, stop)  # warn or nudge: None
+                if stop is None:
+                    blocked_by = "nudge" if ticket.nudge is not None else None
+            if blocked_by == "nudge":  # not run: the nudge is its result
+                ticket.done = True
+                ticket.blocked_by = blocked_by
+                return ticket
             if stop is not None:
                 verdict = self._decide(stop)
                 if verdict.allowed:
@@ -583,6 +585,8 @@ class Guard:
             if fc is not None or ticket.retry_key:
                 d.remember_failure(ticket, ts, fc)
             progress = d.record(ticket, ts, obs, result, error is None)
+            if self._ladder is not None:
+                self._ladder.result(ticket, obs, result, progress)
             if progress:
                 b.step_progress = True
                 b.steps_since_progress = 0
@@ -607,6 +611,8 @@ class Guard:
                 self._budget.step_progress = True
                 self._budget.steps_since_progress = 0
                 self._detectors.progress_noted()
+                if self._ladder is not None:
+                    self._ladder.progress()
 
     # ---------------------------------------------------------------- steps
 
@@ -672,17 +678,13 @@ class Guard:
         tool: str | None = None,
     ) -> Outcome:
         """End the run (if not already ended) because the framework's own limit stopped
-        it (OpenAI Agents ``MaxTurnsExceeded``, LangGraph ``GraphRecursionError``, CrewAI's
-        repeated-usage refusal...). The framework has already stopped, so observe mode
-        ends the run too.
+        it (``MaxTurnsExceeded``, ``GraphRecursionError``...); observe mode ends it too.
 
         Args:
-            reason: where it sits in the taxonomy (``budget_exhausted`` for turn and
-                usage limits, ``repeated_action`` for a refused repeat).
-            framework / limit_name: the evidence: which framework and which of its limits
-                (``openai-agents``, ``MaxTurnsExceeded``).
-            dimension / limit / observed: the budget that ran out and its figures.
-            tool: the tool involved, for a refused repeat.
+            reason: its place in the taxonomy (``budget_exhausted``, ``repeated_action``).
+            framework / limit_name: the evidence (``openai-agents``, ``MaxTurnsExceeded``).
+            dimension / limit / observed / tool: the budget that ran out and its figures;
+                the tool of a refused repeat.
         """
         detail = {"framework": framework, "limit": limit_name}
         evidence = Evidence(detector="framework_limit", tool=tool, detail=detail)
@@ -712,11 +714,7 @@ class Guard:
             return self.outcome()
 
     def outcome(self) -> Outcome:
-        """The run's :class:`Outcome`.
-
-        Raises:
-            RunStateError: the run has not stopped yet.
-        """
+        """The run's :class:`Outcome`; :class:`RunStateError` before the run stopped."""
         with self._lock:
             if self._stop is None:
                 raise RunStateError("the run has not stopped yet")
@@ -735,18 +733,17 @@ class Guard:
                 observed_stops=tuple(self._observed),
                 policy_name=self.policy.name,
                 policy_version=self.policy.version,
+                **(self._ladder.outcome_fields() if self._ladder else {}),
             )
 
     # --------------------------------------------------------------- resume
 
     def snapshot(self) -> dict[str, Any]:
-        """Serialize usage and detector state (JSON-ready) so the run can be resumed.
-
-        Resuming never grants a fresh budget: :meth:`restore` reloads every counter and
-        the fingerprint window (format: :mod:`.state`).
-        """
+        """Serialize usage and detector state (JSON-ready) so the run can be resumed;
+        resuming never grants a fresh budget (:meth:`restore`, format: :mod:`.state`)."""
         with self._lock:
-            return snapshot(self, self._budget, self._detectors, self._stop, self._partial)
+            state = snapshot(self, self._budget, self._detectors, self._stop, self._partial)
+            return self._ladder.save(state) if self._ladder is not None else state
 
     @classmethod
     def restore(
@@ -760,13 +757,13 @@ class Guard:
         known_tools: Collection[str] | None = None,
         scrub: Callable[[Any], Any] | None = None,
         parent: Guard | None = None,
+        result_preview: Callable[[Any], str] | None = None,
     ) -> Guard:
         """Resume a run from :meth:`snapshot`: usage, elapsed time and detector windows.
 
-        An open step stays open, so checkpointing after every step cannot defeat the
-        no-progress check. A child run is resumed
-        under its parent (``parent=``): its limits are capped again by what the parent has
-        left, and its use is charged to the parent from then on.
+        An open step stays open (checkpoints cannot defeat the no-progress check). A child
+        run resumes under ``parent=``: capped again by what the parent has left, and
+        charged to it from then on. The ladder's rungs and nudges carry over too.
 
         Raises:
             ValueError: not a guard snapshot, a stopped run's, or a corrupted one
@@ -793,7 +790,10 @@ class Guard:
                 run_id=run_id,
                 known_tools=known_tools,
                 scrub=scrub,
+                result_preview=result_preview,
             )
         load(state, g._budget, g._detectors)
         g._partial = state.get("partial")
+        if g._ladder is not None:
+            g._ladder.load(state.get("ladder"))
         return g

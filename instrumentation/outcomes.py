@@ -26,6 +26,8 @@ __all__ = [
     "Dimension",
     "Evidence",
     "LoopDetector",
+    "Nudge",
+    "NudgeText",
     "Outcome",
     "Stop",
     "StopReason",
@@ -99,6 +101,7 @@ class ToolOutcome(StrEnum):
     OK = sc.OUTCOME_OK
     ERROR = sc.OUTCOME_ERROR
     BLOCKED = sc.OUTCOME_BLOCKED
+    NUDGED = sc.OUTCOME_NUDGED
 
 
 _RETRYABLE: Final = frozenset(
@@ -360,6 +363,13 @@ class ToolTicket:
         timeout_seconds: how long the call may run (tool timeout, capped by the deadline).
         would_stop: ``observe`` mode: the stop this call would have caused.
         guard: the guard that issued the ticket (only it records the result).
+        response / rung / detector: the loop-response rung this call met (``warn`` or
+            ``nudge``), its 1-based index in the ladder and the detector
+            (:mod:`.ladder`); None, 0, None when it met none.
+        nudge: the nudge text to give the model as this call's result: the call is
+            refused (``allowed`` False, ``blocked_by="nudge"``) and must not run.
+        observed_response: ``observe`` mode: the rung this call would have met
+            (``nudge``); the call runs.
     """
 
     allowed: bool
@@ -379,6 +389,11 @@ class ToolTicket:
     done: bool = False
     arguments: Mapping[str, Any] | None = None
     guard: object = field(default=None, repr=False, compare=False)
+    response: str | None = None
+    rung: int = 0
+    detector: str | None = None
+    nudge: str | None = None
+    observed_response: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,6 +459,58 @@ def _record_maker() -> Callable[..., ToolRecord]:
 new_record: Final = _record_maker()
 
 
+class NudgeText(str):
+    """The text of a nudge: a ``str`` (the model reads it as the tool's result) that says
+    it is one. :meth:`Run.call_tool`, ``acall_tool`` and ``@tool`` return it for a nudged
+    call, so ``isinstance(result, NudgeText)`` tells a nudge from a tool's own result.
+
+    Attributes:
+        tool / detector / rung: the nudged tool, the detector and the 1-based rung.
+    """
+
+    tool: str
+    detector: str
+    rung: int
+
+    @classmethod
+    def of(cls, text: str, *, tool: str, detector: str, rung: int) -> NudgeText:
+        """``text`` marked as the nudge of ``tool`` at ``rung`` of ``detector``'s ladder."""
+        out = cls(text)
+        out.tool, out.detector, out.rung = tool, detector, rung
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Nudge:
+    """One nudge of a run and what came of it (:mod:`.ladder`).
+
+    Attributes:
+        detector: the detector whose detection was answered (``repeated_action``).
+        tool: the nudged tool.
+        rung: 1-based index of the nudge rung in the ladder used.
+        step: the step of the nudged call.
+        result: ``recovered`` (progress, or a completed run, after the nudge and before
+            any further detection), ``stopped`` (a later rung stopped the run) or
+            ``ended`` (the run ended otherwise); None while the run goes on.
+    """
+
+    detector: str
+    tool: str
+    rung: int
+    step: int
+    result: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``loopwatch.nudges`` entry: ``{detector, tool, rung, step, result}``."""
+        return {
+            "detector": self.detector,
+            "tool": self.tool,
+            "rung": self.rung,
+            "step": self.step,
+            "result": self.result,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """How a run ended: the envelope returned by the ``@agent`` decorator and ``Run``.
@@ -461,6 +528,10 @@ class Outcome:
         observed_stops: ``observe`` mode: the stops the guard would have made, first
             first (at most 32).
         policy_name / policy_version: the policy the run used.
+        nudges: the run's nudges in order, each with its result (at most 64 kept).
+        nudges_dropped: nudges past the 64 kept.
+        observed_nudges: ``observe`` mode: the nudges the ladder would have given (the
+            calls ran), each with result None.
     """
 
     run_id: str
@@ -474,6 +545,9 @@ class Outcome:
     observed_stops: tuple[Stop, ...] = ()
     policy_name: str = ""
     policy_version: str = ""
+    nudges: tuple[Nudge, ...] = ()
+    nudges_dropped: int = 0
+    observed_nudges: tuple[Nudge, ...] = ()
 
     @property
     def reason(self) -> StopReason:

@@ -15,6 +15,15 @@ ever comes from a prompt or a tool result. The file format is a contract (DESIGN
     progress = ["cursor", "page"]
     repeat_limit = 4
 
+A profile may answer a loop detection with a ladder of rungs instead of a stop at once
+(:mod:`.ladder`, ``docs/policy.md``)::
+
+    loop_response = ["nudge", "stop"]            # default ["stop"]
+    nudge_template = "Not run: {tool} x{count}, same result ({unchanged}). {advice}"
+
+    [profiles.investigate-readonly.loop_response_by_detector]
+    repeated_action = ["warn", "nudge", "stop"]
+
 Every effective limit records where it came from: ``default``, ``file``, ``env``,
 ``call`` (a keyword override in code) or ``parent`` (capped by a parent run's remaining
 budget). Precedence, highest first: call > env > file > default. Environment overrides are
@@ -43,7 +52,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from ._policy_checks import INT, LIMIT_SPEC, tool_problems, validate_values
+from ._policy_checks import (
+    DEFAULT_LOOP_RESPONSE,
+    DEFAULT_NUDGE_TEMPLATE,
+    INT,
+    LIMIT_SPEC,
+    ladder_problems,
+    tool_problems,
+    validate_values,
+)
 from .errors import PolicyError, PolicyProblem
 from .tool_risk import infer_write_risk
 
@@ -96,9 +113,18 @@ DEFAULT_VOLATILE_FIELDS: Final[frozenset[str]] = frozenset(
 LIMIT_FIELDS: Final[tuple[str, ...]] = tuple(LIMIT_SPEC)
 _INFER: Final = "infer_write_risk"
 MAX_POLICY_FILE_BYTES: Final = 1 << 20
-"""Largest policy file read, in bytes (1 MiB; the shipped seed file is under 2 KiB)."""
+"""Largest policy file read, in bytes (1 MiB; the shipped seed file is under 4 KiB)."""
+_LADDER_KEYS: Final = frozenset({"loop_response", "loop_response_by_detector", "nudge_template"})
 _PROFILE_KEYS: Final = frozenset(
-    {*LIMIT_SPEC, "version", "description", "strict_tools", "infer_write_risk", "tools"}
+    {
+        *LIMIT_SPEC,
+        *_LADDER_KEYS,
+        "version",
+        "description",
+        "strict_tools",
+        "infer_write_risk",
+        "tools",
+    }
 )
 _TOOL_KEYS: Final = frozenset(
     {"risk", "volatile", "progress", "repeat_limit", "idempotency_key", "timeout_seconds"}
@@ -229,6 +255,14 @@ class Policy:
     ``repeated_decision_limit`` (same non-tool decision N times in the window),
     ``detector_window`` (steps of history kept; bounds memory).
 
+    Loop response (:mod:`.ladder`): ``loop_response`` is the ladder of rungs (``warn``,
+    ``nudge``, ``stop``) answering successive loop detections of a run, the last rung
+    repeating; default ``("stop",)``. ``loop_response_by_detector`` gives one detector its
+    own ladder (``{"repeated_action": ("nudge", "stop")}``). ``nudge_template`` is the text
+    the model reads instead of a nudged call's result (placeholders ``{tool}``,
+    ``{count}``, ``{unchanged}``, ``{advice}``; at most 2 KiB). Only the policy sets them:
+    no tool result or prompt can.
+
     ``tool_timeout_seconds`` bounds one tool call. ``strict_tools``: a tool not listed in
     ``tools`` is an unknown tool (never dispatched). ``infer_write_risk`` (default True):
     an undeclared tool whose name marks a likely write (``create_ticket``) is a write
@@ -260,6 +294,9 @@ class Policy:
     strict_tools: bool = False
     infer_write_risk: bool = True
     description: str = ""
+    loop_response: tuple[str, ...] = DEFAULT_LOOP_RESPONSE
+    loop_response_by_detector: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    nudge_template: str = DEFAULT_NUDGE_TEMPLATE
     tools: Mapping[str, ToolPolicy] = field(default_factory=dict)
     sources: Mapping[str, LimitSource] = field(default_factory=dict)
     origin: str = "<code>"
@@ -272,6 +309,14 @@ class Policy:
         problems = validate_values({f: getattr(self, f) for f in LIMIT_FIELDS}, path, self.origin)
         if not self.name:
             problems.append(PolicyProblem(path, "name is empty", self.origin))
+        if (
+            self.loop_response != DEFAULT_LOOP_RESPONSE
+            or self.loop_response_by_detector
+            or self.nudge_template is not DEFAULT_NUDGE_TEMPLATE
+        ):
+            problems += ladder_problems(
+                {k: getattr(self, k) for k in _LADDER_KEYS}, path, self.origin
+            )
         if not isinstance(self.infer_write_risk, bool):
             problems.append(PolicyProblem(f"{path}.{_INFER}", "must be true or false", self.origin))
         if problems:
@@ -290,6 +335,13 @@ class Policy:
         sources[_INFER] = self.sources.get(_INFER, "default" if self.infer_write_risk else "call")
         object.__setattr__(self, "sources", sources)
         object.__setattr__(self, "tools", dict(self.tools))
+        # Lists from a file or a call become tuples: the policy stays immutable.
+        object.__setattr__(self, "loop_response", tuple(self.loop_response))
+        object.__setattr__(
+            self,
+            "loop_response_by_detector",
+            {k: tuple(v) for k, v in self.loop_response_by_detector.items()},
+        )
 
     @classmethod
     def build(cls, name: str = "default", version: str = "builtin", **overrides: Any) -> Policy:
@@ -299,12 +351,15 @@ class Policy:
             PolicyError: an unknown field or an invalid value (all problems listed).
         """
         tools_raw = overrides.pop("tools", None)
-        unknown = sorted(set(overrides) - {*LIMIT_SPEC, "strict_tools", "description", _INFER})
+        unknown = sorted(
+            set(overrides) - {*LIMIT_SPEC, *_LADDER_KEYS, "strict_tools", "description", _INFER}
+        )
         if unknown:
             raise PolicyError(
                 [PolicyProblem(f"profiles.{name}.{k}", "unknown key") for k in unknown]
             )
         problems = validate_values(overrides, f"profiles.{name}", "<code>")
+        problems += ladder_problems(overrides, f"profiles.{name}", "<code>")
         if problems:
             raise PolicyError(problems)
         tools: dict[str, ToolPolicy] = {}
@@ -316,19 +371,20 @@ class Policy:
         return cls(name=name, version=version, tools=tools, sources=sources, **overrides)
 
     def with_overrides(self, source: LimitSource = "call", **overrides: Any) -> Policy:
-        """A copy with some limits (or ``infer_write_risk``) replaced; the new values
-        record ``source``.
+        """A copy with some limits (or ``infer_write_risk``, or the loop-response keys)
+        replaced; the new limits record ``source``.
 
         Raises:
             PolicyError: an unknown field or an invalid value.
         """
-        unknown = sorted(set(overrides) - {*LIMIT_SPEC, _INFER})
+        unknown = sorted(set(overrides) - {*LIMIT_SPEC, *_LADDER_KEYS, _INFER})
         problems = [PolicyProblem(f"profiles.{self.name}.{k}", "unknown key") for k in unknown]
         problems += validate_values(overrides, f"profiles.{self.name}", f"<{source}>")
+        problems += ladder_problems(overrides, f"profiles.{self.name}", f"<{source}>")
         if problems:
             raise PolicyError(problems)
         sources = dict(self.sources)
-        sources.update({k: source for k in overrides})
+        sources.update({k: source for k in overrides if k not in _LADDER_KEYS})
         return replace(self, sources=sources, **overrides)
 
     def with_env(self, environ: Mapping[str, str] | None = None) -> Policy:
@@ -500,6 +556,8 @@ def _parse_profile(
     infer = setting(_INFER, bool, True, "must be true or false")
     description = setting("description", str, "", "must be a string")
     tools_raw = setting("tools", dict, {}, "must be a table of tool tables")
+    ladder = {k: raw[k] for k in _LADDER_KEYS if k in raw}
+    problems.extend(ladder_problems(ladder, path, source))
     tools: dict[str, ToolPolicy] = {}
     for tool_name, tool_raw in tools_raw.items():
         parsed = _parse_tool(tool_name, tool_raw, f"{path}.tools.{tool_name}", source, problems)
@@ -520,6 +578,7 @@ def _parse_profile(
         tools=tools,
         sources=sources,
         origin=source,
+        **ladder,
         **values,
     )
 

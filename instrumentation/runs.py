@@ -190,6 +190,9 @@ class Run:
         self.agent = agent
         self.mode: Mode = mode
         self.tools: dict[str, Callable[..., Any]] = dict(tools or {})
+        self.capture_content = _content.capture_enabled(capture_content)
+        # A nudge may quote the previous result only as captured content would be.
+        preview = _content.capture_json if self.capture_content else None
         if guard is None:
             if _parent is not None:
                 guard = _parent.guard.child(
@@ -208,9 +211,9 @@ class Run:
                     run_id=run_id,
                     known_tools=self.tools or None,
                     scrub=_content.scrub_for_digest(),
+                    result_preview=preview,
                 )
         self.guard = guard
-        self.capture_content = _content.capture_enabled(capture_content)
         self._telemetry = RunTelemetry(
             agent,
             guard,
@@ -519,12 +522,17 @@ class Run:
     ) -> tuple[ToolTicket, Span | None]:
         """Check one tool call; returns the allowed ticket and the tool span, started when
         the check began (a call allowed before a stop made in another thread must not
-        start after the stop span)."""
+        start after the stop span), or a nudged ticket (``ticket.nudge``) and no span:
+        the call must not run."""
         if self._outcome is not None and self.mode == "enforce":
             raise StopRun(self._outcome.stop)
         started = time.time_ns()
         ticket = self.guard.before_tool_call(name, arguments, call_id=call_id)
         args_json = _content.capture_json(arguments) if self.capture_content else None
+        if ticket.nudge is not None:  # not run: the caller gives the model the nudge
+            result_json = _content.capture_json(ticket.nudge) if self.capture_content else None
+            self._telemetry.nudged_tool(ticket, args_json, result_json, start_time=started)
+            return ticket, None
         if not ticket.allowed:
             if ticket.blocked_by == "run_stopped":
                 self._raise_if_stopped(ticket.stop, refused=True)
@@ -548,7 +556,19 @@ class Run:
         call ``call.set_result(value)``; an exception raised in the block is recorded as
         the tool's error and re-raised.
 
+        A call the policy's ladder nudges (:mod:`.ladder`) raises :class:`ToolNudged` on
+        entry, so the block's body never runs; its ``text`` is the call's result for the
+        model::
+
+            try:
+                with run.tool_call("search", {"q": "x"}) as call:
+                    call.set_result(search(q="x"))
+                result = call.result
+            except ToolNudged as nudged:
+                result = nudged.text
+
         Raises:
+            ToolNudged: the ladder nudged the call (the run goes on).
             StopRun: the guard refused the call and ended the run (enforce mode).
             ToolFailure: not dispatched: an unknown tool (class ``unknown_tool``), or every
                 tool-success slot left is held by calls in flight (class ``transient``;
@@ -574,7 +594,10 @@ class Run:
             call_id: the model's tool-call id.
 
         Returns:
-            The tool's result.
+            The tool's result, or the nudge text when the policy's ladder nudged the call
+            (:mod:`.ladder`; the tool did not run, the model reads the nudge as its
+            result; code that must tell the two apart uses :meth:`tool_call`, which
+            raises :class:`ToolNudged`).
 
         Raises:
             StopRun / ToolFailure: refused, as for :meth:`tool_call`.
@@ -587,6 +610,8 @@ class Run:
         args = dict(arguments or {})
         invoke = _invoke or self._invoker(name, args, fn)
         ticket, span = self._start_tool(name, args, call_id)
+        if ticket.nudge is not None:
+            return ticket.nudge
         ctx = contextvars.copy_context()
         if span is not None:
             ctx.run(otel_context.attach, trace.set_span_in_context(span))
@@ -639,6 +664,8 @@ class Run:
         invoke = _invoke or self._invoker(name, args, fn)
         is_async = _is_async if _is_async is not None else _is_coroutine_callable(target)
         ticket, span = self._start_tool(name, args, call_id)
+        if ticket.nudge is not None:
+            return ticket.nudge
         token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
         began = time.monotonic()
         try:

@@ -5,27 +5,33 @@
 - The seven adversarial tools: :class:`ConstantTool`, :class:`OscillatingTool`,
   :class:`FalseProgressTool`, :class:`EventualTool`, :class:`CursorTool`,
   :class:`HangingTool`, :class:`ErrorTool`.
+- :class:`NudgedModel`: a scripted model that meets a nudge (issue 26) and ignores it,
+  obeys it (changes the call, then answers) or obeys once and relapses; built by
+  :func:`ignoring_model`, :func:`obeying_model`, :func:`relapsing_model`.
 - :func:`assert_trace_invariants`: each tool success has an earlier start, nothing after
-  the stop, exactly one stop, successes <= attempts, counters equal events.
+  the stop, exactly one stop, successes <= attempts, counters equal events, a nudged
+  call is a tool span naming its rung.
 
 The pytest plugin (:mod:`.pytest_plugin`, registered automatically) exposes these as
 fixtures: ``fake_clock``, ``span_exporter`` and ``tracer_provider`` (need the SDK),
-``assert_invariants``.
+``assert_invariants``, and the nudge-model factories ``ignoring_model``, ``obeying_model``
+and ``relapsing_model``.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .. import _semconv as sc
 from ..errors import ScriptExhaustedError
 from ..failures import FailureClass, ToolFailure
-from ..outcomes import Decision, ToolCall
+from ..outcomes import Decision, NudgeText, ToolCall
 
 if TYPE_CHECKING:
     from ..runs import Run
@@ -39,12 +45,16 @@ __all__ = [
     "FalseProgressTool",
     "HangingTool",
     "InvariantViolation",
+    "NudgedModel",
     "OscillatingTool",
     "RunTrace",
     "ScriptedModel",
     "assert_trace_invariants",
     "collect_runs",
     "drive",
+    "ignoring_model",
+    "obeying_model",
+    "relapsing_model",
     "tool_loop",
 ]
 
@@ -130,7 +140,8 @@ def tool_loop(
 
 def drive(run: Run, model: Callable[[], Decision]) -> None:
     """Play ``model`` through ``run`` until its final decision: each step ``run.decide``,
-    each tool call ``run.call_tool`` (with its call id), then ``run.finish(answer)``.
+    each tool call ``run.call_tool`` (with its call id), then ``run.finish(answer)``. A
+    model with a ``see(result)`` method (:class:`NudgedModel`) is shown each result.
 
     Raises:
         StopRun: the guard stopped the run (the ``with Run(...)`` block turns it into the
@@ -141,8 +152,96 @@ def drive(run: Run, model: Callable[[], Decision]) -> None:
         if decision.type == "final":
             run.finish(decision.answer)
             return
+        see = getattr(model, "see", None)
         for call in decision.tool_calls:
-            run.call_tool(call.name, call.arguments, call_id=call.call_id)
+            result = run.call_tool(call.name, call.arguments, call_id=call.call_id)
+            if see is not None:
+                see(result)
+
+
+Reaction = Literal["ignore", "obey", "relapse"]
+
+
+class NudgedModel:
+    """A scripted model that calls one tool with the same arguments until it is nudged,
+    then reacts (the nudge is a :class:`~loopwatch.instrumentation.NudgeText` result,
+    shown to it by :func:`drive` through :meth:`see`).
+
+    Reactions:
+        ``ignore``: makes the same call again, every turn.
+        ``obey``: makes the ``changed`` call once, then answers ``answer``.
+        ``relapse``: makes the ``changed`` call once, then the original call again,
+            every turn, whatever further nudges say.
+
+    Args:
+        tool / arguments: the repeated call.
+        reaction: see above.
+        changed: the arguments of the changed call (default: ``arguments`` plus
+            ``{"changed": True}``).
+        answer: the final answer of an obeying model.
+        max_turns: strict bound: a call past it raises :class:`ScriptExhaustedError`.
+
+    Attributes:
+        calls: model turns taken. nudges: nudges seen, in order.
+    """
+
+    def __init__(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        reaction: Reaction = "ignore",
+        changed: dict[str, Any] | None = None,
+        answer: Any = "done",
+        max_turns: int = 50,
+    ) -> None:
+        if reaction not in ("ignore", "obey", "relapse"):
+            raise ValueError(f"reaction must be ignore, obey or relapse, got {reaction!r}")
+        self.tool = tool
+        self.arguments = dict(arguments or {})
+        self.changed = dict(changed) if changed is not None else {**self.arguments, "changed": True}
+        self.reaction: Reaction = reaction
+        self.answer = answer
+        self.max_turns = max_turns
+        self.calls = 0
+        self.nudges: list[NudgeText] = []
+        self._changed_made = False
+        self._lock = threading.Lock()
+
+    def see(self, result: Any) -> None:
+        """Show the model a tool result (a nudge is a ``NudgeText``)."""
+        if isinstance(result, NudgeText):
+            with self._lock:
+                self.nudges.append(result)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Decision:
+        with self._lock:
+            if self.calls >= self.max_turns:
+                raise ScriptExhaustedError(f"nudged model called past {self.max_turns} turns")
+            self.calls += 1
+            if not self.nudges or self.reaction == "ignore":
+                return Decision.tool(ToolCall(self.tool, dict(self.arguments)))
+            if not self._changed_made:
+                self._changed_made = True
+                return Decision.tool(ToolCall(self.tool, dict(self.changed)))
+            if self.reaction == "obey":
+                return Decision.final(self.answer)
+            return Decision.tool(ToolCall(self.tool, dict(self.arguments)))
+
+
+def ignoring_model(tool: str, arguments: dict[str, Any] | None = None, **kw: Any) -> NudgedModel:
+    """A :class:`NudgedModel` that ignores every nudge."""
+    return NudgedModel(tool, arguments, reaction="ignore", **kw)
+
+
+def obeying_model(tool: str, arguments: dict[str, Any] | None = None, **kw: Any) -> NudgedModel:
+    """A :class:`NudgedModel` that obeys a nudge: changes the call, then answers."""
+    return NudgedModel(tool, arguments, reaction="obey", **kw)
+
+
+def relapsing_model(tool: str, arguments: dict[str, Any] | None = None, **kw: Any) -> NudgedModel:
+    """A :class:`NudgedModel` that obeys the first nudge once, then repeats the call."""
+    return NudgedModel(tool, arguments, reaction="relapse", **kw)
 
 
 @dataclass
@@ -312,6 +411,17 @@ def _fail(run_id: str, rule: str, detail: str) -> InvariantViolation:
     return InvariantViolation(f"run {run_id}: {rule}: {detail}")
 
 
+def _check_nudged(run_id: str, span: Any) -> None:
+    attrs = span.attributes
+    if (
+        attrs.get(sc.LW_LOOP_RESPONSE) != sc.RESPONSE_NUDGE
+        or int(attrs.get(sc.LW_LOOP_RUNG, 0)) < 1
+    ):
+        raise _fail(run_id, "a nudged call names its rung", f"{span.name} has none")
+    if sc.LW_OBSERVATION_DIGEST in attrs:
+        raise _fail(run_id, "a nudged call is not run", f"{span.name} has an observation")
+
+
 def assert_trace_invariants(spans: Iterable[Any]) -> dict[str, RunTrace]:
     """Check the trace invariants of every run in ``spans``; return the runs.
 
@@ -326,7 +436,11 @@ def assert_trace_invariants(spans: Iterable[Any]) -> dict[str, RunTrace]:
     5. counters equal events: the stop's usage counts equal the decision spans, the
        dispatched tool spans (``ok`` + ``error``, not ``unknown_tool``) and the ``ok``
        tool spans, of the run and of its child runs (``loopwatch.parent_run.id`` on
-       their run spans), whose use is charged to it.
+       their run spans), whose use is charged to it;
+    6. a nudged call is a tool span (outcome ``nudged``, not dispatched: no observation
+       digest) naming its response ``nudge`` and rung, and the stop's
+       ``loopwatch.nudges`` lists as many nudges as there are nudged spans (plus
+       ``loopwatch.nudges.dropped``).
 
     Raises:
         InvariantViolation: the first rule that does not hold, naming the run.
@@ -345,9 +459,12 @@ def assert_trace_invariants(spans: Iterable[Any]) -> dict[str, RunTrace]:
         for span in itertools.chain(tr.decisions, tr.tools):
             if span.start_time > stop.start_time:
                 raise _fail(run_id, "nothing after the stop", f"{span.name} started after the stop")
-        ok = attempted = 0
+        ok = attempted = nudged = 0
         for t in tr.tools:
             outcome = t.attributes.get(sc.LW_TOOL_OUTCOME)
+            if outcome == sc.OUTCOME_NUDGED:
+                nudged += 1
+                _check_nudged(run_id, t)
             if outcome == sc.OUTCOME_OK:
                 ok += 1
                 if t.start_time > t.end_time:
@@ -365,6 +482,10 @@ def assert_trace_invariants(spans: Iterable[Any]) -> dict[str, RunTrace]:
                 attempted += 1
         if ok > attempted:
             raise _fail(run_id, "successes <= attempts", f"{ok} > {attempted}")
+        listed = len(json.loads(sattrs.get(sc.LW_NUDGES, "[]")))
+        listed += int(sattrs.get(sc.LW_NUDGES_DROPPED, 0))
+        if listed != nudged:
+            raise _fail(run_id, "nudges equal events", f"{listed} listed, {nudged} nudged spans")
         own[run_id] = (len(tr.decisions), attempted, ok)
     children: dict[str, list[str]] = defaultdict(list)
     for run_id, tr in runs.items():

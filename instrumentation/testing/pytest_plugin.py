@@ -6,6 +6,9 @@ Fixtures:
     tracer_provider: an SDK ``TracerProvider`` exporting synchronously to ``span_exporter``
         (pass it as ``tracer_provider=`` to ``Run``/``@agent``; never installed globally).
     assert_invariants: ``() -> dict[run_id, RunTrace]`` checking every finished span.
+    ignoring_model / obeying_model / relapsing_model: factories
+        ``(tool, arguments=None, **kw) -> NudgedModel`` of scripted models that meet a
+        nudge and ignore it, obey it, or obey once and relapse.
 """
 
 from __future__ import annotations
@@ -15,7 +18,12 @@ from typing import Any
 
 import pytest
 
-from . import FakeClock, RunTrace, assert_trace_invariants
+from . import FakeClock, NudgedModel, RunTrace, assert_trace_invariants
+from . import ignoring_model as _ignoring
+from . import obeying_model as _obeying
+from . import relapsing_model as _relapsing
+
+NudgedModelFactory = Callable[..., NudgedModel]
 
 
 @pytest.fixture
@@ -50,3 +58,21 @@ def assert_invariants(span_exporter: Any) -> Callable[[], dict[str, RunTrace]]:
         return assert_trace_invariants(span_exporter.get_finished_spans())
 
     return check
+
+
+@pytest.fixture
+def ignoring_model() -> NudgedModelFactory:
+    """A factory of scripted models that ignore every nudge."""
+    return _ignoring
+
+
+@pytest.fixture
+def obeying_model() -> NudgedModelFactory:
+    """A factory of scripted models that obey a nudge: change the call, then answer."""
+    return _obeying
+
+
+@pytest.fixture
+def relapsing_model() -> NudgedModelFactory:
+    """A factory of scripted models that obey the first nudge once, then relapse."""
+    return _relapsing

@@ -90,4 +90,9 @@ def test_closed_sets_are_defined_once_and_agree() -> None:
     from loopwatch.instrumentation import _semconv as sc
 
     assert {StopReason(d.value) for d in LoopDetector} <= set(StopReason)
-    assert set(ToolOutcome) == {sc.OUTCOME_OK, sc.OUTCOME_ERROR, sc.OUTCOME_BLOCKED}
+    assert set(ToolOutcome) == {
+        sc.OUTCOME_OK,
+        sc.OUTCOME_ERROR,
+        sc.OUTCOME_BLOCKED,
+        sc.OUTCOME_NUDGED,
+    }
