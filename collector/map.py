@@ -434,6 +434,13 @@ class MapStage:
                 ended_runs.append((span, trace_id, source))
             elif not state.runs and state.waiting:
                 out.runs.append(stepless_run(state))
+            elif not state.runs and trace_id in out.canary_run_ids:
+                # A planted canary in a trace that made no run (a lone span) is still
+                # stored and counted: a run with no step and no stop carries its flag.
+                agent = named_agent(span.attributes) or state.name_hint
+                out.runs.append(
+                    agent_run_row(span, trace_id, source_of(span.attributes), None, agent)
+                )
             # Late calls of the trace (children that end after the root) that no agent
             # span takes join its run: the root's, the trace-level run, or the only
             # agent run; numbered on from its last step.
