@@ -123,7 +123,7 @@ def build_store(path: Path, *, runs: int, long_steps: int, now_ns: int) -> None:
             FROM g"""
         )
         con.execute(
-            """INSERT INTO stops (run_key, run_id, trace_id, span_id, source, origin,
+            """INSERT INTO stop_reports (run_key, run_id, trace_id, span_id, source, origin,
                 stop_inferred, reason, time_unix_nano, step, limit_value, observed, evidence,
                 message, steps_since_progress, usage_model_turns, usage_tool_attempts,
                 usage_tool_successes, usage_tokens, usage_cost_usd, usage_elapsed_seconds,
@@ -174,7 +174,7 @@ def build_store(path: Path, *, runs: int, long_steps: int, now_ns: int) -> None:
             [_LIMITS],
         )
         con.execute(
-            """INSERT INTO stops (run_key, run_id, trace_id, span_id, source, origin,
+            """INSERT INTO stop_reports (run_key, run_id, trace_id, span_id, source, origin,
                 stop_inferred, reason, time_unix_nano, step, limit_value, observed, evidence,
                 message, steps_since_progress, usage_model_turns, usage_tool_attempts,
                 usage_tool_successes, usage_tokens, usage_cost_usd, usage_elapsed_seconds,
