@@ -15,7 +15,7 @@ import pytest
 from loopwatch.collector.nudges import MAX_NUDGES, MAX_NUDGES_CHARS, loop_response, parse_nudges
 from loopwatch.collector.records import SpanBatch, SpanEventRecord, SpanRecord
 from loopwatch.collector.service import Collector
-from loopwatch.collector.store.schema import SCHEMA_VERSION, apply_migrations
+from loopwatch.collector.store.schema import SCHEMA_VERSION, apply_migrations, run_key_of
 from loopwatch.collector.store.writer import Store
 from starlette.testclient import TestClient
 
@@ -286,9 +286,26 @@ def test_schema_18_adds_the_ladder_columns_to_a_schema_17_file(tmp_path: Path) -
     path = tmp_path / "v17.duckdb"
     con = duckdb.connect(str(path))
     assert apply_migrations(con, target=17) == 17
+    key = run_key_of("old")
+    con.execute(
+        "INSERT INTO runs (run_key, run_id, trace_id, source, first_seen_unix_nano, "
+        "last_seen_unix_nano, stop_reason, sampled) "
+        "VALUES (?, 'old', ?, 'loopwatch', 1, 1, 'completed', true)",
+        [key, "ab" * 16],
+    )
+    con.execute(
+        "INSERT INTO stop_reports (run_key, run_id, trace_id, span_id, source, origin, "
+        "stop_inferred, reason, time_unix_nano, received_unix_nano, counted) "
+        "VALUES (?, 'old', ?, 's1', 'loopwatch', 'stop_span', false, 'completed', 1, 1, true)",
+        [key, "ab" * 16],
+    )
     con.close()
     with Store(path) as store:
         assert store.schema_version == SCHEMA_VERSION == 18
+        # A stop stored before reads through the rebuilt views, with no nudges.
+        detail = store.reader().get_run("old")
+        assert detail is not None and detail.stop is not None
+        assert (detail.stop["span_id"], detail.nudges, detail.nudges_dropped) == ("s1", [], 0)
     con = duckdb.connect(str(path), read_only=True)
     for table in ("steps", "staged_steps"):
         names = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
