@@ -24,15 +24,18 @@ Read endpoints (JSON; times in nanoseconds since the Unix epoch):
 - ``GET /api/v1/runs/{run_id}`` (any run id, slashes included, percent-encoded): the
   run (with its effective ``limits``, parsed, and ``detector_version``), its steps, its
   stop and parsed evidence, stop anomalies, tool call counts (``steps_truncated``,
-  ``stop_anomalies_truncated``, ``tools_truncated``: the row cap cut them).
+  ``stop_anomalies_truncated``, ``tools_truncated``: the row cap cut them), the run's
+  ``nudges`` and ``nudges_dropped`` (the response ladder, issue 26).
 - ``GET /api/v1/stats``: ``since``, ``until`` (default: the last 24 h), ``bucket_seconds``
   (default 3600), ``agent``. Stops by reason per bucket, loop detections per tool
   (observe mode's included, as ``loopwatch_loop_detections_total`` counts them), runs per
   agent and stop reason (``runs_by_agent``), canary-flagged runs (``canary_runs``) and
   ``truncated``.
 - ``GET /api/v1/tools``: ``since``, ``until`` (default: the last 24 h). ``{"items":
-  [{tool, calls, ok, errors, blocked, runs, repeated_action_runs}], "truncated": bool}``
-  (``repeated_action_runs``: stopped for it or, in observe mode, detected).
+  [{tool, calls, ok, errors, blocked, runs, repeated_action_runs, nudged, nudges,
+  nudges_recovered, nudge_recovery_rate}], "truncated": bool}``
+  (``repeated_action_runs``: stopped for it or, in observe mode, detected;
+  ``nudge_recovery_rate``: ``nudges_recovered / nudges``, ``null`` with no nudge).
 - Integer parameters outside the signed 64-bit range are refused (400).
 
 The SQL beyond :class:`StoreReader`'s methods is in :mod:`loopwatch.collector.store.reader`. Queries

@@ -44,6 +44,9 @@ Third-party runs (``source`` ``genai`` or ``openinference``):
   span) ends:
   ``stop_inferred=True``, reason ``completed``, or ``error`` when the span's status is
   ERROR. A later ``detect`` stage may replace it (:meth:`MappedBatch.replace_stop`).
+- loopwatch tool spans keep the response ladder's rung (``loopwatch.loop.response``,
+  ``.rung``, ``.detector``) and stop spans the run's nudges (``loopwatch.nudges``),
+  both read and bounded by :mod:`loopwatch.collector.nudges`.
 - Fingerprints, observation digests and loop detections are not computed here:
   the ``detect`` stage computes them on the third-party ``tool_result`` steps of a batch
   and writes them back with :meth:`MappedBatch.replace_step`. A step reaches the detect
@@ -85,6 +88,7 @@ from .genai import (
     tool_call_id,
 )
 from .genai import tokens as _tokens
+from .nudges import loop_response, parse_nudges
 from .records import STATUS_ERROR, Attributes, SpanBatch, SpanRecord, pickled_as_tuple
 from .rows import (
     KIND_DECISION,
@@ -615,6 +619,9 @@ def _lw_step(span: SpanRecord, run_id: str, kind: str) -> StepRow:
     outcome = _str(attrs, sc.LW_TOOL_OUTCOME)
     if kind == KIND_TOOL_RESULT and outcome is None:
         outcome = sc.OUTCOME_ERROR if span.status_code == STATUS_ERROR else sc.OUTCOME_OK
+    response, rung, detector = (
+        loop_response(span) if kind == KIND_TOOL_RESULT else (None, None, None)
+    )
     return StepRow(
         trace_id=span.trace_id,
         span_id=span.span_id,
@@ -644,6 +651,9 @@ def _lw_step(span: SpanRecord, run_id: str, kind: str) -> StepRow:
         arguments=_text(attrs, sc.GEN_AI_TOOL_CALL_ARGUMENTS),
         result=_text(attrs, sc.GEN_AI_TOOL_CALL_RESULT),
         agent=_str(attrs, sc.GEN_AI_AGENT_NAME),
+        loop_response=response,
+        loop_rung=rung,
+        loop_detector=detector,
     )
 
 
@@ -652,6 +662,7 @@ def _lw_stop(span: SpanRecord, run_id: str, origin: str) -> StopRow:
     reason = _str(attrs, sc.LW_STOP_REASON) or _str(attrs, sc.GEN_AI_AGENT_FINISH_REASON)
     if not reason:
         reason = STOP_ERROR if span.status_code == STATUS_ERROR else STOP_COMPLETED
+    nudges, dropped = parse_nudges(attrs)
     return StopRow(
         trace_id=span.trace_id,
         span_id=span.span_id,
@@ -678,4 +689,6 @@ def _lw_stop(span: SpanRecord, run_id: str, origin: str) -> StopRow:
         observe_step=_int(attrs, sc.LW_OBSERVE_STOP_STEP),
         observe_evidence=_text(attrs, sc.LW_OBSERVE_STOP_EVIDENCE),
         agent=_str(attrs, sc.GEN_AI_AGENT_NAME),
+        nudges=nudges,
+        nudges_dropped=dropped,
     )

@@ -17,9 +17,11 @@ appears at 5 is no increase to Prometheus. Every other label has a closed value 
 label                           values
 ==============================  ==========================================================
 ``stop_reason``                 the eleven stop reasons of DESIGN section 2
-``outcome``                     ``ok``, ``error``, ``blocked``
+``outcome``                     ``ok``, ``error``, ``blocked``, ``nudged``
 ``detector``                    ``repeated_action``, ``action_cycle``, ``repeated_decision``,
-                                ``no_progress``
+                                ``no_progress`` (nudges and warnings: also ``_other`` for
+                                a detector name outside that set)
+``result``                      ``recovered``, ``stopped``, ``ended``
 ``location``                    ``attribute``, ``event``, ``name``, ``status``, ``resource``
 ``rule``                        the redaction rule names (a fixed set in the rules module)
 ``transport``                   ``http_protobuf``, ``http_json``, ``grpc``
@@ -49,6 +51,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from .detect import DECISION_DETECTORS, LOOP_DETECTORS, TOOL_DETECTORS
+from .nudges import NUDGE_RESULTS, RESPONSE_NUDGE, RESPONSE_WARN
 from .receive import REJECT_REASONS, REQUEST_REJECT_REASONS
 
 __all__ = [
@@ -66,7 +69,9 @@ OTHER: Final = "_other"
 NO_TOOL: Final = "none"
 """The ``tool`` label of a loop detection that names no tool (decision-level detectors)."""
 STOP_REASONS: Final = frozenset(reason.value for reason in StopReason)
-OUTCOMES: Final = frozenset({sc.OUTCOME_OK, sc.OUTCOME_ERROR, sc.OUTCOME_BLOCKED})
+OUTCOMES: Final = frozenset(
+    {sc.OUTCOME_OK, sc.OUTCOME_ERROR, sc.OUTCOME_BLOCKED, sc.OUTCOME_NUDGED}
+)
 DETECTORS: Final = LOOP_DETECTORS
 CANARY_LOCATIONS: Final = frozenset({"attribute", "event", "name", "status", "resource"})
 STEPS_SINCE_PROGRESS_BUCKETS: Final = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0)
@@ -80,6 +85,9 @@ METRIC_NAMES: Final = (
     "loopwatch_agent_steps",
     "loopwatch_tool_calls_total",
     "loopwatch_loop_detections_total",
+    "loopwatch_nudges_total",
+    "loopwatch_loop_warnings_total",
+    "loopwatch_nudge_results_total",
     "loopwatch_canary_detections_total",
     "loopwatch_redactions_total",
     "loopwatch_collector_spans_received_total",
@@ -222,6 +230,9 @@ class LoopwatchMetrics(Collector):
         self._steps: dict[tuple[str, str], _Histogram] = {}
         self._tool_calls: dict[tuple[str, str, str], int] = defaultdict(int)
         self._detections: dict[tuple[str, str, str], int] = defaultdict(int)
+        self._nudges: dict[tuple[str, str, str], int] = defaultdict(int)
+        self._warnings: dict[tuple[str, str, str], int] = defaultdict(int)
+        self._nudge_results: dict[tuple[str, str, str], int] = defaultdict(int)
         self._canaries: dict[str, int] = defaultdict(int)
         # Every rule exported from start (at 0): a panel or a lint query on a fresh
         # collector otherwise finds no series until the first redaction.
@@ -304,6 +315,36 @@ class LoopwatchMetrics(Collector):
             self._seen_agent(key[0])
             self._detections[key] += n
 
+    def record_loop_response(
+        self, agent: str, tool: str | None, detector: str | None, response: str, n: int = 1
+    ) -> None:
+        """Count a warned (``response`` ``warn``) or nudged (``nudge``) tool call under
+        ``loopwatch_loop_warnings_total`` / ``loopwatch_nudges_total``; another response
+        is ignored. A detector outside :data:`DETECTORS` is counted as ``_other``."""
+        table = {RESPONSE_WARN: self._warnings, RESPONSE_NUDGE: self._nudges}.get(response)
+        if table is None:
+            return
+        label = detector if detector in DETECTORS else OTHER
+        key = (self.agents(agent), self.tools(tool), label)
+        with self._lock:
+            self._seen_agent(key[0])
+            table[key] += n
+
+    def record_nudge_results(self, agent: str, results: Iterable[tuple[str, str]]) -> None:
+        """Count one run's nudge results, ``(detector, result)`` pairs from its counted
+        stop (``loopwatch_nudge_results_total``). Once an ``(agent, detector)`` is seen,
+        its three results are exported (at 0 until they happen), so the recovery-rate
+        alert's ratio has a denominator from the first nudge on."""
+        label = self.agents(agent)
+        with self._lock:
+            for detector, result in results:
+                if result not in NUDGE_RESULTS:
+                    continue
+                det = detector if detector in DETECTORS else OTHER
+                for each in NUDGE_RESULTS:
+                    self._nudge_results[(label, det, each)] += 0
+                self._nudge_results[(label, det, result)] += 1
+
     def record_canaries(self, by_location: Mapping[str, int]) -> None:
         """Count canary hits by location (never the value)."""
         with self._lock:
@@ -364,7 +405,7 @@ class LoopwatchMetrics(Collector):
                 yield hist
             yield _counter(
                 "loopwatch_tool_calls",
-                "Tool calls by agent, tool and outcome (ok, error, blocked).",
+                "Tool calls by agent, tool and outcome (ok, error, blocked, nudged).",
                 ("agent", "tool", "outcome"),
                 self._tool_calls,
             )
@@ -373,6 +414,26 @@ class LoopwatchMetrics(Collector):
                 "Loop detections by agent, tool and detector.",
                 ("agent", "tool", "detector"),
                 self._detections,
+            )
+            yield _counter(
+                "loopwatch_nudges",
+                "Tool calls answered with a nudge (not run), by agent, tool and detector.",
+                ("agent", "tool", "detector"),
+                self._nudges,
+            )
+            yield _counter(
+                "loopwatch_loop_warnings",
+                "Loop detections answered with a warning (the call ran), by agent, tool "
+                "and detector.",
+                ("agent", "tool", "detector"),
+                self._warnings,
+            )
+            yield _counter(
+                "loopwatch_nudge_results",
+                "Nudges by what followed (recovered, stopped, ended), counted with the "
+                "run's stop, by agent and detector.",
+                ("agent", "detector", "result"),
+                self._nudge_results,
             )
             yield _counter(
                 "loopwatch_canary_detections",

@@ -126,12 +126,15 @@ class StepRow:
         decision_type: ``tool``, ``final``, ``refusal``, ``message``; ``None`` if unknown.
         decision_fingerprint / action_fingerprint / observation_digest: sha256 hex from
             the guard; ``None`` for third-party spans until a detect stage fills them.
-        tool, tool_call_id, outcome (``ok``/``error``/``blocked``), risk, error_type,
+        tool, tool_call_id, outcome (``ok``/``error``/``blocked``/``nudged``), risk, error_type,
             blocked_by, failure_class: tool-call attributes.
         progress / steps_since_progress: progress evidence reported with the step.
         input_tokens / output_tokens / cost_usd: model usage of a decision.
         arguments / result: captured, redacted tool arguments and result (JSON text as
             received), only when the agent opted in to content capture.
+        loop_response / loop_rung / loop_detector: the response ladder's rung a warned
+            or nudged call triggered (``warn`` or ``nudge``, its 1-based index in the
+            ladder, the detector; :mod:`loopwatch.collector.nudges`); ``None`` otherwise.
     """
 
     trace_id: str
@@ -162,6 +165,9 @@ class StepRow:
     arguments: str | None = None
     result: str | None = None
     agent: str | None = None
+    loop_response: str | None = None
+    loop_rung: int | None = None
+    loop_detector: str | None = None
 
 
 @pickled_as_tuple
@@ -184,6 +190,8 @@ class StopRow:
         observe_reason / observe_step / observe_evidence: what ``observe`` mode would
             have stopped with, where, and its evidence (JSON); ``evidence`` stays the
             real stop's.
+        nudges: the run's nudges (``loopwatch.nudges``), validated, as compact JSON;
+            ``nudges_dropped``: entries not listed (the client's cap plus invalid ones).
     """
 
     trace_id: str
@@ -211,6 +219,8 @@ class StopRow:
     observe_step: int | None = None
     observe_evidence: str | None = None
     agent: str | None = None
+    nudges: str | None = None
+    nudges_dropped: int | None = None
 
     @property
     def stop_inferred(self) -> bool:

@@ -51,6 +51,7 @@ from .detect import DetectStage, loop_detector, loop_tool
 from .errors import ConfigError, QueueFull
 from .map import MapStage
 from .metrics import LoopwatchMetrics
+from .nudges import nudge_results
 from .pipeline import Pipeline
 from .receive import InflightLimit
 from .receive_http import create_otlp_app
@@ -251,6 +252,7 @@ class Collector:
         # agent labels were fixed by _label_counts before the rows were stored.
         everything_new = len(new) == result.spans
         by_labels: dict[tuple[str, str, str], int] = {}
+        responses: dict[tuple[str, str, str | None, str], int] = {}
         counted: set[tuple[str, str]] = set()
         released = mapped.released  # counted when they arrived, as pending steps
         for step in [*mapped.steps, *(row for row, _ in mapped.pending)]:
@@ -266,8 +268,13 @@ class Collector:
                 step.outcome or "error",
             )
             by_labels[labels] = by_labels.get(labels, 0) + 1
+            if step.loop_response is not None:
+                rung = (labels[0], labels[1], step.loop_detector, step.loop_response)
+                responses[rung] = responses.get(rung, 0) + 1
         for (agent, tool, outcome), n in by_labels.items():
             self.metrics.record_tool_call(agent, tool, outcome, n)
+        for (agent, tool, detector, response), n in responses.items():
+            self.metrics.record_loop_response(agent, tool, detector, response, n)
         for stop in result.counted_stops:  # the store's choice: one per run, at most
             agent = stop.agent or UNKNOWN_AGENT
             self.metrics.record_stop(
@@ -279,6 +286,8 @@ class Collector:
             detector = loop_detector(stop)
             if detector is not None:
                 self.metrics.record_detection(agent, loop_tool(stop), detector)
+            if stop.nudges:
+                self.metrics.record_nudge_results(agent, nudge_results(stop.nudges))
 
     def _on_commit(self, stats: CommitStats) -> None:
         self.metrics.observe_commit(stats.commit_seconds)

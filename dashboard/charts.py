@@ -344,11 +344,11 @@ def progress_text(
 
 
 def tool_calls_chart(tools: pd.DataFrame, *, top: int = 15) -> alt.Chart:
-    """Horizontal stacked bars: calls per tool by outcome (``ok``, ``errors``, ``blocked``)."""
+    """Horizontal stacked bars: calls per tool by outcome (``ok``, ``errors``, ``blocked``,
+    ``nudged``; an outcome column the frame lacks is left out)."""
     head = neutralise_frame(tools.head(top))
-    long = head.melt(
-        id_vars=["tool"], value_vars=list(TOOL_OUTCOME_COLUMNS), var_name="outcome", value_name="n"
-    )
+    outcomes = [c for c in TOOL_OUTCOME_COLUMNS if c in head.columns]
+    long = head.melt(id_vars=["tool"], value_vars=outcomes, var_name="outcome", value_name="n")
     chart: alt.Chart = (
         alt.Chart(long, title=f"Tool calls by outcome (top {top} by calls)")
         .mark_bar()
@@ -358,7 +358,8 @@ def tool_calls_chart(tools: pd.DataFrame, *, top: int = 15) -> alt.Chart:
             color=alt.Color(
                 "outcome:N",
                 scale=alt.Scale(
-                    domain=list(TOOL_OUTCOME_COLUMNS), range=["#2e7d32", "#ef6c00", "#c62828"]
+                    domain=list(TOOL_OUTCOME_COLUMNS),
+                    range=["#2e7d32", "#ef6c00", "#c62828", "#1565c0"],
                 ),
             ),
             tooltip=["tool:N", "outcome:N", "n:Q"],

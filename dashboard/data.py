@@ -98,10 +98,18 @@ RUN_COLUMNS: Final = (
 )
 """Columns of :attr:`RunsPage.runs`: :data:`RUN_TABLE_COLUMNS`, then the hidden ones."""
 
-TOOL_OUTCOME_COLUMNS: Final = ("ok", "errors", "blocked")
+TOOL_OUTCOME_COLUMNS: Final = ("ok", "errors", "blocked", "nudged")
 """Calls per tool by outcome, in display order."""
 
-TOOLS_COLUMNS: Final = ("tool", "calls", *TOOL_OUTCOME_COLUMNS, "runs", "repeated_action_runs")
+TOOLS_COLUMNS: Final = (
+    "tool",
+    "calls",
+    *TOOL_OUTCOME_COLUMNS,
+    "runs",
+    "repeated_action_runs",
+    "nudges",
+    "nudges_recovered",
+)
 """Columns of a tools row as the sources give it (:attr:`ToolsData.tools` adds the rate)."""
 
 
@@ -205,6 +213,8 @@ class RunData:
             came from), or ``None`` when the source does not provide them.
         anomalies_truncated / tools_truncated: the row cap cut :attr:`anomalies` /
             :attr:`tools`.
+        nudges: the run's nudges in order (``detector``, ``tool``, ``rung``, ``step``,
+            ``result``); ``nudges_dropped``: nudges the run had but does not list.
     """
 
     run: dict[str, Any]
@@ -217,6 +227,8 @@ class RunData:
     limits: pd.DataFrame | None
     anomalies_truncated: bool = False
     tools_truncated: bool = False
+    nudges: tuple[dict[str, Any], ...] = ()
+    nudges_dropped: int = 0
 
     def step_records(self) -> list[dict[str, Any]]:
         """:attr:`steps` as one dict per row (Python values; missing numbers are NaN).
@@ -283,7 +295,10 @@ class ToolsData:
     Attributes:
         tools: ``tool``, ``calls``, ``ok``, ``errors``, ``blocked``, ``runs`` (runs that
             called it), ``repeated_action_runs`` and ``repeated_action_rate``
-            (``repeated_action_runs / runs``); ``None`` when the source cannot give them.
+            (``repeated_action_runs / runs``), ``nudged`` (calls answered with a nudge),
+            ``nudges`` / ``nudges_recovered`` (nudges with a result, and those
+            ``recovered``) and ``nudge_recovery_rate`` (their ratio; NaN with no nudge);
+            ``None`` when the source cannot give them.
         loops: ``tool``, ``detector``, ``stops`` (as :attr:`Overview.loops_by_tool`).
         note: set when a part is missing (which, and what provides it).
     """

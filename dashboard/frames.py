@@ -93,12 +93,16 @@ def overview_from_stats(stats: Mapping[str, Any]) -> Overview:
 
 
 def tools_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """:data:`TOOLS_COLUMNS` rows as :attr:`ToolsData.tools`, with the repeated-action rate."""
+    """:data:`TOOLS_COLUMNS` rows as :attr:`ToolsData.tools`, with the repeated-action
+    and nudge recovery rates (a source without the nudge columns gives 0 nudges)."""
     frame = pd.DataFrame(list(rows), columns=list(TOOLS_COLUMNS))
     for column in TOOLS_COLUMNS[1:]:
         frame[column] = frame[column].fillna(0).astype("int64")
     runs = frame["runs"].where(frame["runs"] > 0)
     frame["repeated_action_rate"] = (frame["repeated_action_runs"] / runs).fillna(0.0)
+    # No nudge is no rate (NaN, shown blank), not a 0 % recovery.
+    nudges = frame["nudges"].where(frame["nudges"] > 0)
+    frame["nudge_recovery_rate"] = frame["nudges_recovered"] / nudges
     return frame
 
 
@@ -155,4 +159,6 @@ def run_data(detail: Mapping[str, Any], limits: Any) -> RunData:
         limits=limits_frame(limits),
         anomalies_truncated=bool(detail.get("stop_anomalies_truncated")),
         tools_truncated=bool(detail.get("tools_truncated")),
+        nudges=tuple(dict(n) for n in detail.get("nudges") or [] if isinstance(n, Mapping)),
+        nudges_dropped=int(detail.get("nudges_dropped") or 0),
     )

@@ -70,12 +70,14 @@ class ToolCallView:
     """One tool result row of a step.
 
     Attributes:
-        tool / outcome: name and ``ok``, ``error`` or ``blocked``.
+        tool / outcome: name and ``ok``, ``error``, ``blocked`` or ``nudged``.
         action_fingerprint / observation_digest: as stored (hex).
         progress: the result was progress evidence.
         blocked_by / error_type / failure_class: why it was blocked or failed.
         arguments / result: stored JSON text (redacted, truncated), or ``None`` when
             content capture was off.
+        loop_response / loop_rung / loop_detector: the response ladder's rung that
+            answered the call (``warn`` or ``nudge``), or ``None``.
     """
 
     tool: str
@@ -89,6 +91,19 @@ class ToolCallView:
     failure_class: str | None = None
     arguments: str | None = None
     result: str | None = None
+    loop_response: str | None = None
+    loop_rung: int | None = None
+    loop_detector: str | None = None
+
+    @property
+    def ladder_mark(self) -> str | None:
+        """``nudged (repeated_action, rung 1)`` or ``warned (...)`` for a call the
+        response ladder answered (issue 26), else ``None``."""
+        verb = {"nudge": "nudged", "warn": "warned"}.get(self.loop_response or "")
+        if verb is None:
+            return None
+        facts = [f for f in (self.loop_detector, self.loop_rung and f"rung {self.loop_rung}") if f]
+        return verb + (f" ({', '.join(facts)})" if facts else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +266,9 @@ def build_steps(rows: Iterable[Mapping[str, Any]]) -> list[StepView]:
                     failure_class=_str(row.get("failure_class")),
                     arguments=_str(row.get("arguments")),
                     result=_str(row.get("result")),
+                    loop_response=_str(row.get("loop_response")),
+                    loop_rung=_int(row.get("loop_rung")),
+                    loop_detector=_str(row.get("loop_detector")),
                 )
             )
     steps = []
@@ -380,7 +398,8 @@ def mark_groups(
     *,
     last_stored: int | None = None,
 ) -> list[StepGroup]:
-    """Attach ``progress ceased`` and ``stop`` marks to the groups holding those steps.
+    """Attach ``progress ceased`` and ``stop`` marks to the groups holding those steps,
+    and a ``nudged``/``warned at step N`` mark per call the response ladder answered.
 
     Args:
         stop_step: the stop's step; ``None`` when the run has no stop (or one naming no
@@ -397,6 +416,8 @@ def mark_groups(
             marks.append(f"stopped at step {stop_step}")
         if last_stored is not None and group.first_step <= last_stored <= group.last_step:
             marks.append(f"last stored step {last_stored}")
+        for step in group.steps:
+            marks += [f"{c.ladder_mark} at step {step.step}" for c in step.calls if c.ladder_mark]
         out.append(StepGroup(group.steps, tuple(marks)))
     return out
 

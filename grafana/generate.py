@@ -349,6 +349,27 @@ def overview() -> db.Dashboard:
                 width=24,
             )
         )
+        .with_row(db.Row("Nudges"))
+        .with_panel(
+            _timeseries(
+                "Nudge recovery rate by detector (1h)",
+                "Share of nudges followed by a recovery (progress, or a completed stop, "
+                "before any further detection) over 1 hour, by detector, for the selected "
+                "agents (LoopWatchNudgeRecoveryLow reads the same per agent: "
+                "agent_detector:loopwatch_nudge_results_recovered:ratio_increase1h). A "
+                "result is counted with its run's stop; per tool: the Streamlit Tools page.",
+                [
+                    _query(
+                        "sum by (detector) (increase(loopwatch_nudge_results_total"
+                        f'{{{AGENT}, result="recovered"}}[1h])) / sum by (detector) '
+                        f"(increase(loopwatch_nudge_results_total{{{AGENT}}}[1h]))",
+                        "{{detector}}",
+                    )
+                ],
+                unit="percentunit",
+                max_value=1,
+            )
+        )
     )
 
 
@@ -421,6 +442,28 @@ def tools() -> db.Dashboard:
                 width=24,
             )
         )
+        .with_row(db.Row("Nudges"))
+        .with_panel(
+            _timeseries(
+                "Nudges and warnings by tool",
+                "Tool calls the response ladder answered per second: nudged (not run; "
+                "the model got a nudge as the result) and warned (run, detection recorded).",
+                [
+                    _query(
+                        "sum by (tool) (rate(loopwatch_nudges_total"
+                        f"{{{AGENT_TOOL}}}[$__rate_interval]))",
+                        "{{tool}} nudged",
+                    ),
+                    _query(
+                        "sum by (tool) (rate(loopwatch_loop_warnings_total"
+                        f"{{{AGENT_TOOL}}}[$__rate_interval]))",
+                        "{{tool}} warned",
+                        "B",
+                    ),
+                ],
+                unit="suffix: calls/s",
+            )
+        )
         .with_row(db.Row("Calls"))
         .with_panel(
             _timeseries(
@@ -459,7 +502,7 @@ def tools() -> db.Dashboard:
         .with_panel(
             _timeseries(
                 "Tool calls by outcome",
-                "Tool calls per second by outcome (ok, error, blocked).",
+                "Tool calls per second by outcome (ok, error, blocked, nudged).",
                 [
                     _query(
                         f"sum by (outcome) (rate({calls}[$__rate_interval]))",

@@ -53,6 +53,7 @@ from .schema import (
     RUN_COLUMNS,
     STEP_COLUMNS,
     STEP_FIELDS,
+    STEP_LATE,
     STOP_COLUMNS,
     STOP_FIELDS,
     STOP_LATE,
@@ -69,7 +70,10 @@ _INT64_MAX: Final = 2**63 - 1
 _MASK64: Final = 2**64 - 1
 
 _STEP_VALUES: Final = operator.attrgetter(*(f.name for f in dataclasses.fields(StepRow)))
-_STEP_GETTERS: Final = tuple((name, operator.attrgetter(name)) for name in STEP_FIELDS)
+_STEP_GETTERS: Final = tuple((name, operator.attrgetter(name)) for name in STEP_FIELDS[:-STEP_LATE])
+_STEP_LATE_GETTERS: Final = tuple(
+    (name, operator.attrgetter(name)) for name in STEP_FIELDS[-STEP_LATE:]
+)
 _get_stop: Final = operator.attrgetter(*[f for f in STOP_FIELDS if f != "stop_inferred"])
 _STOP_INFERRED_AT: Final = STOP_FIELDS.index("stop_inferred")
 
@@ -120,6 +124,7 @@ def _step_table(steps: list[StepRow], runs: dict[str, dict[str, Any]], now_ns: i
     arrays = [_column("run_key", [keys[s.run_id] for s in steps])]
     arrays += [_column(name, list(map(get, steps))) for name, get in _STEP_GETTERS]
     arrays.append(pa.array([now_ns] * len(steps), type=pa.int64()))
+    arrays += [_column(name, list(map(get, steps))) for name, get in _STEP_LATE_GETTERS]
     return pa.Table.from_arrays(arrays, names=list(STEP_COLUMNS))
 
 
@@ -134,6 +139,8 @@ def _stop_tuple(run_key: int, stop_row: StopRow, now_ns: int, counted: bool) -> 
         *values[-STOP_LATE:],
         counted,
         loop_tool(stop_row),
+        stop_row.nudges,
+        stop_row.nudges_dropped,
     )
 
 

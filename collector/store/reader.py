@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -46,6 +46,7 @@ from .schema import (
     SQL_DETECTORS,
     STEP_FIELDS,
     STOP_FIELDS,
+    STOP_NUDGE_FIELDS,
     run_key_of,
 )
 
@@ -111,6 +112,8 @@ class RunDetail:
         tools: tool calls per (tool, outcome).
         stop_anomalies_truncated / tools_truncated: the row cap kept only the first
             anomalies (in arrival order) / tool rows (by tool, outcome).
+        nudges: the run's nudges from its stop, in order: ``{detector, tool, rung, step,
+            result}`` (issue 26); ``nudges_dropped``: nudges the run had but does not list.
     """
 
     run: dict[str, Any]
@@ -122,6 +125,8 @@ class RunDetail:
     tools: list[dict[str, Any]]
     stop_anomalies_truncated: bool = False
     tools_truncated: bool = False
+    nudges: list[dict[str, Any]] = field(default_factory=list)
+    nudges_dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,7 +415,10 @@ class StoreReader:
         )
         steps.reverse()
         stop_columns = ", ".join(STOP_FIELDS)
-        stops, _ = self._query(f"SELECT {stop_columns} FROM stops WHERE run_key = ?", [key])
+        stops, _ = self._query(
+            f"SELECT {stop_columns}, {', '.join(STOP_NUDGE_FIELDS)} FROM stops WHERE run_key = ?",
+            [key],
+        )
         anomalies, anomalies_truncated = self._query(
             f"SELECT {stop_columns}, kind FROM stop_anomalies WHERE run_key = ? "
             "ORDER BY received_unix_nano, span_id",
@@ -422,6 +430,11 @@ class StoreReader:
             [key],
         )
         stop = stops[0] if stops else None
+        nudges: list[dict[str, Any]] = []
+        nudges_dropped = 0
+        if stop is not None:
+            nudges = _parse_nudges(stop.pop("nudges"))
+            nudges_dropped = int(stop.pop("nudges_dropped") or 0)
         evidence: Any = None
         if stop is not None and stop.get("evidence"):
             try:
@@ -438,6 +451,8 @@ class StoreReader:
             tools,
             anomalies_truncated,
             tools_truncated,
+            nudges,
+            nudges_dropped,
         )
 
     def stats(
@@ -491,18 +506,29 @@ SQL_TOOLS: Final = (
     f"FROM runs WHERE {RUN_TIME} >= $1 AND {RUN_TIME} < $2), "
     "c AS (SELECT t.run_key, t.tool, t.outcome, sum(t.calls) AS calls, "
     "any_value(r.looped) AS looped FROM run_tools t JOIN r USING (run_key) "
-    "GROUP BY t.run_key, t.tool, t.outcome) "
-    "SELECT tool, sum(calls) AS calls, "
+    "GROUP BY t.run_key, t.tool, t.outcome), "
+    "t AS (SELECT tool, sum(calls) AS calls, "
     "COALESCE(sum(calls) FILTER (WHERE outcome = 'ok'), 0) AS ok, "
     "COALESCE(sum(calls) FILTER (WHERE outcome = 'error'), 0) AS errors, "
     "COALESCE(sum(calls) FILTER (WHERE outcome = 'blocked'), 0) AS blocked, "
     "count(DISTINCT run_key) FILTER (WHERE calls > 0) AS runs, "
-    "count(DISTINCT run_key) FILTER (WHERE calls > 0 AND looped) AS repeated_action_runs "
-    "FROM c GROUP BY tool HAVING sum(calls) > 0 ORDER BY calls DESC, tool"
+    "count(DISTINCT run_key) FILTER (WHERE calls > 0 AND looped) AS repeated_action_runs, "
+    "COALESCE(sum(calls) FILTER (WHERE outcome = 'nudged'), 0) AS nudged "
+    "FROM c GROUP BY tool HAVING sum(calls) > 0), "
+    "n AS (SELECT u.tool AS tool, count(*) AS nudges, "
+    "count(*) FILTER (WHERE u.result = 'recovered') AS nudges_recovered FROM ("
+    'SELECT unnest(from_json(s.nudges, \'[{"tool":"VARCHAR","result":"VARCHAR"}]\')) '
+    "AS u FROM stops s JOIN r USING (run_key) WHERE s.nudges IS NOT NULL) "
+    "WHERE u.result IS NOT NULL GROUP BY u.tool) "
+    "SELECT t.*, COALESCE(n.nudges, 0) AS nudges, "
+    "COALESCE(n.nudges_recovered, 0) AS nudges_recovered "
+    "FROM t LEFT JOIN n USING (tool) ORDER BY calls DESC, tool"
 )
 """Parameters: since, until, the ``repeated_action`` reason. A run counts as a
 ``repeated_action`` run when it was stopped for it or observe mode detected it (a
-third-party agent is not stopped: its stop stays ``completed``)."""
+third-party agent is not stopped: its stop stays ``completed``). ``nudged``: the tool's
+calls answered with a nudge; ``nudges`` / ``nudges_recovered``: the nudges the stops of
+the window's runs list for the tool (each with a result), and those ``recovered``."""
 
 _AGENT_OF_STOP: Final = " AND run_key IN (SELECT run_key FROM runs WHERE agent = ?)"
 _AGENT_OF_LOOP_STOP: Final = " AND run_key IN (SELECT run_key FROM runs WHERE agent = $4)"
@@ -547,6 +573,17 @@ class Aggregates:
     runs_by_agent: list[dict[str, Any]]
     canary_runs: int
     truncated: bool
+
+
+def _parse_nudges(raw: Any) -> list[dict[str, Any]]:
+    """The stored ``nudges`` JSON (validated by the map stage) as a list; ``[]`` for none."""
+    if not raw:
+        return []
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):  # a file written by other code
+        return []
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def check_window(since_unix_nano: int, until_unix_nano: int) -> None:
@@ -629,13 +666,21 @@ def tools(
 ) -> tuple[list[dict[str, Any]], bool]:
     """Per-tool figures for runs in ``[since, until)``; returns ``(rows, truncated)``.
 
-    Rows ``{tool, calls, ok, errors, blocked, runs, repeated_action_runs}``, most calls
-    first; ``runs`` counts runs that called the tool, ``repeated_action_runs`` those of
-    them stopped by ``repeated_action``.
+    Rows ``{tool, calls, ok, errors, blocked, runs, repeated_action_runs, nudged, nudges,
+    nudges_recovered, nudge_recovery_rate}``, most calls first; ``runs`` counts runs that
+    called the tool, ``repeated_action_runs`` those of them stopped by
+    ``repeated_action``; ``nudged`` the calls answered with a nudge; ``nudges`` the
+    nudges with a result the runs' stops list for the tool, ``nudges_recovered`` those
+    ``recovered``, and ``nudge_recovery_rate`` their ratio (``None`` with no nudge).
     """
     check_window(since_unix_nano, until_unix_nano)
     rows, truncated = reader._query(SQL_TOOLS, [since_unix_nano, until_unix_nano, _REPEATED_ACTION])
-    return [{k: (int(v) if k != "tool" else v) for k, v in r.items()} for r in rows], truncated
+    out = [{k: (int(v) if k != "tool" else v) for k, v in r.items()} for r in rows]
+    for row in out:
+        row["nudge_recovery_rate"] = (
+            row["nudges_recovered"] / row["nudges"] if row["nudges"] else None
+        )
+    return out, truncated
 
 
 def loops_by_tool(

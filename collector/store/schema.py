@@ -3,7 +3,7 @@
 Free of pyarrow and of a runtime DuckDB import, so the dashboard (duckdb and pandas only)
 and the pure ``runs`` stage can import the column names.
 
-Schema (``SCHEMA_VERSION`` = 17; numbered migrations in :data:`MIGRATIONS` are applied in
+Schema (``SCHEMA_VERSION`` = 18; numbered migrations in :data:`MIGRATIONS` are applied in
 order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
 
 - ``runs``: one row per run (key ``run_key``), kept until retention removes it: counts,
@@ -24,6 +24,10 @@ order at open; times are integers in ns since the Unix epoch unless named ``_uni
   Readers read two views: ``stops`` (one per run, the strongest report by the runs
   stage's precedence) and ``stop_anomalies`` (``kind``: ``duplicate_stop``, or
   ``replaced_stop`` for a report a stronger one outranks, with its own ``counted``).
+  Schema 18: steps keep the response ladder's rung of a warned or nudged call
+  (``loop_response``, ``loop_rung``, ``loop_detector``), stops the run's nudges
+  (``nudges``: validated compact JSON, :mod:`loopwatch.collector.nudges`) and
+  ``nudges_dropped``.
 - ``run_tools``: tool-call count deltas per (run, tool, outcome, agent), append-only;
   sum them.
 - ``canary_flags``: run ids or trace ids the redact stage flagged.
@@ -63,6 +67,7 @@ __all__ = [
     "STEP_FIELDS",
     "STOP_COLUMNS",
     "STOP_FIELDS",
+    "STOP_NUDGE_FIELDS",
     "Migration",
     "apply_migrations",
     "key_list",
@@ -159,6 +164,18 @@ _SQL_STOP_ORDER: Final = (
     "row_number() OVER (PARTITION BY run_key ORDER BY CASE origin "
     + " ".join(f"WHEN '{origin}' THEN {rank}" for origin, rank in STOP_ORIGINS.items())
     + " ELSE 0 END DESC, received_unix_nano)"
+)
+
+_STOP_VIEWS: Final = (
+    f"CREATE VIEW stops AS SELECT * FROM stop_reports QUALIFY {_SQL_STOP_ORDER} = 1",
+    "CREATE VIEW stop_anomalies AS SELECT * FROM stop_duplicates UNION ALL BY NAME "
+    f"SELECT * FROM (SELECT *, '{ANOMALY_REPLACED}' AS kind FROM stop_reports "
+    f"QUALIFY {_SQL_STOP_ORDER} > 1)",
+)
+_STEP_LATE_DDL: Final = (
+    ("loop_response", "VARCHAR"),
+    ("loop_rung", "BIGINT"),
+    ("loop_detector", "VARCHAR"),
 )
 
 MIGRATIONS: Final[tuple[Migration, ...]] = (
@@ -377,10 +394,28 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "INSERT INTO stop_reports SELECT * FROM stops",
             "DROP TABLE stops",
             "ALTER TABLE stop_anomalies RENAME TO stop_duplicates",
-            f"CREATE VIEW stops AS SELECT * FROM stop_reports QUALIFY {_SQL_STOP_ORDER} = 1",
-            "CREATE VIEW stop_anomalies AS SELECT * FROM stop_duplicates UNION ALL BY NAME "
-            f"SELECT * FROM (SELECT *, '{ANOMALY_REPLACED}' AS kind FROM stop_reports "
-            f"QUALIFY {_SQL_STOP_ORDER} > 1)",
+            *_STOP_VIEWS,
+        ),
+    ),
+    Migration(
+        18,
+        "the response ladder: a step's loop_response, loop_rung, loop_detector; a stop's "
+        "nudges (validated JSON) and nudges_dropped",
+        (
+            *(
+                f"ALTER TABLE {table} ADD COLUMN {column} {kind}"
+                for table in ("staged_steps", "steps")
+                for column, kind in _STEP_LATE_DDL
+            ),
+            *(
+                f"ALTER TABLE {table} ADD COLUMN {column} {kind}"
+                for table in ("stop_reports", "stop_duplicates")
+                for column, kind in (("nudges", "VARCHAR"), ("nudges_dropped", "BIGINT"))
+            ),
+            # The views were bound to the columns of their time: bind them again.
+            "DROP VIEW stop_anomalies",
+            "DROP VIEW stops",
+            *_STOP_VIEWS,
         ),
     ),
 )
@@ -455,8 +490,17 @@ STEP_FIELDS: Final = (
     "cost_usd",
     "arguments",
     "result",
+    "loop_response",  # schema 18, after received_unix_nano in the tables
+    "loop_rung",
+    "loop_detector",
 )
-STEP_COLUMNS: Final = ("run_key", *STEP_FIELDS, "received_unix_nano")
+STEP_LATE: Final = len(_STEP_LATE_DDL)
+STEP_COLUMNS: Final = (
+    "run_key",
+    *STEP_FIELDS[:-STEP_LATE],
+    "received_unix_nano",
+    *STEP_FIELDS[-STEP_LATE:],
+)
 STOP_FIELDS: Final = (
     "run_id",
     "trace_id",
@@ -485,6 +529,8 @@ STOP_FIELDS: Final = (
     "observe_evidence",
     "agent",
 )
+STOP_NUDGE_FIELDS: Final = ("nudges", "nudges_dropped")
+"""StopRow fields of schema 18, read beside :data:`STOP_FIELDS`."""
 # Table order: columns added by a migration come after ``received_unix_nano`` (and after
 # ``kind`` in stop_anomalies), in migration order.
 STOP_LATE: Final = 2  # observe_evidence (schema 7), agent (schema 8)
@@ -495,8 +541,9 @@ STOP_COLUMNS: Final = (
     *STOP_FIELDS[-STOP_LATE:],
     "counted",  # schema 9; not a StopRow field
     "loop_tool",  # schema 11; detect.loop_tool of the row
+    *STOP_NUDGE_FIELDS,  # schema 18
 )
-AFTER_RECEIVED: Final = STOP_LATE + 2
+AFTER_RECEIVED: Final = STOP_LATE + 2 + len(STOP_NUDGE_FIELDS)
 ANOMALY_COLUMNS: Final = (
     *STOP_COLUMNS[:-AFTER_RECEIVED],
     "kind",
@@ -574,6 +621,8 @@ INT_FIELDS: Final = frozenset(
         "duplicate_stops",
         "span_start_unix_nano",
         "span_end_unix_nano",
+        "loop_rung",
+        "nudges_dropped",
     }
 )
 FLOAT_FIELDS: Final = frozenset(

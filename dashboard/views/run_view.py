@@ -207,6 +207,8 @@ if steps:
                 facts = [f"outcome {ui.code_md(call.outcome)}"]
                 if call.blocked_by:
                     facts.append(f"blocked by {ui.code_md(call.blocked_by)}")
+                if call.ladder_mark:
+                    facts.append(ui.escape_md(call.ladder_mark))
                 if call.error_type:
                     facts.append(f"error {ui.code_md(call.error_type)}")
                 if call.failure_class:
@@ -236,6 +238,16 @@ if steps:
 # --------------------------------------------------------------- tools, limits
 tools_col, limits_col = st.columns(2)
 with tools_col:
+    if detail.nudges or detail.nudges_dropped:
+        st.subheader("Nudges")
+        st.caption(
+            "Calls the guard answered with a nudge instead of running them, and what "
+            "followed: recovered (progress, or a completed stop, before any further "
+            "detection), stopped (a later rung stopped the run) or ended."
+            + (f" {detail.nudges_dropped:,} more not listed." if detail.nudges_dropped else "")
+        )
+        ui.dataframe(pd.DataFrame(list(detail.nudges)), hide_index=True)
+
     st.subheader("Tool calls")
     if detail.tools.empty:
         st.caption("This run called no tool.")

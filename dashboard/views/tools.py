@@ -1,5 +1,5 @@
-"""Tools: per tool, calls, errors, blocked calls, loop detections by detector,
-repeated-action rate, and the runs that looped on it.
+"""Tools: per tool, calls, errors, blocked and nudged calls, loop detections by detector,
+repeated-action rate, nudge recovery rate, and the runs that looped on it.
 
 Query parameters: ``range`` (as on the overview), ``tool`` (the tool whose looping runs
 are listed).
@@ -45,6 +45,8 @@ if data.tools is not None and not data.tools.empty:
             "loop detections",
             *LOOP_DETECTORS,
             "repeated_action_rate",
+            "nudges",
+            "nudge_recovery_rate",
         ),
         column_config={
             "runs": st.column_config.NumberColumn("runs", help="Runs that called the tool"),
@@ -58,6 +60,18 @@ if data.tools is not None and not data.tools.empty:
                 format="percent",
                 help="Share of the runs calling this tool that the repeated-action "
                 "detector stopped",
+            ),
+            "nudged": st.column_config.NumberColumn(
+                "nudged", help="Calls the guard answered with a nudge instead of running"
+            ),
+            "nudges": st.column_config.NumberColumn(
+                "nudges", help="Nudges on this tool the runs' stops report a result for"
+            ),
+            "nudge_recovery_rate": st.column_config.NumberColumn(
+                "nudge recovery rate",
+                format="percent",
+                help="Share of those nudges after which the run recovered (progress or a "
+                "completed stop before any further detection); blank with no nudge",
             ),
         },
     )

@@ -44,6 +44,7 @@ GRAFANA = Path(__file__).resolve().parents[2] / "grafana"
 RULES = GRAFANA / "alerts" / "loopwatch.rules.yml"
 DEMO_RUNS = GRAFANA.parent / "replay" / "examples"
 AGENT = "grafana-e2e"
+NUDGE_AGENT = "grafana-nudge"
 CANARY = "lw-canary-5b1f0c9e27d4"
 ALL_STOP_REASONS = {
     "completed",
@@ -108,9 +109,63 @@ def _span(trace: int, name: str, attributes: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def _nudged_run(wave: int) -> list[dict[str, Any]]:
+    """A loopwatch run whose response ladder warned one ``lookup_order`` call and nudged
+    the next, with one nudge recovered and one stopped on its stop span, as NUDGE.md
+    spells the attributes (issue 26; built by hand until the guard emits them)."""
+    run_id, trace = f"nudge-wave{wave}", 0x9D6E00 + wave
+    base = {"loopwatch.run.id": run_id, "gen_ai.agent.name": NUDGE_AGENT}
+    rung = {"loopwatch.loop.rung": "1", "loopwatch.loop.detector": "repeated_action"}
+    tool = {**base, "loopwatch.event": "tool_result", "gen_ai.tool.name": "lookup_order"}
+    nudges = (
+        '[{"detector":"repeated_action","tool":"lookup_order","rung":1,"step":2,'
+        '"result":"recovered"},{"detector":"repeated_action","tool":"lookup_order",'
+        '"rung":2,"step":3,"result":"stopped"}]'
+    )
+    attrs = [
+        ("invoke_agent", {**base, "gen_ai.operation.name": "invoke_agent"}),
+        (
+            "execute_tool lookup_order",
+            {
+                **tool,
+                **rung,
+                "loopwatch.step": "2",
+                "loopwatch.tool.outcome": "ok",
+                "loopwatch.loop.response": "warn",
+            },
+        ),
+        (
+            "execute_tool lookup_order",
+            {
+                **tool,
+                **rung,
+                "loopwatch.step": "3",
+                "loopwatch.tool.outcome": "nudged",
+                "loopwatch.loop.response": "nudge",
+            },
+        ),
+        (
+            "stop",
+            {
+                **base,
+                "loopwatch.event": "stop",
+                "loopwatch.step": "4",
+                "loopwatch.stop.reason": "completed",
+                "loopwatch.nudges": nudges,
+            },
+        ),
+    ]
+    spans = []
+    for index, (name, attributes) in enumerate(attrs):
+        span = _span(trace, name, attributes)
+        spans.append({**span, "spanId": f"{(trace << 4) + index:016x}"})
+    return spans
+
+
 def _feed(collector: CollectorProcess, wave: int) -> str:
     """One wave of traffic; returns the demo's report."""
     report = _demo(collector.otlp_url)
+    _post_spans(collector.otlp_url, _nudged_run(wave))
     emit_loopwatch_runs(
         collector.otlp_url,
         ["repeated_action", "budget_exhausted", "completed"],
@@ -312,6 +367,12 @@ def test_core_panels_return_data(stack: tuple[Any, Any, str]) -> None:
     share = run("Rejected share (5m)")
     assert len(share) == 1 and 0 < _values(share)[0] < 1, share
     assert _values(run("Collector up")) == [1.0]
+    recovery = run("Nudge recovery rate by detector (1h)", agent=NUDGE_AGENT)
+    assert [s["metric"]["detector"] for s in recovery] == ["repeated_action"], recovery
+    assert 0 < _values(recovery)[0] < 1, recovery
+    for ref in ("A", "B"):
+        ladder = run("Nudges and warnings by tool", ref, agent=NUDGE_AGENT, tool="lookup_order")
+        assert len(ladder) == 1, (ref, ladder)
     canaries = run("Canary detections in range")
     assert len(canaries) == 1 and _values(canaries)[0] > 0, canaries
 

@@ -94,6 +94,9 @@ def collector_catalog() -> Any:
     metrics.record_stop("support", "repeated_action", steps=3, steps_since_progress=2)
     metrics.record_tool_call("support", "lookup_order", "blocked")
     metrics.record_detection("support", "lookup_order", "repeated_action")
+    metrics.record_loop_response("support", "lookup_order", "repeated_action", "nudge")
+    metrics.record_loop_response("support", "lookup_order", "repeated_action", "warn")
+    metrics.record_nudge_results("support", [("repeated_action", "recovered")])
     metrics.record_canaries({"attribute": 1})
     metrics.record_redactions({"jwt": 1})
     metrics.spans_received("http_protobuf", 10)
@@ -401,7 +404,7 @@ def test_promtool_check_rules() -> None:
         [_promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 16 rules found" in done.stdout
+    assert "SUCCESS: 19 rules found" in done.stdout
 
 
 def test_promtool_test_rules() -> None:

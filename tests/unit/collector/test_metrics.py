@@ -29,6 +29,9 @@ def test_every_design_metric_is_exported_with_its_labels() -> None:
     m.record_stop("support", "repeated_action", steps=3, steps_since_progress=2)
     m.record_tool_call("support", "lookup", "blocked")
     m.record_detection("support", "lookup", "repeated_action")
+    m.record_loop_response("support", "lookup", "repeated_action", "nudge")
+    m.record_loop_response("support", "lookup", "repeated_action", "warn")
+    m.record_nudge_results("support", [("repeated_action", "recovered")])
     m.record_canaries({"attribute": 2})
     m.record_redactions({"jwt": 1})
     m.spans_received("http_protobuf", 10)
@@ -104,3 +107,32 @@ def test_unknown_closed_set_values_do_not_create_series() -> None:
     assert detectors == set(DETECTORS)  # the zero series only
     assert sum(s[1] for s in samples["loopwatch_loop_detections_total"]) == 0
     assert samples["loopwatch_tool_calls_total"][0][0]["outcome"] == "error"
+
+
+def test_ladder_metrics_have_bounded_labels_and_results_start_at_zero() -> None:
+    m = LoopwatchMetrics(top_n_agents=1, top_n_tools=1)
+    m.record_loop_response("a", "t", "repeated_action", "nudge")
+    m.record_loop_response("b", "u", "made-up", "nudge")
+    m.record_loop_response("a", "t", "action_cycle", "warn", 2)
+    m.record_loop_response("a", "t", "action_cycle", "stop")  # not a tool-span rung
+    m.record_nudge_results("a", [("repeated_action", "stopped"), ("x", "??"), ("x", "ended")])
+    samples = scrape(m)
+
+    def by_tool(name: str) -> dict[tuple[str, str, str], float]:
+        return {(x["agent"], x["tool"], x["detector"]): v for x, v in samples[name]}
+
+    nudges = by_tool("loopwatch_nudges_total")
+    assert nudges == {("a", "t", "repeated_action"): 1, (OTHER, OTHER, OTHER): 1}
+    warnings = by_tool("loopwatch_loop_warnings_total")
+    assert warnings == {("a", "t", "action_cycle"): 2}
+    results = {
+        (lbl["detector"], lbl["result"]): v for lbl, v in samples["loopwatch_nudge_results_total"]
+    }
+    assert results == {
+        ("repeated_action", "recovered"): 0,
+        ("repeated_action", "stopped"): 1,
+        ("repeated_action", "ended"): 0,
+        (OTHER, "recovered"): 0,
+        (OTHER, "stopped"): 0,
+        (OTHER, "ended"): 1,
+    }

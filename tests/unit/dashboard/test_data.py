@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pandas as pd
 import pytest
 from loopwatch.dashboard import cli, data, runview
 from loopwatch.dashboard.api_source import ApiSource
@@ -187,13 +188,18 @@ def test_tools(source: DataSource) -> None:
     result = source.tools(**WINDOW)
     assert result.tools is not None and result.note is None
     rows = result.tools.set_index("tool").to_dict("index")
+    # No nudge is no recovery rate (NaN), not 0 %.
+    assert pd.isna(rows["get_details_by_id"].pop("nudge_recovery_rate"))
     assert rows["get_details_by_id"] == {
         "calls": 95,
         "ok": 94,
         "errors": 0,
         "blocked": 1,
+        "nudged": 0,
         "runs": 1,
         "repeated_action_runs": 1,
+        "nudges": 0,
+        "nudges_recovered": 0,
         "repeated_action_rate": 1.0,
     }
     assert rows["lookup_order"]["runs"] == 4
