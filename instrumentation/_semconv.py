@@ -121,13 +121,6 @@ NUDGE_RECOVERED: Final = "recovered"
 NUDGE_STOPPED: Final = "stopped"
 NUDGE_ENDED: Final = "ended"
 
-LW_LOOP_RESPONSE: Final = "loopwatch.loop.response"
-LW_LOOP_RUNG: Final = "loopwatch.loop.rung"
-LW_LOOP_DETECTOR: Final = "loopwatch.loop.detector"
-EVENT_LOOP_RESPONSE: Final = "loopwatch.loop_response"
-OUTCOME_NUDGED: Final = "nudged"
-LW_NUDGES: Final = "loopwatch.nudges"
-LW_NUDGES_DROPPED: Final = "loopwatch.nudges.dropped"
 
 # Stop span.
 LW_STOP_REASON: Final = "loopwatch.stop.reason"
