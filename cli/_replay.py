@@ -249,7 +249,8 @@ def _ladder_lines(results: Sequence[Any]) -> list[str]:
 
 
 def render_json(results: Sequence[Any]) -> str:
-    """The ``json`` format: JSON Lines, one object per (run, policy)."""
+    """The ``json`` format: JSON Lines, one object per (run, policy) (with
+    ``ladder_responses`` for a policy with a loop-response ladder)."""
     return "".join(json.dumps(r.to_dict(), sort_keys=False) + "\n" for r in results)
 
 
@@ -318,6 +319,9 @@ def replay(
     Every file under PATHS is read with the importer of its format. Each run is fed step
     by step to the real guard under each policy; the report says where each policy would
     have stopped it, the loop onset, false stops on successful runs and tool calls saved.
+    Under a policy with a loop-response ladder it also lists where the ladder would have
+    warned, nudged and stopped: the rungs reached on the recorded actions, not how a
+    model would have reacted to them.
 
     Exit codes: 0 ok (import problems, if any, listed on stderr); 1 nothing could be
     read; 2 usage error or an invalid policy file.

@@ -43,6 +43,11 @@ numbers in results and evidence are 1-based agent-step numbers):
   ``stop_reason = None``.
 * loop onset: :func:`~loopwatch.replay.loops.loop_onset` of the stop; without a stop, the
   onset of the recorded loop, or ``None`` when the recording has none.
+* ladder: under a policy with a loop-response ladder (more than ``["stop"]``) the guard
+  runs in ``observe`` mode, so a warned or nudged call is fed its recorded result, as it
+  ran in the recording; the first stop it sees is the verdict, and the rungs reached are
+  the result's ``responses`` (why and what it means: :mod:`~loopwatch.replay.results`).
+  A ``["stop"]`` policy is driven in ``enforce`` mode, exactly as before ladders existed.
 
 Example:
     >>> from loopwatch.replay.importers import load_paths

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from loopwatch.cli._commands import cli
 from loopwatch.cli._replay import LADDER_CAVEAT
-from loopwatch.instrumentation import Policy
+from loopwatch.instrumentation import Policy, ToolPolicy
 from loopwatch.replay.engine import replay, replay_run, summarize
 
 from .test_engine import agent, call, finish, lookup, policy, run
@@ -187,3 +187,26 @@ def test_cli_table_without_a_ladder_has_no_ladder_section(files: tuple[Path, Pat
     assert result.exit_code == 0, result.output
     assert "ladder" not in result.stdout.lower()
     assert LADDER_CAVEAT not in result.stdout
+
+
+@pytest.mark.parametrize("rungs", [["stop"], ["nudge", "stop"], ["warn", "stop"]])
+def test_stops_outside_the_ladder_are_the_same_under_any_ladder(rungs: list[str]) -> None:
+    """A ladder changes loop detections only: the retry rule on an unknown tool called
+    again, a budget and a cycle stop where a ["stop"] policy stops them."""
+    known = [ToolPolicy("get_details")]
+    unknown = run(*[agent(call("nope", {"x": 1}, "Error: no such tool", error=True))] * 3)
+    r = replay_run(unknown, ladder(rungs, strict_tools=True, tools=known))
+    assert (r.stop_reason, r.stop_dimension, r.stop_step) == (
+        "budget_exhausted",
+        "action_retries",
+        2,
+    )
+    assert r.evidence is not None and r.evidence["detector"] == "retry_rule"
+    turns = replay_run(run(*lookup(2), *lookup(2)), ladder(rungs, max_model_turns=2))
+    assert (turns.stop_reason, turns.stop_step) == ("budget_exhausted", 2)
+    a = call("get_a", {"id": 1}, "A")
+    b = call("get_b", {"id": 1}, "B")
+    cycle = replay_run(run(*[agent(a), agent(b)] * 4), ladder(rungs, cycle_repetitions=2))
+    plain = replay_run(run(*[agent(a), agent(b)] * 4), policy(cycle_repetitions=2))
+    assert (cycle.stop_reason, cycle.stop_step) == (plain.stop_reason, plain.stop_step)
+    assert cycle.stop_reason == "action_cycle"
