@@ -30,6 +30,13 @@ _PROGRESS_MIN_RUNS: Final = 500
 _MAX_TABLE_RUNS: Final = 100
 """Stopped runs listed by the table format (json and csv list every run)."""
 
+LADDER_CAVEAT: Final = (
+    "Recorded runs cannot show how a model would react to a warn or a nudge: these are "
+    "the rungs reached on the recorded actions, and nothing more (after a nudge, the "
+    "recorded call's real result is fed on)."
+)
+"""The line the table format prints under the ladder rungs (issue 26)."""
+
 
 def _printable(text: str) -> str:
     """``text`` safe for one table cell: control, format (bidi overrides, zero-width)
@@ -152,7 +159,17 @@ def render_table(results: Sequence[Any], summaries: Sequence[Any]) -> str:
         ["tool calls saved", *[s.calls_saved for s in summaries]],
         ["model calls saved", *[s.model_calls_saved for s in summaries]],
     ]
+    laddered = any(s.ladder for s in summaries)
+    if laddered:
+        # Only for a policy with a ladder: a ["stop"] report stays as it always was.
+        metric_rows += [
+            ["ladder warns", *[s.warns if s.ladder else "" for s in summaries]],
+            ["ladder nudges", *[s.nudges if s.ladder else "" for s in summaries]],
+            ["ladder stops", *[s.ladder_stops if s.ladder else "" for s in summaries]],
+        ]
     out = [_table(metric_rows, ["policy", *labels])]
+    if laddered:
+        out += _ladder_lines(results)
     by_run: dict[tuple[str, str], dict[str, Any]] = {}
     for r in results:
         by_run.setdefault((r.source, r.run_id), {})[r.policy] = r
@@ -199,8 +216,41 @@ def render_table(results: Sequence[Any], summaries: Sequence[Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _ladder_lines(results: Sequence[Any]) -> list[str]:
+    """The ladder section of the table: each (run, policy) whose ladder reached a rung,
+    as ``response@step tool detector rung N``, then :data:`LADDER_CAVEAT`."""
+    rows: list[list[Any]] = []
+    for r in results:
+        if not r.responses:
+            continue
+        rungs = ", ".join(
+            f"{x.response}@{x.step} {_short(x.tool, 32)} {x.detector} rung {x.rung}"
+            for x in r.responses
+        )
+        rows.append(
+            [
+                _short(r.source.replace("\\", "/").rsplit("/", 1)[-1], 32),
+                _short(r.run_id, 64),
+                r.policy,
+                rungs,
+            ]
+        )
+    out = [""]
+    if rows:
+        shown = rows[:_MAX_TABLE_RUNS]
+        out.append(f"Loop-response ladder rungs reached ({len(rows)} run x policy):")
+        out.append(_table(shown, ["file", "run", "policy", "rungs (response@step)"]))
+        if len(rows) > len(shown):
+            out.append(f"... {len(rows) - len(shown)} more: use --format json for every run.")
+    else:
+        out.append("Loop-response ladder: no rung reached.")
+    out.append(LADDER_CAVEAT)
+    return out
+
+
 def render_json(results: Sequence[Any]) -> str:
-    """The ``json`` format: JSON Lines, one object per (run, policy)."""
+    """The ``json`` format: JSON Lines, one object per (run, policy) (with
+    ``ladder_responses`` for a policy with a loop-response ladder)."""
     return "".join(json.dumps(r.to_dict(), sort_keys=False) + "\n" for r in results)
 
 
@@ -269,6 +319,9 @@ def replay(
     Every file under PATHS is read with the importer of its format. Each run is fed step
     by step to the real guard under each policy; the report says where each policy would
     have stopped it, the loop onset, false stops on successful runs and tool calls saved.
+    Under a policy with a loop-response ladder it also lists where the ladder would have
+    warned, nudged and stopped: the rungs reached on the recorded actions, not how a
+    model would have reacted to them.
 
     Exit codes: 0 ok (import problems, if any, listed on stderr); 1 nothing could be
     read; 2 usage error or an invalid policy file.

@@ -43,6 +43,11 @@ numbers in results and evidence are 1-based agent-step numbers):
   ``stop_reason = None``.
 * loop onset: :func:`~loopwatch.replay.loops.loop_onset` of the stop; without a stop, the
   onset of the recorded loop, or ``None`` when the recording has none.
+* ladder: under a policy with a loop-response ladder (more than ``["stop"]``) the guard
+  runs in ``observe`` mode, so a warned or nudged call is fed its recorded result, as it
+  ran in the recording; the first stop it sees is the verdict, and the rungs reached are
+  the result's ``responses`` (why and what it means: :mod:`~loopwatch.replay.results`).
+  A ``["stop"]`` policy is driven in ``enforce`` mode, exactly as before ladders existed.
 
 Example:
     >>> from loopwatch.replay.importers import load_paths
@@ -53,12 +58,15 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-from loopwatch.instrumentation import Decision, Guard, Policy, Stop, StopReason
+from loopwatch.instrumentation import Decision, Guard, Policy, Stop, StopReason, ToolTicket, Verdict
+from loopwatch.instrumentation._policy_checks import LADDER_DETECTORS
+from loopwatch.instrumentation.ladder import Ladder
 
 from .importers._numbers import too_large
 from .loops import (
@@ -79,7 +87,15 @@ from .policy_choice import (
     unique_labels,
 )
 from .recorded import RecordedToolError, classify_recorded_error, recorded_decision
-from .results import CSV_COLUMNS, Comparison, PolicySummary, ReplayResult, compare, summarize
+from .results import (
+    CSV_COLUMNS,
+    Comparison,
+    LadderResponse,
+    PolicySummary,
+    ReplayResult,
+    compare,
+    summarize,
+)
 from .trajectory import AGENT, SUCCESS, Step, Trajectory
 
 __all__ = [
@@ -88,6 +104,7 @@ __all__ = [
     "MIN_LOOP_REPEATS",
     "SHIPPED_POLICY_FILES",
     "Comparison",
+    "LadderResponse",
     "NamedPolicy",
     "PolicySummary",
     "RecordedLoop",
@@ -242,11 +259,65 @@ class _Hit:
     model_saved: int
 
 
-def _drive(prep: _Prepared, policy: Policy, run_id: str) -> _Hit | None:
+def _has_ladder(policy: Policy) -> bool:
+    """True when some loop detector answers with more than ``["stop"]``."""
+    return Ladder.of(policy, "enforce") is not None
+
+
+def _stop_of(verdict: Verdict) -> Stop | None:
+    """The stop a verdict makes: refused (enforce), or the first one observe mode saw."""
+    return _stop(verdict.stop) if not verdict.allowed else verdict.would_stop
+
+
+class _Rungs:
+    """The ladder rungs one policy reaches on one recording (:class:`LadderResponse`)."""
+
+    __slots__ = ("_counts", "_policy", "seen")
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+        self._counts: dict[str, int] = {}
+        self.seen: list[LadderResponse] = []
+
+    def ticket(self, ticket: ToolTicket) -> None:
+        """Note the warn or nudge rung ``ticket`` met, if any."""
+        response = ticket.response or ticket.observed_response
+        if response is None or ticket.detector is None:
+            return
+        self._counts[ticket.detector] = self._counts.get(ticket.detector, 0) + 1
+        self.seen.append(
+            LadderResponse(ticket.step, ticket.tool, ticket.detector, ticket.rung, response)
+        )
+
+    def stop(self, ticket: ToolTicket, stop: Stop) -> Stop:
+        """Note a stop rung (a loop detection at ``ticket``); returns ``stop`` with
+        ``detail.after_nudges`` as the live guard's stop would carry it."""
+        key = stop.reason.value
+        if key not in LADDER_DETECTORS:
+            return stop
+        ladder = self._policy.loop_response_by_detector.get(key, self._policy.loop_response)
+        rung = min(self._counts.get(key, 0) + 1, len(ladder))
+        self.seen.append(LadderResponse(ticket.step, ticket.tool, key, rung, "stop"))
+        nudges = sum(1 for r in self.seen if r.response == "nudge")
+        if not nudges:
+            return stop
+        detail = {**stop.evidence.detail, "after_nudges": nudges}
+        return dataclasses.replace(stop, evidence=dataclasses.replace(stop.evidence, detail=detail))
+
+
+def _drive(prep: _Prepared, policy: Policy, run_id: str, rungs: _Rungs | None) -> _Hit | None:
     """Feed a prepared recording to a fresh guard; the first stop that is not the agent's
-    own end, or None."""
+    own end, or None.
+
+    With a ladder (``rungs`` given) the guard runs in ``observe`` mode, so a nudged call
+    is fed its recorded result, as it ran in the recording (see
+    :mod:`~loopwatch.replay.results`); the first stop observe mode sees is the stop.
+    Before that first stop an observe guard decides exactly as an enforce guard does
+    (replay feeds one call at a time: no call is ever in flight).
+    """
     clock = _RecordedClock(prep.origin)
-    guard = Guard(policy, clock=clock, run_id=run_id)
+    mode: Literal["enforce", "observe"] = "enforce" if rungs is None else "observe"
+    guard = Guard(policy, clock=clock, run_id=run_id, mode=mode)
     total = prep.total
     number = 0
     call = 0
@@ -258,20 +329,29 @@ def _drive(prep: _Prepared, policy: Policy, run_id: str) -> _Hit | None:
         timestamp, decision, calls = event
         number += 1
         clock.at(timestamp)
-        verdict = guard.before_model_call()
-        if not verdict.allowed:
-            return _Hit(_stop(verdict.stop), call, total - number + 1)
-        verdict = guard.record_decision(decision)
-        if not verdict.allowed:
-            stop = _stop(verdict.stop)
+        stop = _stop_of(guard.before_model_call())
+        if stop is not None:
+            return _Hit(stop, call, total - number + 1)
+        stop = _stop_of(guard.record_decision(decision))
+        if stop is not None:
             if stop.reason in _AGENT_END:
                 return None
             return _Hit(stop, call, total - number)
         for act in calls:
             clock.at(act.started_at)
+            observed = len(guard._observed)
             ticket = guard.before_tool_call(act.tool, act.arguments, call_id=act.call_id)
-            if ticket.stop is not None:
-                return _Hit(ticket.stop, call, total - number)
+            stop = ticket.stop or ticket.would_stop
+            if stop is None and len(guard._observed) > observed:
+                # An unknown tool called again: observe mode records the retry-rule
+                # stop without putting it on the ticket.
+                stop = guard._observed[-1]
+            if stop is not None:
+                if rungs is not None:
+                    stop = rungs.stop(ticket, stop)
+                return _Hit(stop, call, total - number)
+            if rungs is not None:
+                rungs.ticket(ticket)
             if ticket.allowed:
                 clock.at(act.ended_at)
                 if act.error:
@@ -282,8 +362,9 @@ def _drive(prep: _Prepared, policy: Policy, run_id: str) -> _Hit | None:
                     )
                 else:
                     record = guard.record_tool_result(ticket, result=act.observation)
-                if not record.verdict.allowed:
-                    return _Hit(_stop(record.verdict.stop), call + 1, total - number)
+                stop = _stop_of(record.verdict)
+                if stop is not None:
+                    return _Hit(stop, call + 1, total - number)
             call += 1
     return None
 
@@ -309,7 +390,8 @@ def replay_run(trajectory: Trajectory, policy: NamedPolicy | Policy) -> ReplayRe
 
 
 def _replay_one(trajectory: Trajectory, named: NamedPolicy, prep: _Prepared) -> ReplayResult:
-    hit = _drive(prep, named.policy, trajectory.run_id)
+    rungs = _Rungs(named.policy) if _has_ladder(named.policy) else None
+    hit = _drive(prep, named.policy, trajectory.run_id, rungs)
     acts, loop, total, calls_total = prep.acts, prep.loop, prep.total, prep.calls_total
     if hit is None:
         stop_reason = stop_dimension = None
@@ -345,6 +427,7 @@ def _replay_one(trajectory: Trajectory, named: NamedPolicy, prep: _Prepared) -> 
         model_calls_saved=model_saved,
         false_stop=stop_reason is not None and trajectory.recorded_outcome == SUCCESS,
         loop=loop,
+        responses=tuple(rungs.seen) if rungs is not None else None,
     )
 
 

@@ -8,6 +8,23 @@
   call and every agent call after the stop point.
 * *false stop*: a stop on a run whose recorded outcome is ``success``.
 * *loop onset* and *recorded loop*: see :mod:`loopwatch.replay.loops`.
+* *ladder responses* (issue 26): for a policy whose ``loop_response`` (or a detector's
+  ladder) is more than ``["stop"]``, every rung the ladder reaches on the recorded actions,
+  in order: ``warn`` and ``nudge`` rungs, then the ``stop`` rung when a loop detection
+  stopped the run (:class:`LadderResponse`: step, tool, detector, rung). A policy without
+  a ladder reports none (``responses`` is ``None`` and left out of the JSON).
+
+  Recorded runs cannot show how a model would react to a warn or a nudge: the recording
+  is what the model did when it saw the real results. So replay counts the rungs reached
+  on the recorded actions, and nothing more (no nudge is judged ``recovered``). After a
+  nudge, the recorded call did run in reality and the model's next actions follow from
+  its real result: replay feeds that recorded result to the guard as for any other call
+  (the guard runs in ``observe`` mode, where a nudged call runs). Later detections are
+  therefore about the recorded run: a result that changed is progress and restarts the
+  repeat count, an unchanged one keeps counting (the 4th identical call counts 4, where
+  a live run, whose nudged call never ran, would count 3), and the budgets count the
+  calls the recording made. A stop reached after nudges carries ``detail.after_nudges``
+  in its evidence, as the live stop does.
 """
 
 from __future__ import annotations
@@ -25,6 +42,7 @@ from .trajectory import SUCCESS
 __all__ = [
     "CSV_COLUMNS",
     "Comparison",
+    "LadderResponse",
     "PolicySummary",
     "ReplayResult",
     "compare",
@@ -56,6 +74,29 @@ CSV_COLUMNS: Final[tuple[str, ...]] = (
 
 
 @dataclass(frozen=True, slots=True)
+class LadderResponse:
+    """One rung of a loop-response ladder reached on a recorded action.
+
+    Attributes:
+        step: 1-based agent step of the call that met the rung.
+        tool: the tool called.
+        detector: the detection answered (``repeated_action``).
+        rung: 1-based index of the rung in the ladder used (the last rung repeats).
+        response: ``warn``, ``nudge`` or ``stop``.
+    """
+
+    step: int
+    tool: str
+    detector: str
+    rung: int
+    response: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{step, tool, detector, rung, response}``."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayResult:
     """What one policy does to one recorded run.
 
@@ -77,6 +118,8 @@ class ReplayResult:
         model_calls_saved: agent model calls (steps) the stop would have prevented.
         false_stop: a stop on a run recorded as ``success``.
         loop: the recorded loop, or ``None``.
+        responses: the ladder rungs reached on the recorded actions, in order (module
+            docstring), or ``None`` for a policy without a ladder.
     """
 
     source: str
@@ -97,6 +140,7 @@ class ReplayResult:
     model_calls_saved: int
     false_stop: bool
     loop: RecordedLoop | None
+    responses: tuple[LadderResponse, ...] | None = None
 
     @property
     def stopped(self) -> bool:
@@ -126,7 +170,11 @@ class ReplayResult:
             "model_calls_saved": self.model_calls_saved,
             "false_stop": self.false_stop,
             "loop": self.loop.to_dict() if self.loop is not None else None,
-        }
+        } | (
+            {}
+            if self.responses is None
+            else {"ladder_responses": [r.to_dict() for r in self.responses]}
+        )
 
     def csv_row(self) -> dict[str, Any]:
         """One CSV row keyed by :data:`CSV_COLUMNS` (``None`` as an empty cell; the
@@ -159,6 +207,9 @@ class PolicySummary:
             loops stopped at or after their onset (``None`` when there are none).
         calls_total / calls_saved: agent tool calls recorded / prevented by the stops.
         model_calls_saved: agent model calls prevented by the stops.
+        ladder: the policy has a loop-response ladder (more than ``["stop"]``).
+        warns / nudges / ladder_stops: rungs of each kind reached on the recorded actions
+            over all runs (see the module docstring: not what a model would have done).
     """
 
     policy: str
@@ -174,10 +225,20 @@ class PolicySummary:
     calls_total: int
     calls_saved: int
     model_calls_saved: int
+    ladder: bool = False
+    warns: int = 0
+    nudges: int = 0
+    ladder_stops: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: every attribute, in the order above."""
-        return asdict(self)
+        """JSON-ready dict: every attribute, in the order above; without a ladder, the
+        four ladder fields are left out (the output of a ``["stop"]`` policy is as it was
+        before ladders existed)."""
+        out = asdict(self)
+        if not self.ladder:
+            for key in ("ladder", "warns", "nudges", "ladder_stops"):
+                del out[key]
+        return out
 
 
 def summarize(results: Iterable[ReplayResult]) -> list[PolicySummary]:
@@ -200,6 +261,7 @@ def summarize(results: Iterable[ReplayResult]) -> list[PolicySummary]:
         ]
         successes = [r for r in rows if r.recorded_outcome == SUCCESS]
         false_stops = sum(1 for r in successes if r.stopped)
+        rungs = Counter(x.response for r in rows if r.responses is not None for x in r.responses)
         out.append(
             PolicySummary(
                 policy=label,
@@ -215,6 +277,10 @@ def summarize(results: Iterable[ReplayResult]) -> list[PolicySummary]:
                 calls_total=sum(r.calls_total for r in rows),
                 calls_saved=sum(r.calls_saved for r in rows),
                 model_calls_saved=sum(r.model_calls_saved for r in rows),
+                ladder=any(r.responses is not None for r in rows),
+                warns=rungs["warn"],
+                nudges=rungs["nudge"],
+                ladder_stops=rungs["stop"],
             )
         )
     return out
