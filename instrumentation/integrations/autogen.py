@@ -61,7 +61,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 from ..errors import StopRun
-from ..outcomes import Dimension, Outcome, Stop, StopReason
+from ..outcomes import Dimension, NudgeText, Outcome, Stop, StopReason
 from ..policy import Policy, Risk
 from ..runs import Mode, Run, resolve_policy
 from ._common import Invocations, ended_outcome, import_framework, mcp_risk, price_of, turn_decision
@@ -318,7 +318,7 @@ class _GuardedWorkbench(_core_tools.Workbench):  # type: ignore[misc, name-defin
             return text
 
         try:
-            await run.acall_tool(name, args, fn=body, call_id=call_id)
+            answer = await run.acall_tool(name, args, fn=body, call_id=call_id)
         except StopRun as stop:
             return self._stopped(name, stop.stop, box)
         except asyncio.CancelledError:
@@ -335,6 +335,11 @@ class _GuardedWorkbench(_core_tools.Workbench):  # type: ignore[misc, name-defin
                 name=name,
                 result=[_core_tools.TextResultContent(content=f"Error: {exc}")],
                 is_error=True,
+            )
+        if isinstance(answer, NudgeText):
+            # Not run: the nudge is the call's result (not an error), as the model reads it.
+            return _core_tools.ToolResult(
+                name=name, result=[_core_tools.TextResultContent(content=str(answer))]
             )
         return box[-1]
 
