@@ -35,6 +35,10 @@ cancels the tool futures AutoGen links to it, and AutoGen 0.7.5 then hangs in th
 way. When the caller cancels it, the adapter ends the run as ``cancelled`` the same
 clean way (an answered call, then a refused request), so that hang is gone too.
 
+A call the policy's ladder nudges (``loop_response``) is not run: the guarded workbench
+answers it with a ``ToolResult`` whose text is the nudge (``is_error`` false), which
+AutoGen gives the model as the call's ``FunctionExecutionResult``.
+
 AutoGen's own limits map onto the taxonomy: a team's ``max_turns`` and
 ``MaxMessageTermination`` are ``budget_exhausted`` (model_turns), ``TokenUsageTermination``
 is ``budget_exhausted`` (tokens), ``TimeoutTermination`` is ``deadline_exceeded``, and an
