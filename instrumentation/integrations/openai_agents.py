@@ -378,12 +378,12 @@ def _guard_tools(agent: Any, seen: set[int] | None = None) -> None:
         return
     seen.add(id(agent))
     for tool in getattr(agent, "tools", None) or ():
-        guardrails = getattr(tool, "tool_input_guardrails", False)
-        if guardrails is False:  # not a FunctionTool
+        if not hasattr(tool, "tool_input_guardrails"):  # not a FunctionTool
             continue
-        if not any(g is _GUARDRAIL for g in guardrails or ()):
+        guardrails: list[Any] = list(tool.tool_input_guardrails or ())
+        if not any(g is _GUARDRAIL for g in guardrails):
             with contextlib.suppress(AttributeError, TypeError):
-                tool.tool_input_guardrails = [*(guardrails or ()), _GUARDRAIL]
+                tool.tool_input_guardrails = [*guardrails, _GUARDRAIL]
     for handoff in getattr(agent, "handoffs", None) or ():
         target = getattr(handoff, "agent", handoff)  # a Handoff wraps its agent lazily
         if hasattr(target, "tools"):
