@@ -35,6 +35,10 @@ cancels the tool futures AutoGen links to it, and AutoGen 0.7.5 then hangs in th
 way. When the caller cancels it, the adapter ends the run as ``cancelled`` the same
 clean way (an answered call, then a refused request), so that hang is gone too.
 
+A call the policy's ladder nudges (``loop_response``) is not run: the guarded workbench
+answers it with a ``ToolResult`` whose text is the nudge (``is_error`` false), which
+AutoGen gives the model as the call's ``FunctionExecutionResult``.
+
 AutoGen's own limits map onto the taxonomy: a team's ``max_turns`` and
 ``MaxMessageTermination`` are ``budget_exhausted`` (model_turns), ``TokenUsageTermination``
 is ``budget_exhausted`` (tokens), ``TimeoutTermination`` is ``deadline_exceeded``, and an
@@ -61,7 +65,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 from ..errors import StopRun
-from ..outcomes import Dimension, Outcome, Stop, StopReason
+from ..outcomes import Dimension, NudgeText, Outcome, Stop, StopReason
 from ..policy import Policy, Risk
 from ..runs import Mode, Run, resolve_policy
 from ._common import Invocations, ended_outcome, import_framework, mcp_risk, price_of, turn_decision
@@ -318,7 +322,7 @@ class _GuardedWorkbench(_core_tools.Workbench):  # type: ignore[misc, name-defin
             return text
 
         try:
-            await run.acall_tool(name, args, fn=body, call_id=call_id)
+            answer = await run.acall_tool(name, args, fn=body, call_id=call_id)
         except StopRun as stop:
             return self._stopped(name, stop.stop, box)
         except asyncio.CancelledError:
@@ -335,6 +339,11 @@ class _GuardedWorkbench(_core_tools.Workbench):  # type: ignore[misc, name-defin
                 name=name,
                 result=[_core_tools.TextResultContent(content=f"Error: {exc}")],
                 is_error=True,
+            )
+        if isinstance(answer, NudgeText):
+            # Not run: the nudge is the call's result (not an error), as the model reads it.
+            return _core_tools.ToolResult(
+                name=name, result=[_core_tools.TextResultContent(content=str(answer))]
             )
         return box[-1]
 

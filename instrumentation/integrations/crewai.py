@@ -23,6 +23,12 @@ never after the task text. What it uses of CrewAI 1.15:
   kickoff only (``crewai.hooks.dispatch.scoped_hooks``), so every CrewAI tool object
   (``BaseTool``, ``@tool``, MCP tools), sync and async, native and ReAct, is guarded. A
   refused call is blocked (the hook returns False: the tool body never runs).
+- **nudges** (the policy's ``loop_response`` ladder): a before hook cannot supply a result,
+  so a nudged call is blocked (its body never runs) and loopwatch's after hook, which
+  CrewAI runs for a blocked call too, returns the nudge: a string an after hook returns
+  replaces the result, so the model reads the nudge as the tool's result (native: the
+  ``tool`` message; ReAct: the ``Observation``) instead of CrewAI's "Tool execution
+  blocked by hook" text.
 - **stops**: the next model turn after a stop raises :class:`LoopwatchStopped`, a
   ``crewai.hooks.HookAborted``: CrewAI's own deny, which it passes through without its
   ``max_retry_limit`` retries, so ``kickoff`` raises it to the caller (``.outcome`` holds
@@ -66,7 +72,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import RunStateError, StopRun
-from ..failures import FailureClass, ToolFailure
+from ..failures import FailureClass, ToolFailure, ToolNudged
 from ..outcomes import Decision, Dimension, Outcome, StopReason
 from ..policy import Policy, Risk
 from ..runs import Run, resolve_policy
@@ -116,6 +122,10 @@ _FAILURE_CLASSES = {
 
 # The tool call between its before and after hook: both hooks run in the same context
 # (one thread, or one asyncio task, per call, also for CrewAI's parallel native calls).
+# The nudge answering the call the before hook just blocked, for its after hook to return.
+_pending_nudge: contextvars.ContextVar[tuple[Run, str] | None] = contextvars.ContextVar(
+    "loopwatch_crewai_nudge", default=None
+)
 _open_tool: contextvars.ContextVar[_OpenTool | None] = contextvars.ContextVar(
     "loopwatch_crewai_tool", default=None
 )
@@ -471,6 +481,11 @@ class GuardedKickoff:
         scope = run.tool_call(name, args)
         try:
             scope.__enter__()
+        except ToolNudged as nudged:
+            # Blocked, so the tool never runs; the after hook (CrewAI runs it for a
+            # blocked call too) replaces CrewAI's generic blocked message with the nudge.
+            _pending_nudge.set((run, str(nudged.text)))
+            return False
         except StopRun:
             return False  # blocked: the tool never runs; the next model turn ends the run
         except ToolFailure:
@@ -478,8 +493,13 @@ class GuardedKickoff:
         _open_tool.set(_OpenTool(run, _action_key(name, args), scope))
         return None
 
-    def _after_tool(self, run: Run, ctx: Any) -> None:
-        """CrewAI ``after_tool_call`` hook: record what the call returned."""
+    def _after_tool(self, run: Run, ctx: Any) -> str | None:
+        """CrewAI ``after_tool_call`` hook: record what the call returned; a nudged call's
+        result becomes the nudge (a returned string replaces CrewAI's result)."""
+        nudge = _pending_nudge.get()
+        if nudge is not None and nudge[0] is run:
+            _pending_nudge.set(None)
+            return nudge[1]
         open_ = _open_tool.get()
         if open_ is None or open_.run is not run:
             return None  # blocked by us, or not a call we opened

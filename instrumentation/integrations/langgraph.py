@@ -36,6 +36,20 @@ How it maps:
   ``NodeTimeoutError``) ends the run as ``deadline_exceeded`` (dimension
   ``elapsed_seconds``, limit the node's timeout, observed its elapsed seconds).
 
+Nudges (the policy's ``loop_response`` ladder): a nudged call is not run, and the model
+must read the nudge as the call's ``ToolMessage``. A callback cannot replace a tool's
+result, so ``on_tool_start`` raises :class:`~loopwatch.instrumentation.ToolNudged` and
+ToolNode's own interceptor turns it into the result: build the tools node with
+``handler.tool_node(tools)`` (``ToolNode(tools, wrap_tool_call=handler.wrap_tool_call,
+awrap_tool_call=handler.awrap_tool_call)``) and pass it as the agent's tools::
+
+    graph = create_react_agent(model, handler.tool_node(tools), name="support")
+
+The nudge is then a ``ToolMessage`` with ``status="success"`` and the nudge as its content
+(whatever ``handle_tool_errors`` says). Without the interceptor, ``ToolNudged`` is a tool
+error: ``ToolNode(handle_tool_errors=True)`` shows it to the model as an error message;
+the default re-raises it out of ``invoke``.
+
 A stop raises loopwatch's :class:`~loopwatch.instrumentation.StopRun` out of ``invoke`` /
 ``ainvoke`` (its ``stop`` says why). It is a ``BaseException``, like the guard's own stop,
 so ``ToolNode``'s ``handle_tool_errors`` and ``except Exception`` in a node cannot turn it
@@ -66,11 +80,13 @@ from __future__ import annotations
 import contextvars
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 from uuid import UUID
 
 from .._scopes import ModelCall, ToolCallScope
+from ..failures import ToolNudged
 from ..outcomes import Decision, Dimension, Outcome, StopReason
 from ..policy import Policy
 from ..runs import Mode, Run, current_run, resolve_policy
@@ -87,6 +103,7 @@ _FRAMEWORK = "langgraph"
 # What create_react_agent answers instead of a turn's tool calls when its remaining_steps
 # (the recursion limit, counted down) cannot fit another model-and-tools round.
 _OUT_OF_STEPS = "Sorry, need more steps to process this request."
+_PENDING_NUDGES = 1024  # nudges kept for ToolNode's interceptor (a bound, not a budget)
 
 
 def _node_timeout_error() -> type[BaseException] | None:
@@ -221,6 +238,9 @@ class LoopwatchHandler(_BaseCallbackHandler):  # type: ignore[misc]
         self._tools: dict[UUID, ToolCallScope] = {}
         self._tool_turns: dict[int, Any] = {}  # id(run) -> id of its last turn asking for tools
         self._steps: dict[int, int] = {}  # id(run) of a run we own -> its last superstep seen
+        # tool call id -> the nudge answering it, for the ToolNode interceptor to return
+        # (ToolNode's handle_tool_errors may have turned ToolNudged into an error message).
+        self._nudges: OrderedDict[str, str] = OrderedDict()
         self.outcome: Outcome | None = None
 
     # ------------------------------------------------------------- membership
@@ -504,10 +524,16 @@ class LoopwatchHandler(_BaseCallbackHandler):  # type: ignore[misc]
         name = (serialized or {}).get("name") or kwargs.get("name") or "tool"
         run = self._join(run_id, parent_run_id, name)
         args = dict(inputs) if isinstance(inputs, Mapping) else {"input": input_str}
-        scope = run.tool_call(str(name), args, call_id=kwargs.get("tool_call_id"))
+        call_id = kwargs.get("tool_call_id")
+        scope = run.tool_call(str(name), args, call_id=call_id)
         try:
             scope.__enter__()
         except BaseException as exc:
+            if isinstance(exc, ToolNudged) and isinstance(call_id, str):
+                with self._lock:
+                    self._nudges[call_id] = str(exc.text)
+                    while len(self._nudges) > _PENDING_NUDGES:
+                        self._nudges.popitem(last=False)
             self._leave(run_id, error=exc)
             raise
         with self._lock:
@@ -533,3 +559,70 @@ class LoopwatchHandler(_BaseCallbackHandler):  # type: ignore[misc]
                 scope.__exit__(type(error), error, error.__traceback__)
         finally:
             self._leave(run_id, error=error)
+
+    # ------------------------------------------------- ToolNode's interceptor
+
+    def _nudge_message(self, request: Any, result: Any, text: str | None = None) -> Any:
+        """The nudge as the call's ``ToolMessage`` (status ``success``: the nudge is the
+        call's result, not an error for the model to fix), or ``result`` when the call
+        was not nudged."""
+        call = request.tool_call
+        with self._lock:
+            pending = self._nudges.pop(str(call.get("id")), None)
+        text = text if text is not None else pending
+        if text is None:
+            return result
+        from langchain_core.messages import ToolMessage
+
+        return ToolMessage(
+            content=text, name=call.get("name"), tool_call_id=call.get("id"), status="success"
+        )
+
+    def wrap_tool_call(self, request: Any, execute: Callable[[Any], Any]) -> Any:
+        """ToolNode's ``wrap_tool_call`` interceptor: a nudged call's result is the nudge.
+
+        Args:
+            request: LangGraph's ``ToolCallRequest`` (``tool_call`` with name, args, id).
+            execute: runs the call (``on_tool_start`` guards it there).
+
+        Returns:
+            The tool's ``ToolMessage`` or ``Command``, or a ``ToolMessage`` with the nudge
+            when the ladder nudged the call (its body did not run).
+        """
+        try:
+            result = execute(request)
+        except ToolNudged as nudged:
+            return self._nudge_message(request, None, str(nudged.text))
+        return self._nudge_message(request, result)
+
+    async def awrap_tool_call(self, request: Any, execute: Callable[[Any], Awaitable[Any]]) -> Any:
+        """ToolNode's ``awrap_tool_call`` interceptor, as :meth:`wrap_tool_call`."""
+        try:
+            result = await execute(request)
+        except ToolNudged as nudged:
+            return self._nudge_message(request, None, str(nudged.text))
+        return self._nudge_message(request, result)
+
+    def tool_node(self, tools: Iterable[Any], **kwargs: Any) -> Any:
+        """A LangGraph ``ToolNode`` for ``tools`` with this handler's interceptors, so a
+        nudged call answers the model with the nudge (see the module docstring).
+
+        Args:
+            tools: the graph's tools (LangChain tools or functions).
+            **kwargs: passed to ``ToolNode`` (``handle_tool_errors``, ``name`` ...).
+
+        Returns:
+            The ``ToolNode``; pass it as ``create_react_agent``'s ``tools`` or add it as
+            a node.
+
+        Raises:
+            ImportError: LangGraph is not installed (plain LangChain).
+        """
+        from langgraph.prebuilt import ToolNode
+
+        return ToolNode(
+            list(tools),
+            wrap_tool_call=self.wrap_tool_call,
+            awrap_tool_call=self.awrap_tool_call,
+            **kwargs,
+        )

@@ -29,6 +29,10 @@ ordinary exception: the workflow ends its run with it and awaiting the handler r
 it to the caller, with ``outcome`` attached. :meth:`GuardedLlamaIndex.run` also raises it
 when the workflow ended by itself after the guard had stopped the run.
 
+A call the policy's ladder nudges (``loop_response``) is not run: it is answered with a
+``ToolOutput`` whose content is the nudge (``is_error`` false), which the agent gives the
+model as the tool message, like any tool result.
+
 LlamaIndex's own limits map onto the taxonomy: ``max_iterations`` (``WorkflowRuntimeError``
 "Max iterations of N reached") is ``budget_exhausted`` (model_turns), the workflow
 ``timeout`` (``WorkflowTimeoutError``) is ``deadline_exceeded``; the exception itself is
@@ -49,7 +53,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from typing import Any
 
 from ..errors import StopRun
-from ..outcomes import Dimension, Outcome, Stop, StopReason
+from ..outcomes import Dimension, NudgeText, Outcome, Stop, StopReason
 from ..policy import Policy
 from ..runs import Mode, Run, resolve_policy
 from ._common import Invocations, ended_outcome, import_framework, price_of, turn_decision
@@ -308,6 +312,14 @@ def _stop_output(name: str, args: Mapping[str, Any], stop: Stop) -> Any:
     )
 
 
+def _nudge_output(name: str, args: Mapping[str, Any], text: NudgeText) -> Any:
+    """A nudged call's ``ToolOutput``: the nudge is its content, not an error (the body
+    did not run; the model reads the nudge as the tool's result)."""
+    return _tool_types.ToolOutput(
+        content=str(text), tool_name=name, raw_input=dict(args), raw_output=str(text)
+    )
+
+
 class _Guarded:
     """What the two tool wrappers share: the guarded call around the tool's own."""
 
@@ -342,11 +354,13 @@ class _Guarded:
             return str(out.content)
 
         try:
-            await run.acall_tool(name, args, fn=body)
+            result = await run.acall_tool(name, args, fn=body)
         except StopRun as stop:
             return box[-1] if box else _stop_output(name, args, stop.stop)
         except _ToolFailed:
             return box[-1]
+        if isinstance(result, NudgeText):
+            return _nudge_output(name, args, result)
         return box[-1]
 
     def _lw_call(
@@ -366,11 +380,13 @@ class _Guarded:
             return str(out.content)
 
         try:
-            run.call_tool(name, args, fn=body)
+            result = run.call_tool(name, args, fn=body)
         except StopRun as stop:
             return box[-1] if box else _stop_output(name, args, stop.stop)
         except _ToolFailed:
             return box[-1]
+        if isinstance(result, NudgeText):
+            return _nudge_output(name, args, result)
         return box[-1]
 
 

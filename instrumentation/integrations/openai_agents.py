@@ -29,6 +29,17 @@ What it hooks (``agents.RunHooks``, openai-agents 0.24):
   SDK turns into text for the model (``failure_error_function``) is recorded as that text.
 - ``MaxTurnsExceeded`` becomes ``budget_exhausted`` (dimension ``model_turns``).
 
+Nudges (the policy's ``loop_response`` ladder): a run hook cannot replace a tool's output,
+so the guard's check runs earlier, in a tool input guardrail (``loopwatch_tool_guard``)
+that :class:`LoopwatchHooks` appends to each ``FunctionTool`` of the starting agent and of
+the agents it hands off to (agents as tools included; inert outside a guarded run). A
+nudged call is answered ``ToolGuardrailFunctionOutput.reject_content(nudge)``: the SDK does
+not run the tool and sends the nudge to the model as the call's ``function_call_output``.
+Tools without the guardrail (MCP tools, listed anew every turn; computer, shell and other
+hosted-side tools) are checked in ``on_tool_start``, which cannot skip a body: there a
+nudge rung is recorded but the call runs (declare a ``["stop"]`` ladder for them with
+``loop_response_by_detector``, or give the run the tools as ``FunctionTool`` objects).
+
 A stop raises :class:`LoopwatchStopped` from the hook, an ``AgentsException``: the SDK ends
 the run the way it ends any failed run (sibling tool tasks cancelled, ``run_data`` attached)
 and re-raises it to the caller. The loopwatch ``Outcome`` is :func:`outcome_of` the result
@@ -44,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -64,6 +76,10 @@ import_framework("agents", "openai-agents")
 
 from agents import AgentsException, MaxTurnsExceeded, RunContextWrapper, Runner  # noqa: E402
 from agents.lifecycle import RunHooksBase  # noqa: E402
+from agents.tool_guardrails import (  # noqa: E402
+    ToolGuardrailFunctionOutput,
+    ToolInputGuardrail,
+)
 
 __all__ = [
     "LoopwatchHooks",
@@ -78,6 +94,11 @@ FRAMEWORK = "openai-agents"
 _OUTCOME_ATTR = "loopwatch_outcome"
 _log = logging.getLogger("loopwatch.instrumentation")
 _MAX_TURNS = re.compile(r"Max turns \((\d+)\)")
+# The hooks of the guarded run the current task belongs to: the SDK runs each tool call in
+# a task created inside Runner.run, which copies this context.
+_ACTIVE: contextvars.ContextVar[LoopwatchHooks | None] = contextvars.ContextVar(
+    "loopwatch_openai_agents_hooks", default=None
+)
 
 
 class LoopwatchStopped(AgentsException):  # type: ignore[misc]  # untyped in .venv
@@ -199,6 +220,8 @@ class LoopwatchHooks(RunHooksBase):  # type: ignore[misc]  # untyped in .venv
         # Tool calls in flight, by their ToolContext: on_tool_start and on_tool_end get the
         # same one, in different tasks.
         self._tools: dict[int, tuple[ToolTicket, Span | None]] = {}
+        _guard_tools(agent)
+        self._token: contextvars.Token[LoopwatchHooks | None] | None = _ACTIVE.set(self)
 
     def _stopped(self, stop: StopRun) -> LoopwatchStopped:
         # The run was closed before StopRun was raised. Not run.finish(): this hook runs in
@@ -232,21 +255,30 @@ class LoopwatchHooks(RunHooksBase):  # type: ignore[misc]  # untyped in .venv
 
     async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
         name = getattr(context, "tool_name", None) or tool.name
-        raw = getattr(context, "tool_arguments", None)
-        try:
-            args = json.loads(raw) if raw else {}
-        except ValueError:
-            args = {"input": raw}
-        if not isinstance(args, dict):
-            args = {"input": args}
-        try:
-            self._tools[id(context)] = self.run._start_tool(
-                name, args, getattr(context, "tool_call_id", None)
-            )
-        except StopRun as stop:
-            raise self._stopped(stop) from None
+        args = _arguments(getattr(context, "tool_arguments", None))
+        if id(context) not in self._tools:  # not checked by the tool's guardrail
+            try:
+                started = self.run._start_tool(name, args, getattr(context, "tool_call_id", None))
+            except StopRun as stop:
+                raise self._stopped(stop) from None
+            if started[0].nudge is None:
+                self._tools[id(context)] = started
         if self._inner is not None:
             await self._inner.on_tool_start(context, agent, tool)
+
+    def _check_tool(self, context: Any) -> ToolGuardrailFunctionOutput:
+        """The guard's check of one function tool call, from its input guardrail: a
+        nudged call is rejected with the nudge as its output (the body never runs)."""
+        name = getattr(context, "tool_name", None) or "tool"
+        args = _arguments(getattr(context, "tool_arguments", None))
+        try:
+            ticket, span = self.run._start_tool(name, args, getattr(context, "tool_call_id", None))
+        except StopRun as stop:
+            raise self._stopped(stop) from None
+        if ticket.nudge is not None:
+            return ToolGuardrailFunctionOutput.reject_content(str(ticket.nudge))
+        self._tools[id(context)] = (ticket, span)
+        return ToolGuardrailFunctionOutput.allow()
 
     async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
         started = self._tools.pop(id(context), None)
@@ -279,6 +311,10 @@ class LoopwatchHooks(RunHooksBase):  # type: ignore[misc]  # untyped in .venv
         already stopped the run.
         """
         run = self.run
+        if self._token is not None:
+            with contextlib.suppress(ValueError):  # finished in another context
+                _ACTIVE.reset(self._token)
+            self._token = None
         for ticket, span in self._tools.values():  # calls the SDK cancelled mid-flight
             run._end_failed_tool(ticket, span, RuntimeError("tool call did not finish"))
         self._tools.clear()
@@ -310,6 +346,48 @@ class LoopwatchHooks(RunHooksBase):  # type: ignore[misc]  # untyped in .venv
             return run.cancel()
         run.guard.fail(exc)
         return run.finish()
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    """A tool call's JSON arguments as a dict (``{"input": raw}`` when not an object)."""
+    try:
+        args = json.loads(raw) if raw else {}
+    except ValueError:
+        return {"input": raw}
+    return args if isinstance(args, dict) else {"input": args}
+
+
+async def _loopwatch_tool_guard(data: Any) -> ToolGuardrailFunctionOutput:
+    """The input guardrail loopwatch gives function tools: the active run's check."""
+    hooks = _ACTIVE.get()
+    if hooks is None:  # a tool of a guarded agent, run outside a guarded run
+        return ToolGuardrailFunctionOutput.allow()
+    return hooks._check_tool(data.context)
+
+
+_GUARDRAIL = ToolInputGuardrail(
+    guardrail_function=_loopwatch_tool_guard, name="loopwatch_tool_guard"
+)
+
+
+def _guard_tools(agent: Any, seen: set[int] | None = None) -> None:
+    """Append loopwatch's input guardrail (once) to the function tools of ``agent`` and
+    of the agents it hands off to."""
+    seen = set() if seen is None else seen
+    if id(agent) in seen:
+        return
+    seen.add(id(agent))
+    for tool in getattr(agent, "tools", None) or ():
+        if not hasattr(tool, "tool_input_guardrails"):  # not a FunctionTool
+            continue
+        guardrails: list[Any] = list(tool.tool_input_guardrails or ())
+        if not any(g is _GUARDRAIL for g in guardrails):
+            with contextlib.suppress(AttributeError, TypeError):
+                tool.tool_input_guardrails = [*guardrails, _GUARDRAIL]
+    for handoff in getattr(agent, "handoffs", None) or ():
+        target = getattr(handoff, "agent", handoff)  # a Handoff wraps its agent lazily
+        if hasattr(target, "tools"):
+            _guard_tools(target, seen)
 
 
 async def _starting_tools(agent: Any, context: Any) -> list[Any]:

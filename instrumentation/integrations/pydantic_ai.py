@@ -23,7 +23,9 @@ What it hooks (pydantic-ai 2.68 capabilities, ``pydantic_ai.capabilities.Abstrac
 - ``wrap_tool_execute``: every function tool call (plain functions, ``Tool`` objects,
   toolsets, MCP servers; sync tools run in pydantic-ai's threads, async ones awaited) runs
   inside :meth:`Run.tool_call`, after validation, so a refused call never runs its body.
-  Output and deferred tools are not guarded (they end or pause the run).
+  Output and deferred tools are not guarded (they end or pause the run). A call the
+  policy's ladder nudges is not run: the nudge text is the tool's return (a
+  ``ToolReturnPart`` the model reads), not a retry prompt.
 - ``wrap_run``: ends the loopwatch run with the run's result or error. pydantic-ai's
   ``UsageLimitExceeded`` becomes ``budget_exhausted`` (``request_limit`` -> model_turns,
   ``tool_calls_limit`` -> tool_attempts, token limits -> tokens, ``cost_limit`` -> cost).
@@ -54,6 +56,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import TracerProvider
 
 from ..errors import StopRun
+from ..failures import ToolNudged
 from ..outcomes import Dimension, Outcome, StopReason
 from ..policy import Policy
 from ..runs import Run, resolve_policy
@@ -276,6 +279,10 @@ class _GuardedRun(Loopwatch):
             ) as scope:
                 result = await handler(args)
                 scope.set_result(result)
+        except ToolNudged as nudged:
+            # The tool's return, not an error: an error would be a RetryPromptPart that
+            # pydantic-ai counts against the tool's retries.
+            return nudged.text
         except StopRun:
             await self._halt(ctx)
         return result

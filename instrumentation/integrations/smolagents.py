@@ -29,6 +29,11 @@ What ``instrument`` hooks on the agent's own objects (nothing global; idempotent
   (``max_steps`` caps the agent's action steps, one model turn each), limit and observed
   the max steps. smolagents then returns its forced final answer as usual.
 
+A call the policy's ladder nudges (``loop_response``) is not run: the guarded ``forward``
+returns the nudge (a :class:`~loopwatch.instrumentation.NudgeText`) as the tool's output,
+which a ToolCallingAgent gives the model as the call's observation (a CodeAgent's code
+gets it as the function's return value).
+
 A stop raises loopwatch's :class:`~loopwatch.instrumentation.StopRun` out of
 ``agent.run`` (its ``stop`` says why). It is a ``BaseException``: smolagents' ``except
 Exception`` around tool calls and model calls would otherwise turn it into one more error
