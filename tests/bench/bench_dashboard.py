@@ -238,7 +238,8 @@ def _insert_steps(con: Any, source: str) -> None:
                 g.t - (g.steps - s.step) * 1000000 + 500, 0, {c["decision_type"]}, NULL,
                 {c["tool"]}, {c["tool_call_id"]}, {c["outcome"]}, {c["risk"]}, NULL,
                 {c["blocked_by"]}, NULL, {c["action_fingerprint"]}, {c["observation_digest"]},
-                {c["progress"]}, s.step - 1, {c["tokens"]}, {c["content"]}, g.t + 1000
+                {c["progress"]}, s.step - 1, {c["tokens"]}, {c["content"]}, g.t + 1000,
+                NULL, NULL, NULL
             {source}"""
         )
 
