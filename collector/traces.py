@@ -21,7 +21,7 @@ call is not counted twice).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Any, Final
 
 from loopwatch.instrumentation import _semconv as sc
 
@@ -275,46 +275,32 @@ def inferred_stop(span: SpanRecord, run_id: str, source: str, step: int) -> Stop
 
 def step_row(span: SpanRecord, run_id: str, source: str, step: int, kind: int) -> StepRow:
     """The step row of a model span (``decision``) or a tool span (``tool_result``)."""
+    attrs = span.attributes
+    common: dict[str, Any] = {
+        "trace_id": span.trace_id,
+        "span_id": span.span_id,
+        "run_id": run_id,
+        "source": source,
+        "step": step,
+        "start_unix_nano": span.start_unix_nano,
+        "end_unix_nano": span.end_unix_nano,
+        "status_code": span.status_code,
+        "error_type": _str(attrs, sc.ERROR_TYPE),
+    }
     if kind == _MODEL:
-        return _decision_row(span, run_id, source, step)
-    return _tool_row(span, run_id, source, step)
-
-
-def _decision_row(span: SpanRecord, run_id: str, source: str, step: int) -> StepRow:
-    attrs = span.attributes
+        return StepRow(
+            kind=KIND_DECISION,
+            input_tokens=input_tokens(attrs),
+            output_tokens=output_tokens(attrs),
+            **common,
+        )
     return StepRow(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        run_id=run_id,
-        source=source,
-        kind=KIND_DECISION,
-        step=step,
-        start_unix_nano=span.start_unix_nano,
-        end_unix_nano=span.end_unix_nano,
-        status_code=span.status_code,
-        error_type=_str(attrs, sc.ERROR_TYPE),
-        input_tokens=input_tokens(attrs),
-        output_tokens=output_tokens(attrs),
-    )
-
-
-def _tool_row(span: SpanRecord, run_id: str, source: str, step: int) -> StepRow:
-    attrs = span.attributes
-    return StepRow(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        run_id=run_id,
-        source=source,
         kind=KIND_TOOL_RESULT,
-        step=step,
-        start_unix_nano=span.start_unix_nano,
-        end_unix_nano=span.end_unix_nano,
-        status_code=span.status_code,
         tool=tool_name(span),
         tool_call_id=tool_call_id(attrs),
         outcome=sc.OUTCOME_ERROR if tool_failed(span) else sc.OUTCOME_OK,
-        error_type=_str(attrs, sc.ERROR_TYPE),
         agent=_str(attrs, sc.GEN_AI_AGENT_NAME),
         arguments=tool_arguments(attrs),
         result=tool_result(attrs),
+        **common,
     )
