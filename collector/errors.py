@@ -18,7 +18,9 @@ credentials, so any of them can be logged or returned to a client as is::
         ├── StoreUnavailable                 the DuckDB file cannot be opened at start
         ├── SchemaTooNew                     the file was written by a newer loopwatch
         ├── StoreClosed                      the store is closing; batch not taken  -> 503
-        └── StoreError                       a batch's commit failed                -> 503
+        ├── StoreError                       a batch's commit failed                -> 503
+        └── LakeUnavailable                  the lake (DuckLake catalog, data path) cannot
+                                             be reached, loaded or written
 
 The HTTP statuses are those the OTLP/HTTP receiver answers with (OTLP specification,
 "OTLP/HTTP Response"); :attr:`CollectorError.retryable` says whether the OTLP spec lets the
@@ -35,6 +37,7 @@ __all__ = [
     "ConfigError",
     "DecodeError",
     "DecodeWorkerLost",
+    "LakeUnavailable",
     "PayloadTooLarge",
     "QueueFull",
     "ReadTimeout",
@@ -249,3 +252,21 @@ class ReadTimeout(CollectorError):
     def __init__(self, timeout_seconds: float) -> None:
         self.timeout_seconds = timeout_seconds
         super().__init__(f"read query exceeded {timeout_seconds:g} s")
+
+
+class LakeUnavailable(CollectorError):
+    """The lake cannot be used: an extension does not load, the catalog does not answer or
+    is of another DuckLake version, or the data path cannot be written.
+
+    The message is one line naming what failed and what to do; it never echoes a password
+    from the catalog string (see :func:`loopwatch.collector.lake.connect.mask_catalog`).
+
+    Attributes:
+        what: which part failed: ``extension``, ``catalog``, ``data_path`` or ``version``.
+    """
+
+    retryable = True
+
+    def __init__(self, what: str, message: str) -> None:
+        self.what = what
+        super().__init__(message)

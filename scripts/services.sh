@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Install what the integration tests start themselves: Debian packages (default:
-# prometheus, chromium) and the Node OTLP exporter. Nothing is started here: each test runs its
+# prometheus, chromium, postgresql) and the Node OTLP exporter. Nothing is started here: each test runs its
 # server in the foreground on a free loopback port with a temporary data dir.
 # Usage: bash scripts/services.sh [DEBIAN_PACKAGE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if (($# == 0)); then
-  set -- prometheus chromium
+  set -- prometheus chromium postgresql
 fi
 need=()
 for pkg in "$@"; do
