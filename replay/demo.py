@@ -437,7 +437,7 @@ def _with_canary(value: Any, canary: str | None) -> Any:
     if canary is None:
         return value
     if isinstance(value, Mapping):
-        return {**value, "debug_token": canary}
+        return {**value, "note": f"copied from the support log: {canary}"}
     text = value if isinstance(value, str) else ("" if value is None else str(value))
     return f"{text}\n(debug_token={canary})"
 
