@@ -99,10 +99,10 @@ from .importers import ImportResult, load_paths
 from .importers.native import FORMAT, write_trajectories
 from .policy_choice import DEFAULT_POLICY_FILE, recorded_policy, resolve_policy
 from .recorded import (
-    classify_recorded_error,
     decoded_observation,
     recorded_cap,
     recorded_decision,
+    recorded_failure_class,
 )
 from .shipped_examples import EXAMPLES_DIR, record_examples
 from .trajectory import AGENT, FAILURE, SUCCESS, ImportProblem, Step, ToolCall, Trajectory
@@ -447,7 +447,7 @@ def _recorded_tool(recorded: ToolCall, canary: str | None = None) -> Callable[..
         if recorded.error:
             raise ToolFailure(
                 (recorded.observation or "recorded error")[:200],
-                classify_recorded_error(recorded.observation),
+                recorded_failure_class(recorded),
             )
         return _with_canary(decoded_observation(recorded.observation), canary)
 

@@ -27,6 +27,7 @@ __all__ = [
     "recorded_cap",
     "recorded_decision",
     "recorded_end",
+    "recorded_failure_class",
 ]
 
 
@@ -75,6 +76,19 @@ def classify_recorded_error(text: str | None) -> FailureClass:
         if pattern.search(head):
             return failure
     return FailureClass.PERMANENT
+
+
+def recorded_failure_class(call: Any) -> FailureClass:
+    """A failed recorded call's failure class: the one the source recorded (a known
+    :class:`FailureClass` value in ``call.failure_class``), else
+    :func:`classify_recorded_error` of its observation text."""
+    recorded = getattr(call, "failure_class", None)
+    if recorded:
+        try:
+            return FailureClass(recorded)
+        except ValueError:
+            pass
+    return classify_recorded_error(getattr(call, "observation", None))
 
 
 def decoded_observation(observation: str | None) -> Any:

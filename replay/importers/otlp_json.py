@@ -313,11 +313,16 @@ def _loopwatch_run(
         else:
             decision = "tool" if calls else "message"
         first = decision_span or (tools[0] if tools else None)
+        # Content is opt-in: a message's text was not recorded, its fingerprint was.
+        # Equal plans stay equal, different ones different (repeated_decision compares).
+        fingerprint = genai.attr_str(attrs, sc.LW_DECISION_FINGERPRINT)
+        text = f"{sc.LW_DECISION_FINGERPRINT}={fingerprint}" if fingerprint else None
         out.append(
             Step(
                 index=len(out),
                 actor=AGENT,
                 decision=decision,
+                text=text if decision == "message" else None,
                 tool_calls=calls,
                 timestamp=_seconds(first.start_unix_nano) if first else None,
                 input_tokens=genai.tokens(attrs, sc.GEN_AI_USAGE_INPUT_TOKENS),
@@ -367,6 +372,7 @@ def _loopwatch_call(span: SpanRecord) -> ToolCall:
         call_id=genai.tool_call_id(attrs),
         started_at=_seconds(span.start_unix_nano),
         ended_at=_seconds(span.end_unix_nano),
+        failure_class=genai.attr_str(attrs, sc.LW_TOOL_FAILURE_CLASS),
     )
 
 
