@@ -24,8 +24,11 @@ Runs:
   opt-in in loopwatch, so when ``gen_ai.tool.call.arguments`` / ``.result`` were not
   captured the recorded ``loopwatch.action.fingerprint`` stands in for the arguments
   (``{"loopwatch.action.fingerprint": <sha256>}``) and ``loopwatch.observation.digest``
-  for the observation (``"loopwatch.observation.digest=<sha256>"``): equal calls and
-  equal results stay equal, which is all replay's detectors compare.
+  for the observation (``"loopwatch.observation.digest=<sha256>"``), and a ``message``
+  decision's ``loopwatch.decision.fingerprint`` for its text: equal calls, results and
+  plans stay equal, which is all replay's detectors compare. A failed call's
+  ``loopwatch.tool.failure_class`` is kept (``ToolCall.failure_class``), so its retry
+  rule is the one the live guard applied, not one guessed from the text.
 * Any other trace is read by the collector's own map stage
   (:class:`~loopwatch.collector.map.MapStage`, fed one request at a time as the
   collector is; steps still pending at the end of the file are released to their
