@@ -35,6 +35,9 @@ looks like a day of production)."""
 
 _NS: Final = 1_000_000_000
 _END_MARGIN_SECONDS: Final = 60.0  # every run ends at least a minute before "now"
+_USED_FRACTION: Final = 0.95
+"""The share of the window the runs use: the oldest 5 % is left empty, so the first
+runs are still inside a "last 24 hours" view opened an hour after the demo."""
 
 
 def run_starts(
@@ -42,9 +45,11 @@ def run_starts(
 ) -> list[float]:
     """The demo start time (Unix seconds) of each run, in replay order.
 
-    Run ``i`` of ``n`` starts at ``now - window + (i + 0.5) * window / n``, moved earlier
-    when its recorded duration would end it less than a minute before ``now`` (a span
-    in the future would sit outside every dashboard window).
+    Run ``i`` of ``n`` starts at ``now - used + (i + 0.5) * used / n`` where ``used`` is
+    95 % of the window (the oldest 5 % stays empty, so a dashboard's "last 24 hours"
+    opened an hour later still holds the first runs), moved earlier when its recorded
+    duration would end it less than a minute before ``now`` (a span in the future would
+    sit outside every dashboard window).
 
     Args:
         durations: each run's recorded duration in seconds (>= 0).
@@ -57,9 +62,10 @@ def run_starts(
     if not window_seconds > 0:
         raise ValueError(f"the demo window must be > 0 seconds, got {window_seconds}")
     n = len(durations)
+    used = window_seconds * _USED_FRACTION
     starts = []
     for i, duration in enumerate(durations):
-        start = now - window_seconds + (i + 0.5) * window_seconds / n
+        start = now - used + (i + 0.5) * used / n
         starts.append(min(start, now - max(duration, 0.0) - _END_MARGIN_SECONDS))
     return starts
 

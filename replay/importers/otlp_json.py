@@ -28,7 +28,12 @@ Runs:
   decision's ``loopwatch.decision.fingerprint`` for its text: equal calls, results and
   plans stay equal, which is all replay's detectors compare. A failed call's
   ``loopwatch.tool.failure_class`` is kept (``ToolCall.failure_class``), so its retry
-  rule is the one the live guard applied, not one guessed from the text.
+  rule is the one the live guard applied, not one guessed from the text. Progress the
+  spans show only by its effect (a decision's ``loopwatch.steps_since_progress`` back to
+  0 after the first step with no tool result of the step before marked
+  ``loopwatch.progress``: a user turn,
+  ``run.progress()``) becomes an environment turn before that step, so replay gives the
+  guard the progress the live guard had (an exported run replays to its stored stop).
 * Any other trace is read by the collector's own map stage
   (:class:`~loopwatch.collector.map.MapStage`, fed one request at a time as the
   collector is; steps still pending at the end of the file are released to their
@@ -96,6 +101,7 @@ from loopwatch.replay.importers._calls import CallDraft, OpenCalls
 from loopwatch.replay.importers._fields import json_or_text
 from loopwatch.replay.trajectory import (
     AGENT,
+    ENVIRONMENT,
     FAILURE,
     SUCCESS,
     UNKNOWN,
@@ -304,9 +310,19 @@ def _loopwatch_run(
         elif event is None and attrs.get(sc.GEN_AI_OPERATION_NAME) == sc.OP_INVOKE_AGENT:
             run_span = span
     out: list[Step] = []
+    tool_progress = False  # a tool result of the previous step was progress
     for number in sorted(steps):
         decisions, tools = steps[number]
         decision_span = decisions[0] if decisions else None
+        if decision_span is not None and out and not tool_progress:
+            since = genai.attr_int(decision_span.attributes, sc.LW_STEPS_SINCE_PROGRESS)
+            if since == 0:
+                # Progress no tool result explains (a user turn, run.progress()): the
+                # spans record only its effect, steps_since_progress back to 0 at this
+                # decision. Replay needs the event, as the live guard had it. (Before
+                # the first step the count is 0 anyway: nothing to tell.)
+                out.append(_progress_turn(len(out), number, decision_span))
+        tool_progress = any(s.attributes.get(sc.LW_PROGRESS) is True for s in tools)
         calls = tuple(_loopwatch_call(span) for span in tools)
         attrs = decision_span.attributes if decision_span else {}
         recorded = genai.attr_str(attrs, sc.LW_DECISION_TYPE)
@@ -354,6 +370,18 @@ def _loopwatch_run(
             metadata[sc.LW_OBSERVE_STOP_REASON] = observed
     agent = agent or _service_name(spans)
     return _trajectory(source, run_id, out, stop, agent=agent, model=model, metadata=metadata)
+
+
+def _progress_turn(index: int, number: int, before: SpanRecord) -> Step:
+    """An environment turn standing for progress recorded before agent step ``number``
+    (its text is unique in the run, so replay counts it as new input: progress)."""
+    return Step(
+        index=index,
+        actor=ENVIRONMENT,
+        decision="message",
+        text=f"{sc.LW_STEPS_SINCE_PROGRESS}=0 before step {number}",
+        timestamp=_seconds(before.start_unix_nano),
+    )
 
 
 def _loopwatch_call(span: SpanRecord) -> ToolCall:
