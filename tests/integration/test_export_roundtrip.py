@@ -19,11 +19,12 @@ import pytest
 from loopwatch.dashboard.file_source import DuckDBSource
 from loopwatch.instrumentation import StopReason
 from loopwatch.replay.demo import EXAMPLES_DIR, run_demo
-from loopwatch.replay.engine import replay_run
+from loopwatch.replay.engine import default_policy, replay_run
 from loopwatch.replay.export_run import ExportError, export_otlp_json
 from loopwatch.replay.importers import load_paths
 from loopwatch.replay.policy_choice import recorded_policy
 
+from tests.conftest import CORPUS
 from tests.integration.services import (
     CollectorProcess,
     poll_until,
@@ -150,3 +151,39 @@ def test_a_run_without_stored_steps_is_refused_with_a_reason() -> None:
     assert export_otlp_json(detail, allow_without_steps=True).startswith(b'{"resourceSpans"')
     with pytest.raises(ExportError, match="not a stored run"):
         export_otlp_json({"steps": []})
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="no ../shared/corpus")
+def test_recorded_corpus_runs_replay_the_same_after_export(tmp_path: Path) -> None:
+    """tau2 chats (progress from user turns, seen in spans only by its effect) and
+    OpenHands runs (one cut off by its 50-iteration cap: budget_exhausted), stored under
+    the default replay policy, exported, replayed under it: same end, same step. (The
+    whole corpus, 818 runs whose steps were kept, agreed when this was written.)"""
+    config = tmp_path / "keep-every-run.toml"
+    config.write_text("[sampling]\ncompleted_fraction = 1.0\n", encoding="utf-8")
+    policy = default_policy()
+    with start_collector(tmp_path, "--config", str(config)) as collector:
+        runs = []
+        for folder, limit in (("tau2-bench", 40), ("openhands", None)):
+            report = run_demo(
+                [CORPUS / folder], otlp_url=collector.otlp_url, run_prefix=folder, limit=limit
+            )
+            assert report.ok
+            runs.extend(report.runs)
+
+        def stored() -> bool | None:
+            items = collector.runs(since=0)
+            return (len(items) >= len(runs) and all(r["stop_reason"] for r in items)) or None
+
+        poll_until(stored, timeout_seconds=60, what="every run stored")
+        ends = set()
+        for run in runs:
+            detail = collector.run(run.run_id)
+            path = tmp_path / "run.otlp.json"
+            path.write_bytes(export_otlp_json(detail))
+            (trajectory,) = load_paths([path]).trajectories
+            result = replay_run(trajectory, policy)
+            expected = (detail["stop"]["reason"], detail["stop"]["step"])
+            assert (result.end_reason, result.end_step) == expected, run.source_run_id
+            ends.add(expected[0])
+        assert "budget_exhausted" in ends and "completed" in ends
