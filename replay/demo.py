@@ -422,10 +422,14 @@ def _end_unfinished(run: Run, trajectory: Trajectory, last_text: str | None) -> 
             observed=turns if cap.limit is not None else None,
         )
     elif trajectory.recorded_stop and CUT_OFF_STOP.search(trajectory.recorded_stop):
+        # Who cancelled and why: the recording's format and its stop label (an own-format
+        # run's example text says it in words: "cancelled by the caller").
+        example = _replay_settings(trajectory).get("example")
+        why = example if isinstance(example, str) and example else trajectory.recorded_stop
         run.framework_stop(
             StopReason.CANCELLED,
             framework=trajectory.format or "recording",
-            limit_name=trajectory.recorded_stop[:120],
+            limit_name=why[:120],
         )
     else:
         run.finish(last_text)

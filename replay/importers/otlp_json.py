@@ -24,16 +24,10 @@ Runs:
   opt-in in loopwatch, so when ``gen_ai.tool.call.arguments`` / ``.result`` were not
   captured the recorded ``loopwatch.action.fingerprint`` stands in for the arguments
   (``{"loopwatch.action.fingerprint": <sha256>}``) and ``loopwatch.observation.digest``
-  for the observation (``"loopwatch.observation.digest=<sha256>"``), and a ``message``
-  decision's ``loopwatch.decision.fingerprint`` for its text: equal calls, results and
-  plans stay equal, which is all replay's detectors compare. A failed call's
-  ``loopwatch.tool.failure_class`` is kept (``ToolCall.failure_class``), so its retry
-  rule is the one the live guard applied, not one guessed from the text. Progress the
-  spans show only by its effect (a decision's ``loopwatch.steps_since_progress`` back to
-  0 after the first step with no tool result of the step before marked
-  ``loopwatch.progress``: a user turn,
-  ``run.progress()``) becomes an environment turn before that step, so replay gives the
-  guard the progress the live guard had (an exported run replays to its stored stop).
+  for the observation (``"loopwatch.observation.digest=<sha256>"``): equal calls and
+  equal results stay equal, which is all replay's detectors compare. A failed call's
+  ``loopwatch.tool.failure_class`` is kept. Message fingerprints and progress seen only
+  by its effect: :mod:`._loopwatch_spans`.
 * Any other trace is read by the collector's own map stage
   (:class:`~loopwatch.collector.map.MapStage`, fed one request at a time as the
   collector is; steps still pending at the end of the file are released to their
@@ -99,9 +93,13 @@ from loopwatch.instrumentation import _semconv as sc
 from loopwatch.replay.importers import Document
 from loopwatch.replay.importers._calls import CallDraft, OpenCalls
 from loopwatch.replay.importers._fields import json_or_text
+from loopwatch.replay.importers._loopwatch_spans import (
+    message_text,
+    progress_turn,
+    tool_progress,
+)
 from loopwatch.replay.trajectory import (
     AGENT,
-    ENVIRONMENT,
     FAILURE,
     SUCCESS,
     UNKNOWN,
@@ -310,19 +308,15 @@ def _loopwatch_run(
         elif event is None and attrs.get(sc.GEN_AI_OPERATION_NAME) == sc.OP_INVOKE_AGENT:
             run_span = span
     out: list[Step] = []
-    tool_progress = False  # a tool result of the previous step was progress
+    explained = True  # progress before the first step tells nothing
     for number in sorted(steps):
         decisions, tools = steps[number]
         decision_span = decisions[0] if decisions else None
-        if decision_span is not None and out and not tool_progress:
-            since = genai.attr_int(decision_span.attributes, sc.LW_STEPS_SINCE_PROGRESS)
-            if since == 0:
-                # Progress no tool result explains (a user turn, run.progress()): the
-                # spans record only its effect, steps_since_progress back to 0 at this
-                # decision. Replay needs the event, as the live guard had it. (Before
-                # the first step the count is 0 anyway: nothing to tell.)
-                out.append(_progress_turn(len(out), number, decision_span))
-        tool_progress = any(s.attributes.get(sc.LW_PROGRESS) is True for s in tools)
+        if decision_span is not None and not explained:
+            at = _seconds(decision_span.start_unix_nano)
+            turn = progress_turn(len(out), number, decision_span.attributes, at)
+            out.extend([turn] if turn is not None else [])
+        explained = tool_progress(tools)
         calls = tuple(_loopwatch_call(span) for span in tools)
         attrs = decision_span.attributes if decision_span else {}
         recorded = genai.attr_str(attrs, sc.LW_DECISION_TYPE)
@@ -332,16 +326,12 @@ def _loopwatch_run(
         else:
             decision = "tool" if calls else "message"
         first = decision_span or (tools[0] if tools else None)
-        # Content is opt-in: a message's text was not recorded, its fingerprint was.
-        # Equal plans stay equal, different ones different (repeated_decision compares).
-        fingerprint = genai.attr_str(attrs, sc.LW_DECISION_FINGERPRINT)
-        text = f"{sc.LW_DECISION_FINGERPRINT}={fingerprint}" if fingerprint else None
         out.append(
             Step(
                 index=len(out),
                 actor=AGENT,
                 decision=decision,
-                text=text if decision == "message" else None,
+                text=message_text(attrs) if decision == "message" else None,
                 tool_calls=calls,
                 timestamp=_seconds(first.start_unix_nano) if first else None,
                 input_tokens=genai.tokens(attrs, sc.GEN_AI_USAGE_INPUT_TOKENS),
@@ -370,18 +360,6 @@ def _loopwatch_run(
             metadata[sc.LW_OBSERVE_STOP_REASON] = observed
     agent = agent or _service_name(spans)
     return _trajectory(source, run_id, out, stop, agent=agent, model=model, metadata=metadata)
-
-
-def _progress_turn(index: int, number: int, before: SpanRecord) -> Step:
-    """An environment turn standing for progress recorded before agent step ``number``
-    (its text is unique in the run, so replay counts it as new input: progress)."""
-    return Step(
-        index=index,
-        actor=ENVIRONMENT,
-        decision="message",
-        text=f"{sc.LW_STEPS_SINCE_PROGRESS}=0 before step {number}",
-        timestamp=_seconds(before.start_unix_nano),
-    )
 
 
 def _loopwatch_call(span: SpanRecord) -> ToolCall:
