@@ -16,24 +16,24 @@ all, :mod:`loopwatch.replay.export_run`), so that the run replays to its stored 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from loopwatch.collector import genai
+from loopwatch.collector.records import Attributes
 from loopwatch.instrumentation import _semconv as sc
 from loopwatch.replay.trajectory import ENVIRONMENT, Step
 
 __all__ = ["message_text", "progress_turn", "tool_progress"]
 
 
-def message_text(attributes: Mapping[str, Any]) -> str | None:
+def message_text(attributes: Attributes) -> str | None:
     """The stand-in text of a decision: ``loopwatch.decision.fingerprint=<sha256>``."""
     fingerprint = genai.attr_str(attributes, sc.LW_DECISION_FINGERPRINT)
     return f"{sc.LW_DECISION_FINGERPRINT}={fingerprint}" if fingerprint else None
 
 
 def progress_turn(
-    index: int, number: int, decision: Mapping[str, Any], timestamp: float | None
+    index: int, number: int, decision: Attributes, timestamp: float | None
 ) -> Step | None:
     """The environment turn before agent step ``number`` (> 1) whose decision attributes
     show progress no tool result of the step before explains, else None. The caller
