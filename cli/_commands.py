@@ -89,9 +89,11 @@ def dashboard(
 
 
 def _register() -> None:
+    from loopwatch.cli._export import export
     from loopwatch.cli._replay import replay
     from loopwatch.cli._run import demo, up
 
+    cli.add_command(export)
     cli.add_command(replay)
     cli.add_command(up)
     cli.add_command(demo)

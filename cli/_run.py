@@ -147,21 +147,34 @@ _POLICY_HELP = (
 @click.option("--limit", type=click.IntRange(min=0), help="Replay at most this many runs.")
 @click.option(
     "--capture-content/--no-capture-content",
-    default=None,
-    help="Record tool arguments and results on spans (default: "
-    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT).",
+    default=True,
+    show_default=True,
+    help="Record tool arguments and results on spans (the collector redacts them).",
+)
+@click.option(
+    "--window-hours",
+    type=click.FloatRange(min=0.0),
+    default=24.0,
+    show_default=True,
+    help="Spread the runs' span times over the last this many hours; 0: send them as "
+    "they are replayed.",
 )
 @click.option("--token-file", help="Bearer token file of a collector started with --token-file.")
 @click.option("--run-prefix", help="Run-id prefix (default demo-<6 hex digits>).")
 @click.option("-v", "--verbose", is_flag=True, help="One line per run: stop reason and run id.")
-def demo(token_file: str | None, **options: Any) -> None:
+def demo(token_file: str | None, window_hours: float, **options: Any) -> None:
     """Replay recorded trajectories through the real instrumentation into a collector.
 
     Each recorded run becomes a guarded run (decisions from a scripted model, recorded
-    observations from the tools) whose spans go over OTLP/HTTP to a running collector.
-    Prints runs sent, stops by reason and spans exported.
+    observations from the tools) whose spans go over OTLP/HTTP to a running collector,
+    spread over the last 24 hours by their span times, with content captured. A few
+    runs carry the planted canary lw-canary-demo-6b3e91f4 (put it in the collector's
+    --canaries file to see them flagged). Prints runs sent, stops by reason and spans
+    exported.
     """
-    raise SystemExit(_send_demo(token=_read_token(token_file), **options))
+    raise SystemExit(
+        _send_demo(token=_read_token(token_file), window_seconds=window_hours * 3600.0, **options)
+    )
 
 
 # ------------------------------------------------------------------------- up
@@ -405,7 +418,7 @@ def up(
             "policy": policy,
             "speed": speed,
             "limit": limit,
-            "capture_content": None,
+            "capture_content": True,
             "run_prefix": run_prefix,
         }
     collector_url = f"http://{config.server.http}"

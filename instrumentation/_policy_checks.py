@@ -7,6 +7,7 @@ validated at load): each returns every problem with its path, never raises.
 
 from __future__ import annotations
 
+import difflib
 import math
 import string
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ __all__ = [
     "ladder_problems",
     "out_of_range",
     "tool_problems",
+    "unknown_key",
     "validate_values",
 ]
 
@@ -301,3 +303,16 @@ def tool_problems(
     ):
         bad("timeout_seconds", f"must be a finite number > 0, got {timeout!r}")
     return problems
+
+
+def unknown_key(key: str, known: frozenset[str] | set[str]) -> str:
+    """The problem text of an unknown key: ``unknown key``, with a suggestion when one of
+    the ``known`` keys at that path is close (``unknown key (did you mean
+    'max_model_turns'?)``).
+
+    Closeness is :func:`difflib.get_close_matches` with its default cutoff (0.6 similarity
+    ratio), the same rule Python's own "did you mean" hints use for names; at most one
+    suggestion (the closest), so the line stays short.
+    """
+    close = difflib.get_close_matches(str(key), sorted(known), n=1)
+    return f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"

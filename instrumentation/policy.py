@@ -59,6 +59,7 @@ from ._policy_checks import (
     LIMIT_SPEC,
     ladder_problems,
     tool_problems,
+    unknown_key,
     validate_values,
 )
 from .errors import PolicyError, PolicyProblem
@@ -351,12 +352,11 @@ class Policy:
             PolicyError: an unknown field or an invalid value (all problems listed).
         """
         tools_raw = overrides.pop("tools", None)
-        unknown = sorted(
-            set(overrides) - {*LIMIT_SPEC, *_LADDER_KEYS, "strict_tools", "description", _INFER}
-        )
+        allowed = {*LIMIT_SPEC, *_LADDER_KEYS, "strict_tools", "description", _INFER}
+        unknown = sorted(set(overrides) - allowed)
         if unknown:
             raise PolicyError(
-                [PolicyProblem(f"profiles.{name}.{k}", "unknown key") for k in unknown]
+                [PolicyProblem(f"profiles.{name}.{k}", unknown_key(k, allowed)) for k in unknown]
             )
         problems = validate_values(overrides, f"profiles.{name}", "<code>")
         problems += ladder_problems(overrides, f"profiles.{name}", "<code>")
@@ -377,8 +377,11 @@ class Policy:
         Raises:
             PolicyError: an unknown field or an invalid value.
         """
-        unknown = sorted(set(overrides) - {*LIMIT_SPEC, *_LADDER_KEYS, _INFER})
-        problems = [PolicyProblem(f"profiles.{self.name}.{k}", "unknown key") for k in unknown]
+        allowed = {*LIMIT_SPEC, *_LADDER_KEYS, _INFER}
+        unknown = sorted(set(overrides) - allowed)
+        problems = [
+            PolicyProblem(f"profiles.{self.name}.{k}", unknown_key(k, allowed)) for k in unknown
+        ]
         problems += validate_values(overrides, f"profiles.{self.name}", f"<{source}>")
         problems += ladder_problems(overrides, f"profiles.{self.name}", f"<{source}>")
         if problems:
@@ -494,7 +497,7 @@ def _is_table(
         problems.append(PolicyProblem(path, "must be a table", source))
         return False
     problems.extend(
-        PolicyProblem(f"{path}.{k}", "unknown key", source) for k in sorted(set(raw) - keys)
+        PolicyProblem(f"{path}.{k}", unknown_key(k, keys), source) for k in sorted(set(raw) - keys)
     )
     return True
 
@@ -592,9 +595,12 @@ def _parse_document(text: str, source: str) -> tuple[dict[str, Policy], list[Pol
     except ValueError as exc:  # a TOMLDecodeError, or an int past Python's digit limit
         return {}, [PolicyProblem("<toml>", f"not valid TOML: {exc}", source)]
     for key in sorted(set(doc) - {"profiles"}):
+        hint = (
+            " (did you mean 'profiles'?)" if unknown_key(key, {"profiles"}) != "unknown key" else ""
+        )
         problems.append(
             PolicyProblem(
-                key, "unknown top-level key (profiles live under [profiles.NAME])", source
+                key, f"unknown top-level key{hint} (profiles live under [profiles.NAME])", source
             )
         )
     profiles_raw = doc.get("profiles")

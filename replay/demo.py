@@ -11,7 +11,16 @@ appear in its DuckDB file, on ``/metrics`` and in the dashboard.
 Time is compressed: the guard's clock follows the recorded timestamps (so a recorded
 run that took 20 minutes meets a 300 s deadline), but nothing sleeps unless ``speed``
 is given (``speed=60``: one recorded minute per real second, each gap capped at
-:data:`MAX_SLEEP_SECONDS`).
+:data:`MAX_SLEEP_SECONDS`). The span times follow the same timeline, and the runs are
+spread over the last 24 hours (``window_seconds``; :mod:`loopwatch.replay.demo_time`),
+so the dashboard shows a day of production, not one minute.
+
+Content is captured (tool arguments and results on the spans, redacted by the
+collector) unless ``capture_content=False``, so a reviewer sees which arguments
+repeated. A few runs carry the same planted canary (:data:`DEMO_CANARY`) in every tool
+result, so a collector started with it in its canary file (``--canaries``) flags them;
+the same text on every result of a run leaves equal results equal, and the stop
+unchanged.
 
 Replay rules (one place, so ``loopwatch demo`` is predictable):
 
@@ -28,10 +37,14 @@ Replay rules (one place, so ``loopwatch demo`` is predictable):
   was not seen before in the run is progress evidence (``run.progress``): new input from
   the environment, never the model's say-so (DESIGN section 2).
 * the end of the record: a ``final`` decision ends the run through the guard; otherwise
-  a recorded stop that names a cut-off (step cap, error cap, halt, time limit:
-  :data:`CUT_OFF_STOP`) ends it as ``cancelled`` (the framework ended it, not the
-  agent); a recorded crash (own format) ends it as ``error``; anything else ends it with
-  the last agent text as the answer.
+  the recording's step cap (:func:`~loopwatch.replay.recorded.recorded_cap`: tau2
+  ``max_steps``, ToolBench ``single_chain_max_step``, OpenHands ``max_iterations``...)
+  ends it as ``budget_exhausted`` (``model_turns``), with the cap as the evidence
+  (``framework_limit``: the format and ``label=value``); another recorded stop that names
+  a cut-off (error cap, time limit, cancellation: :data:`CUT_OFF_STOP`) ends it as
+  ``cancelled`` with that label as the evidence (the framework ended it, not the agent);
+  a recorded crash (own format) ends it as ``error``; anything else ends it with the last
+  agent text as the answer.
 * the goal check is the recorded outcome: ``success`` passes, ``failure`` fails
   (``final_unverified``), ``unknown`` has no goal check.
 
@@ -62,9 +75,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from loopwatch.instrumentation import Decision, Outcome, Policy, Run, ToolFailure
+from loopwatch.instrumentation import (
+    Decision,
+    Dimension,
+    Outcome,
+    Policy,
+    Run,
+    StopReason,
+    ToolFailure,
+)
 from loopwatch.instrumentation.testing import FakeClock, ScriptedModel
 
+from .demo_time import DEFAULT_WINDOW_SECONDS, SpanTimeline, run_starts
 from .export import (
     DEFAULT_OTLP_URL,
     CollectorUnreachable,
@@ -76,7 +98,12 @@ from .export import (
 from .importers import ImportResult, load_paths
 from .importers.native import FORMAT, write_trajectories
 from .policy_choice import DEFAULT_POLICY_FILE, recorded_policy, resolve_policy
-from .recorded import classify_recorded_error, decoded_observation, recorded_decision
+from .recorded import (
+    decoded_observation,
+    recorded_cap,
+    recorded_decision,
+    recorded_failure_class,
+)
 from .shipped_examples import EXAMPLES_DIR, record_examples
 from .trajectory import AGENT, FAILURE, SUCCESS, ImportProblem, Step, ToolCall, Trajectory
 
@@ -84,6 +111,8 @@ __all__ = [
     "CUT_OFF_STOP",
     "DEFAULT_OTLP_URL",
     "DEFAULT_POLICY_FILE",
+    "DEFAULT_WINDOW_SECONDS",
+    "DEMO_CANARY",
     "EXAMPLES_DIR",
     "FORMAT",
     "MAX_SLEEP_SECONDS",
@@ -95,6 +124,7 @@ __all__ = [
     "demo_run_id",
     "otlp_endpoint",
     "record_examples",
+    "recorded_duration",
     "replay_trajectory",
     "resolve_policy",
     "run_demo",
@@ -110,7 +140,15 @@ CUT_OFF_STOP: Final = re.compile(
 )
 """Recorded stop labels meaning the framework ended the run (tau2 ``max_steps`` and
 ``too_many_errors``, ReAct ``HALTED``, OpenHands max iterations, tau-bench's inferred
-step cap): replayed as ``cancelled`` when the guard had not stopped the run first."""
+step cap): replayed as ``budget_exhausted`` when :func:`recorded_cap` knows the label as a
+step cap, else as ``cancelled`` with the label as evidence, when the guard had not stopped
+the run first."""
+
+DEMO_CANARY: Final = "lw-canary-demo-6b3e91f4"
+"""The canary the demo plants in a few runs (put it in the collector's ``--canaries``
+file to see them flagged)."""
+
+_CANARY_RUNS: Final = 4  # about this many runs carry the canary
 
 _RUN_ID_CHARS: Final = re.compile(r"[^A-Za-z0-9._=:+-]+")
 _MAX_RUN_ID_PART: Final = 120
@@ -197,14 +235,42 @@ def _first_timestamp(steps: Sequence[Step]) -> float | None:
     return None
 
 
-class _Timeline:
-    """The guard's clock following the recorded timestamps (and optional real pauses)."""
+def _last_timestamp(steps: Sequence[Step]) -> float | None:
+    times = [
+        t
+        for s in steps
+        for t in (
+            s.timestamp,
+            *(c.ended_at for c in s.tool_calls),
+            *(c.started_at for c in s.tool_calls),
+        )
+        if t is not None
+    ]
+    return max(times) if times else None
 
-    def __init__(self, steps: Sequence[Step], speed: float, sleep: Callable[[float], None]) -> None:
+
+def recorded_duration(trajectory: Trajectory) -> float:
+    """Seconds from the run's first recorded timestamp to its last (0 without any)."""
+    first, last = _first_timestamp(trajectory.steps), _last_timestamp(trajectory.steps)
+    return max(last - first, 0.0) if first is not None and last is not None else 0.0
+
+
+class _Timeline:
+    """The guard's clock following the recorded timestamps (and optional real pauses);
+    the span times follow it when ``spans`` is given."""
+
+    def __init__(
+        self,
+        steps: Sequence[Step],
+        speed: float,
+        sleep: Callable[[float], None],
+        spans: SpanTimeline | None = None,
+    ) -> None:
         self.t0 = _first_timestamp(steps)
         self.clock = FakeClock(start=0.0)
         self._speed = speed
         self._sleep = sleep
+        self._spans = spans
 
     def at(self, timestamp: float | None) -> None:
         """Move to ``timestamp`` (Unix seconds); earlier or unknown times do not move it."""
@@ -214,6 +280,8 @@ class _Timeline:
         if gap <= 0:
             return
         self.clock.advance(gap)
+        if self._spans is not None:
+            self._spans.advance(gap)
         if self._speed > 0:
             self._sleep(min(gap / self._speed, MAX_SLEEP_SECONDS))
 
@@ -228,6 +296,8 @@ def replay_trajectory(
     capture_content: bool | None = None,
     sleep: Callable[[float], None] = time.sleep,
     policy_override: bool = True,
+    span_timeline: SpanTimeline | None = None,
+    canary: str | None = None,
 ) -> Outcome:
     """Replay one recorded run through a guarded :class:`Run` (the rules in the module
     docstring) and return the guard's outcome.
@@ -244,6 +314,8 @@ def replay_trajectory(
         sleep: the pause function (tests pass a recorder).
         policy_override: True: ``policy`` wins over a policy recorded in the run's
             ``metadata.replay.policy`` (own format); False: the recorded one wins.
+        span_timeline: moves with the recorded clock (span times follow the recording).
+        canary: planted in every tool result of the run (module docstring).
 
     Raises:
         ValueError: the run's recorded policy is invalid.
@@ -260,7 +332,7 @@ def replay_trajectory(
         passed = trajectory.recorded_outcome == SUCCESS
         goal = lambda _answer: passed  # noqa: E731 - the recorded verdict, whatever the answer
 
-    timeline = _Timeline(trajectory.steps, speed, sleep)
+    timeline = _Timeline(trajectory.steps, speed, sleep, span_timeline)
     agent_steps = [s for s in trajectory.steps if s.actor == AGENT]
 
     def scripted(step: Step, decision: Decision) -> Callable[..., Decision]:
@@ -286,7 +358,7 @@ def replay_trajectory(
     crash = settings.get("crash")
     crash_exc = _crash_exception(crash) if isinstance(crash, Mapping) else None
     try:
-        _play(run, trajectory, model, timeline, crash_exc)
+        _play(run, trajectory, model, timeline, crash_exc, canary=canary)
     except BaseException as exc:
         if crash_exc is None or exc is not crash_exc:
             raise
@@ -299,6 +371,8 @@ def _play(
     model: ScriptedModel,
     timeline: _Timeline,
     crash_exc: BaseException | None,
+    *,
+    canary: str | None = None,
 ) -> None:
     seen_inputs: set[str] = set()
     last_text: str | None = None
@@ -322,26 +396,64 @@ def _play(
                 timeline.at(recorded.started_at)
                 with contextlib.suppress(ToolFailure, TimeoutError):
                     run.call_tool(
-                        call.name, call.arguments, fn=_recorded_tool(recorded), call_id=call.call_id
+                        call.name,
+                        call.arguments,
+                        fn=_recorded_tool(recorded, canary),
+                        call_id=call.call_id,
                     )
                 timeline.at(recorded.ended_at)
         else:
             if crash_exc is not None:
                 raise crash_exc
-            if trajectory.recorded_stop and CUT_OFF_STOP.search(trajectory.recorded_stop):
-                run.cancel()
-            else:
-                run.finish(last_text)
+            _end_unfinished(run, trajectory, last_text)
 
 
-def _recorded_tool(recorded: ToolCall) -> Callable[..., Any]:
+def _end_unfinished(run: Run, trajectory: Trajectory, last_text: str | None) -> None:
+    """End a run whose record stops without a final answer (module docstring)."""
+    cap = recorded_cap(trajectory)
+    if cap is not None:
+        turns = sum(1 for s in trajectory.steps if s.actor == AGENT)
+        run.framework_stop(
+            StopReason.BUDGET_EXHAUSTED,
+            framework=cap.framework,
+            limit_name=cap.name,
+            dimension=Dimension.MODEL_TURNS,
+            limit=cap.limit,
+            observed=turns if cap.limit is not None else None,
+        )
+    elif trajectory.recorded_stop and CUT_OFF_STOP.search(trajectory.recorded_stop):
+        # Who cancelled and why: the recording's format and its stop label (an own-format
+        # run's example text says it in words: "cancelled by the caller").
+        example = _replay_settings(trajectory).get("example")
+        why = example if isinstance(example, str) and example else trajectory.recorded_stop
+        run.framework_stop(
+            StopReason.CANCELLED,
+            framework=trajectory.format or "recording",
+            limit_name=why[:120],
+        )
+    else:
+        run.finish(last_text)
+
+
+def _with_canary(value: Any, canary: str | None) -> Any:
+    """``value`` with ``canary`` added the same way to every result (dict: one more key;
+    anything else: text after it), so equal results stay equal."""
+    if canary is None:
+        return value
+    if isinstance(value, Mapping):
+        return {**value, "note": f"copied from the support log: {canary}"}
+    text = value if isinstance(value, str) else ("" if value is None else str(value))
+    return f"{text}\n(debug_token={canary})"
+
+
+def _recorded_tool(recorded: ToolCall, canary: str | None = None) -> Callable[..., Any]:
     def tool(**_arguments: Any) -> Any:
         if recorded.error:
             raise ToolFailure(
                 (recorded.observation or "recorded error")[:200],
-                classify_recorded_error(recorded.observation),
+                recorded_failure_class(recorded),
             )
-        return decoded_observation(recorded.observation)
+        return _with_canary(decoded_observation(recorded.observation), canary)
 
     return tool
 
@@ -403,13 +515,15 @@ def run_demo(
     otlp_url: str | None = None,
     policy: str | None = None,
     speed: float = 0.0,
-    capture_content: bool | None = None,
+    capture_content: bool | None = True,
     token: str | None = None,
     run_prefix: str | None = None,
     limit: int | None = None,
     stop: threading.Event | None = None,
     on_problem: Callable[[str], None] | None = None,
     timeout_seconds: float = 10.0,
+    window_seconds: float = DEFAULT_WINDOW_SECONDS,
+    canary: str | None = DEMO_CANARY,
 ) -> DemoReport:
     """Replay recorded runs into the collector at ``otlp_url``; flushes before returning.
 
@@ -421,7 +535,8 @@ def run_demo(
             records its policy (``metadata.replay.policy``: the shipped examples) runs
             under it, every other run under the default replay policy.
         speed: see :func:`replay_trajectory`.
-        capture_content: record tool arguments and results on spans.
+        capture_content: record tool arguments and results on spans (default True;
+            None follows ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``).
         token: bearer token of a collector started with ``--token-file``.
         run_prefix: run-id prefix (default ``demo-`` + 6 random hex digits).
         limit: replay at most this many runs.
@@ -429,6 +544,9 @@ def run_demo(
             not exported yet are then dropped, as on KeyboardInterrupt.
         on_problem: called with one line per import problem or replay error.
         timeout_seconds: OTLP export timeout.
+        window_seconds: spread the runs' span times over the last this many seconds
+            (default 24 h); 0 sends them at the time they are replayed.
+        canary: planted in about four runs' tool results (None: none).
 
     Returns:
         A :class:`DemoReport` (the exporter has been flushed and shut down).
@@ -470,7 +588,18 @@ def run_demo(
         trajectories = trajectories[: max(limit, 0)]
     check_collector(url, token=token, timeout_seconds=min(timeout_seconds, 5.0))
     counts = SpanCounts()
-    provider, exporter = counting_provider(url, counts, token, timeout_seconds)
+    spans = SpanTimeline() if window_seconds > 0 else None
+    starts = (
+        run_starts(
+            [recorded_duration(t) for t in trajectories],
+            now=time.time(),
+            window_seconds=window_seconds,
+        )
+        if spans is not None and trajectories
+        else []
+    )
+    every = max(len(trajectories) // _CANARY_RUNS, 1)
+    provider, exporter = counting_provider(url, counts, token, timeout_seconds, spans)
     prefix = run_prefix or f"demo-{secrets.token_hex(3)}"
     abandon = False
     try:
@@ -479,6 +608,8 @@ def run_demo(
                 report.interrupted = True
                 break
             run_id = demo_run_id(prefix, index, trajectory)
+            if spans is not None:
+                spans.start_run(starts[index])
             try:
                 outcome = replay_trajectory(
                     trajectory,
@@ -488,6 +619,8 @@ def run_demo(
                     speed=speed,
                     capture_content=capture_content,
                     policy_override=policy is not None,
+                    span_timeline=spans,
+                    canary=canary if index % every == every // 2 else None,
                 )
             except (ValueError, TypeError) as exc:
                 message = f"{trajectory.source}: {trajectory.run_id}: {exc}"

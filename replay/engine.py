@@ -86,7 +86,7 @@ from .policy_choice import (
     load_policy_spec,
     unique_labels,
 )
-from .recorded import RecordedToolError, classify_recorded_error, recorded_decision
+from .recorded import RecordedToolError, classify_recorded_error, recorded_decision, recorded_end
 from .results import (
     CSV_COLUMNS,
     Comparison,
@@ -428,6 +428,8 @@ def _replay_one(trajectory: Trajectory, named: NamedPolicy, prep: _Prepared) -> 
         false_stop=stop_reason is not None and trajectory.recorded_outcome == SUCCESS,
         loop=loop,
         responses=tuple(rungs.seen) if rungs is not None else None,
+        end_reason=stop_reason if stop_reason is not None else recorded_end(trajectory),
+        end_step=stop_step if stop_step is not None else total,
     )
 
 

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+    from .demo_time import SpanTimeline
+
 __all__ = [
     "DEFAULT_OTLP_URL",
     "CollectorUnreachable",
@@ -75,7 +77,11 @@ def _counting_exporter(inner: SpanExporter, counts: SpanCounts) -> SpanExporter:
 
 
 def counting_provider(
-    otlp_url: str, counts: SpanCounts, token: str | None, timeout_seconds: float
+    otlp_url: str,
+    counts: SpanCounts,
+    token: str | None,
+    timeout_seconds: float,
+    timeline: SpanTimeline | None = None,
 ) -> tuple[TracerProvider, SpanExporter]:
     """The demo's tracer provider and its OTLP/HTTP exporter.
 
@@ -84,6 +90,8 @@ def counting_provider(
         counts: updated as spans end and as batches are exported or lost.
         token: bearer token of a collector started with ``--token-file``.
         timeout_seconds: timeout of one export request.
+        timeline: when given, span times are moved to the demo's timeline before export
+            (:mod:`loopwatch.replay.demo_time`).
 
     Shut the exporter down before the provider to abandon queued spans: its retries stop
     and later exports fail at once.
@@ -112,9 +120,14 @@ def counting_provider(
     )
     provider.add_span_processor(EndCounter())
     exporter = OTLPSpanExporter(endpoint=otlp_url, headers=headers, timeout=timeout_seconds)
+    sending: SpanExporter = exporter
+    if timeline is not None:
+        from .demo_time import shifting_exporter
+
+        sending = shifting_exporter(exporter, timeline)
     provider.add_span_processor(
         BatchSpanProcessor(
-            _counting_exporter(exporter, counts),
+            _counting_exporter(sending, counts),
             max_queue_size=1 << 16,
             schedule_delay_millis=200,
             max_export_batch_size=512,

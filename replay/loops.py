@@ -37,7 +37,7 @@ from loopwatch.instrumentation.fingerprint import (
 )
 from loopwatch.instrumentation.policy import DEFAULT_VOLATILE_FIELDS
 
-from .recorded import classify_recorded_error, decoded_observation
+from .recorded import decoded_observation, recorded_failure_class
 from .trajectory import Step, Trajectory
 
 __all__ = [
@@ -139,7 +139,7 @@ def actions_of(steps: Sequence[Step]) -> list[Act]:
                 observation=None if tc.error else decoded_observation(tc.observation),
                 observation_text=tc.observation,
                 error=tc.error,
-                failure_class=classify_recorded_error(tc.observation) if tc.error else None,
+                failure_class=recorded_failure_class(tc) if tc.error else None,
                 call_id=tc.call_id,
                 started_at=tc.started_at if tc.started_at is not None else step.timestamp,
                 ended_at=tc.ended_at,

@@ -11,17 +11,23 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from loopwatch.instrumentation import Decision, FailureClass, ToolCall
 
-from .trajectory import Step
+from .trajectory import Step, Trajectory
 
 __all__ = [
+    "STEP_CAPS",
+    "RecordedCap",
     "RecordedToolError",
     "classify_recorded_error",
     "decoded_observation",
+    "recorded_cap",
     "recorded_decision",
+    "recorded_end",
+    "recorded_failure_class",
 ]
 
 
@@ -72,6 +78,19 @@ def classify_recorded_error(text: str | None) -> FailureClass:
     return FailureClass.PERMANENT
 
 
+def recorded_failure_class(call: Any) -> FailureClass:
+    """A failed recorded call's failure class: the one the source recorded (a known
+    :class:`FailureClass` value in ``call.failure_class``), else
+    :func:`classify_recorded_error` of its observation text."""
+    recorded = getattr(call, "failure_class", None)
+    if recorded:
+        try:
+            return FailureClass(recorded)
+        except ValueError:
+            pass
+    return classify_recorded_error(getattr(call, "observation", None))
+
+
 def decoded_observation(observation: str | None) -> Any:
     """The observation as the tool returned it: JSON-decoded when it is a JSON object or
     array (so per-tool ``volatile`` and ``progress`` fields such as ``next_cursor``
@@ -113,3 +132,115 @@ def recorded_decision(
     if last and step.decision == "refusal":
         return Decision.refusal(step.text, **usage)
     return Decision.message(step.text, **usage)
+
+
+@dataclass(frozen=True)
+class RecordedCap:
+    """The recording framework's own step cap that cut a recorded run off.
+
+    Attributes:
+        framework: the recording's format (``tau2``, ``toolbench``...).
+        label: the framework's name of the cap as the recording states it
+            (``max_steps``, ``single_chain_max_step``...).
+        limit: the cap's value when it counts agent turns (the guard's ``model_turns``),
+            else None (tau2 counts messages of both sides).
+        unit: what the cap counts (``agent turns``, ``messages``).
+    """
+
+    framework: str
+    label: str
+    limit: int | None
+    unit: str
+
+    @property
+    def name(self) -> str:
+        """``label=limit`` (``max_iterations=50``), or the label when the value is unknown."""
+        return f"{self.label}={self.limit}" if self.limit is not None else self.label
+
+
+STEP_CAPS: Final[dict[tuple[str, str], tuple[int | None, str]]] = {
+    # (format, recorded stop) -> (cap, unit); the values are the corpus READMEs'
+    # (/work/shared/corpus/*/README.md): tau2 ``info.max_steps`` counts messages of
+    # both sides (200, or 100 in solo mode), so it is not a count of agent turns;
+    # tau-bench's default ``max_num_steps=30`` (inferred: 62 messages, no stop token);
+    # OpenHands ``max_iterations`` (50 in the corpus, read from the run's metadata when
+    # present); Reflexion's ReAct agent halts when ``step_n > max_steps`` (6); ToolBench's
+    # ``single_chain_max_step=12`` counts tree nodes, not agent turns.
+    ("tau2", "max_steps"): (None, "messages"),
+    ("chat", "max_num_steps"): (30, "agent turns"),
+    ("openhands", "max_iterations"): (50, "agent turns"),
+    ("react", "halted"): (6, "agent turns"),
+    ("toolbench", "single_chain_max_step"): (None, "tree nodes"),
+}
+"""Recorded stops that are the recording framework's step cap, by (format, stop label)."""
+
+
+def recorded_cap(trajectory: Trajectory) -> RecordedCap | None:
+    """The step cap that cut ``trajectory`` off, or None when its recorded stop is no
+    step cap (:data:`STEP_CAPS`).
+
+    A run cut off by its recording's step cap did not end by itself, nor was it
+    cancelled: the framework's turn budget ran out, so the demo ends it as
+    ``budget_exhausted`` (``model_turns``) with this cap as the evidence. A cap value in
+    the run's metadata (OpenHands ``max_iterations``) wins over the README's.
+    """
+    stop = (trajectory.recorded_stop or "").strip().lower()
+    known = STEP_CAPS.get((trajectory.format, stop))
+    if known is None:
+        return None
+    limit, unit = known
+    recorded = trajectory.metadata.get(stop) if trajectory.metadata else None
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
+        limit = recorded if limit is not None else None
+    return RecordedCap(trajectory.format, stop, limit, unit)
+
+
+_STOP_REASONS: Final = frozenset(
+    {
+        "completed",
+        "final_unverified",
+        "refused",
+        "budget_exhausted",
+        "deadline_exceeded",
+        "repeated_action",
+        "action_cycle",
+        "repeated_decision",
+        "no_progress",
+        "cancelled",
+        "error",
+    }
+)
+_CUT_OFF: Final = re.compile(
+    r"max|limit|too_many|halt|timeout|time_out|cap\b|iteration|exceed|budget|cancel",
+    re.IGNORECASE,
+)
+
+
+def recorded_end(trajectory: Trajectory) -> str:
+    """How a recording ends when no policy stops it first (the demo's end rules, so
+    ``loopwatch replay`` and ``loopwatch demo`` name the same end).
+
+    In order: a recorded loopwatch stop reason from loopwatch's own spans (an exported
+    run: its stop is the recorded one); a crash the record replays (own format) is
+    ``error``; a last agent decision ``refusal`` is ``refused``; ``final`` is
+    ``completed``, or ``final_unverified`` when the recorded outcome is ``failure``; a
+    step cap (:func:`recorded_cap`) is ``budget_exhausted``; another cut-off label
+    (error cap, time limit, cancellation) is ``cancelled``; anything else ends with the
+    last agent text as the answer (``completed`` / ``final_unverified``).
+    """
+    stop = (trajectory.recorded_stop or "").strip()
+    if trajectory.format == "otlp_json" and stop in _STOP_REASONS:
+        return stop
+    settings = trajectory.metadata.get("replay") if trajectory.metadata else None
+    if isinstance(settings, Mapping) and isinstance(settings.get("crash"), Mapping):
+        return "error"
+    agent = trajectory.agent_steps
+    last = agent[-1].decision if agent else None
+    if last == "refusal":
+        return "refused"
+    if last != "final":
+        if recorded_cap(trajectory) is not None:
+            return "budget_exhausted"
+        if stop and _CUT_OFF.search(stop):
+            return "cancelled"
+    return "final_unverified" if trajectory.recorded_outcome == "failure" else "completed"

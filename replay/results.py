@@ -120,6 +120,13 @@ class ReplayResult:
         loop: the recorded loop, or ``None``.
         responses: the ladder rungs reached on the recorded actions, in order (module
             docstring), or ``None`` for a policy without a ladder.
+        end_reason: how the run ends under this policy: ``stop_reason`` when the policy
+            stops it, else how the recording ends
+            (:func:`~loopwatch.replay.recorded.recorded_end`: ``completed``,
+            ``final_unverified``, ``refused``, ``budget_exhausted`` at the recording's
+            step cap, ``cancelled``, ``error``; a stop recorded by loopwatch itself, as in
+            an exported run, is that stop). ``None`` only for results built without it.
+        end_step: the step of that end: ``stop_step``, else the last agent step.
     """
 
     source: str
@@ -141,6 +148,8 @@ class ReplayResult:
     false_stop: bool
     loop: RecordedLoop | None
     responses: tuple[LadderResponse, ...] | None = None
+    end_reason: str | None = None
+    end_step: int | None = None
 
     @property
     def stopped(self) -> bool:
@@ -170,6 +179,8 @@ class ReplayResult:
             "model_calls_saved": self.model_calls_saved,
             "false_stop": self.false_stop,
             "loop": self.loop.to_dict() if self.loop is not None else None,
+            "end_reason": self.end_reason,
+            "end_step": self.end_step,
         } | (
             {}
             if self.responses is None

@@ -4,6 +4,23 @@
 Each run carries the policy it was recorded under (``metadata.replay.policy``) and its
 expected stop, so ``loopwatch demo`` replays it to that stop. Rewrite the files with
 ``python -m loopwatch.replay.shipped_examples record-examples [DIR]``.
+
+Each file is named ``NN-<reason>-<slug>.json`` where ``<reason>`` is what ``loopwatch
+replay replay/examples`` says under the default replay policy (the README's command):
+the stop reason it stops the run with, or, when it does not stop it, how the recording
+ends (``completed``, ``final_unverified``, ``refused``, ``cancelled``, ``error``). Three
+examples are recorded a little differently from :mod:`loopwatch.instrumentation.examples`
+so that the default policy agrees with their names (:data:`_RECORDING`):
+
+* the poller's job goes ``queued``, ``running``, ``done``: the example's own tool answers
+  ``pending`` twice with only a volatile ``checked_at`` changing, which the default policy
+  (repeat limit 3, no per-tool limit) rightly calls ``repeated_action`` (the guard is
+  right: a changing status is not a repeat, an unchanged one is);
+* the wide fan-out calls 64 tools in its one turn, past the default 60 tool attempts;
+* the hanging export is recorded hanging 900 s, past the default 600 s deadline.
+
+The observe-mode example ends ``completed`` in its own (observe) mode, but the default
+policy enforces, so its name says ``repeated_action``.
 """
 
 from __future__ import annotations
@@ -38,6 +55,37 @@ EXAMPLES_DIR: Final = Path(__file__).resolve().parent / "examples"
 """The shipped example runs (package data)."""
 
 _EPOCH: Final = 1_764_460_800.0  # 2025-11-30T00:00:00Z: recorded times start here
+_HANG_SECONDS: Final = 900.0  # a timed-out call's recorded hang: past the default 600 s
+
+
+class _JobStatusTool:
+    """A job that advances: ``queued``, then ``running``, then ``done``."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, **_kwargs: Any) -> Any:
+        self.calls += 1
+        status = ("queued", "running", "done")[min(self.calls, 3) - 1]
+        return {"status": status, **({"result": "ok"} if status == "done" else {})}
+
+
+def _fan_out() -> list[Any]:
+    from loopwatch.instrumentation import Decision
+    from loopwatch.instrumentation import ToolCall as GuardCall
+
+    urls = [GuardCall("fetch_page", {"url": f"https://example.org/{i}"}) for i in range(64)]
+    return [Decision.tool(*urls, input_tokens=850, output_tokens=40, cost_usd=0.0012)]
+
+
+# example name -> (file-name reason under the default policy, tools, script) overrides
+_RECORDING: Final[dict[str, dict[str, Any]]] = {
+    "polls a job until it is done (eventual tool)": {
+        "tools": lambda: {"poll_job": _JobStatusTool()}
+    },
+    "calls many tools in one turn": {"script": _fan_out},
+    "loops unnoticed in observe mode, then answers": {"reason": "repeated_action"},
+}
 _SLUG_CHARS: Final = re.compile(r"[^A-Za-z0-9._=:+-]+")
 
 
@@ -55,7 +103,10 @@ def record_examples(directory: str | Path = EXAMPLES_DIR) -> list[Path]:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     runs = [
-        (f"{ex.expected}-{_slug(ex.name)}", _record(ex, n))
+        (
+            f"{_RECORDING.get(ex.name, {}).get('reason', ex.expected)}-{_slug(ex.name)}",
+            _record(ex, n),
+        )
         for n, ex in enumerate(EXAMPLES, start=1)
     ]
     runs.extend(_hand_made(len(EXAMPLES) + 1))
@@ -79,9 +130,10 @@ def _json_text(value: Any) -> str:
 
 def _record(example: Any, number: int) -> Trajectory:
     clock = FakeClock(start=0.0)
-    script = example.script()
+    override = _RECORDING.get(example.name, {})
+    script = override.get("script", example.script)()
     model = ScriptedModel(script, tick=clock, seconds_per_call=example.clock_seconds_per_turn)
-    tools = example.tools()
+    tools = override.get("tools", example.tools)()
     # The task arrives at clock 0: the recorded timeline starts with the run.
     steps: list[Step] = [Step(0, USER, "message", example.name, (), _EPOCH)]
     policy = example.policy.with_env({})  # the example's stop, whatever the shell sets
@@ -98,6 +150,8 @@ def _record(example: Any, number: int) -> Trajectory:
                     observation, error = _json_text(result), False
                 except (ToolFailure, TimeoutError) as exc:
                     observation, error = f"{type(exc).__name__}: {exc}", True
+                    if isinstance(exc, TimeoutError):
+                        clock.advance(_HANG_SECONDS)  # the call hung until given up
                 calls.append(
                     ToolCall(
                         call.name,

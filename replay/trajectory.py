@@ -68,6 +68,9 @@ class ToolCall:
             prefix, non-zero exit code, ``{"error": "..."}`` payload...).
         call_id: the source's tool-call id, when present.
         started_at / ended_at: Unix time in seconds (float), when present.
+        failure_class: a failed call's failure class as the source recorded it
+            (loopwatch's ``loopwatch.tool.failure_class``), else None: replay then derives
+            it from the observation text.
     """
 
     name: str
@@ -77,6 +80,7 @@ class ToolCall:
     call_id: str | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    failure_class: str | None = None
 
     def arguments_json(self) -> str:
         """Canonical JSON text of :attr:`arguments` (sorted keys, compact)."""

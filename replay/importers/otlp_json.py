@@ -25,7 +25,9 @@ Runs:
   captured the recorded ``loopwatch.action.fingerprint`` stands in for the arguments
   (``{"loopwatch.action.fingerprint": <sha256>}``) and ``loopwatch.observation.digest``
   for the observation (``"loopwatch.observation.digest=<sha256>"``): equal calls and
-  equal results stay equal, which is all replay's detectors compare.
+  equal results stay equal, which is all replay's detectors compare. A failed call's
+  ``loopwatch.tool.failure_class`` is kept. Message fingerprints and progress seen only
+  by its effect: :mod:`._loopwatch_spans`.
 * Any other trace is read by the collector's own map stage
   (:class:`~loopwatch.collector.map.MapStage`, fed one request at a time as the
   collector is; steps still pending at the end of the file are released to their
@@ -91,6 +93,11 @@ from loopwatch.instrumentation import _semconv as sc
 from loopwatch.replay.importers import Document
 from loopwatch.replay.importers._calls import CallDraft, OpenCalls
 from loopwatch.replay.importers._fields import json_or_text
+from loopwatch.replay.importers._loopwatch_spans import (
+    message_text,
+    progress_turn,
+    tool_progress,
+)
 from loopwatch.replay.trajectory import (
     AGENT,
     FAILURE,
@@ -301,9 +308,15 @@ def _loopwatch_run(
         elif event is None and attrs.get(sc.GEN_AI_OPERATION_NAME) == sc.OP_INVOKE_AGENT:
             run_span = span
     out: list[Step] = []
+    explained = True  # progress before the first step tells nothing
     for number in sorted(steps):
         decisions, tools = steps[number]
         decision_span = decisions[0] if decisions else None
+        if decision_span is not None and not explained:
+            at = _seconds(decision_span.start_unix_nano)
+            turn = progress_turn(len(out), number, decision_span.attributes, at)
+            out.extend([turn] if turn is not None else [])
+        explained = tool_progress(tools)
         calls = tuple(_loopwatch_call(span) for span in tools)
         attrs = decision_span.attributes if decision_span else {}
         recorded = genai.attr_str(attrs, sc.LW_DECISION_TYPE)
@@ -318,6 +331,7 @@ def _loopwatch_run(
                 index=len(out),
                 actor=AGENT,
                 decision=decision,
+                text=message_text(attrs) if decision == "message" else None,
                 tool_calls=calls,
                 timestamp=_seconds(first.start_unix_nano) if first else None,
                 input_tokens=genai.tokens(attrs, sc.GEN_AI_USAGE_INPUT_TOKENS),
@@ -367,6 +381,7 @@ def _loopwatch_call(span: SpanRecord) -> ToolCall:
         call_id=genai.tool_call_id(attrs),
         started_at=_seconds(span.start_unix_nano),
         ended_at=_seconds(span.end_unix_nano),
+        failure_class=genai.attr_str(attrs, sc.LW_TOOL_FAILURE_CLASS),
     )
 
 

@@ -36,7 +36,10 @@ INVALID = [
     ("zero_wall_clock.toml", ["profiles.p.max_elapsed_seconds: must be > 0, got 0"]),
     (
         "unknown_keys.toml",
-        ["profiles.p.max_modle_turns: unknown key", "profiles.p.tools.t.colour: unknown key"],
+        [
+            "profiles.p.max_modle_turns: unknown key (did you mean 'max_model_turns'?)",
+            "profiles.p.tools.t.colour: unknown key",
+        ],
     ),
     (
         "bad_types.toml",
@@ -332,3 +335,47 @@ def test_check_policy_cli() -> None:
         check=False,
     )
     assert ok.returncode == 0 and "ok (summarize-local" in ok.stdout
+
+
+def test_check_policy_suggests_the_key_a_misspelt_one_was_meant_to_be(tmp_path: Path) -> None:
+    path = tmp_path / "typos.toml"
+    path.write_text(
+        "[profile.p]\n"  # the top-level table is `profiles`
+        "[profiles.q]\n"
+        'version = "1"\n'
+        "no_progres_patience = 4\n"
+        "loop_respons = ['warn', 'stop']\n"
+        "wholly_unrelated = 1\n"
+        "[profiles.q.tools.search]\n"
+        "repeat_limt = 2\n"
+        "idempotency = 'key'\n",
+        encoding="utf-8",
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "loopwatch.cli", "check-policy", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 1
+    lines = {line.split(": ", 1)[1] for line in out.stdout.strip().splitlines()}
+    assert lines == {
+        "profile: unknown top-level key (did you mean 'profiles'?)"
+        " (profiles live under [profiles.NAME])",
+        "profiles.q.loop_respons: unknown key (did you mean 'loop_response'?)",
+        "profiles.q.no_progres_patience: unknown key (did you mean 'no_progress_patience'?)",
+        "profiles.q.tools.search.idempotency: unknown key (did you mean 'idempotency_key'?)",
+        "profiles.q.tools.search.repeat_limt: unknown key (did you mean 'repeat_limit'?)",
+        "profiles.q.wholly_unrelated: unknown key",
+    }
+
+
+def test_policies_built_in_code_suggest_the_closest_key() -> None:
+    with pytest.raises(
+        PolicyError, match=r"max_turns: unknown key \(did you mean 'max_model_turns'\?\)"
+    ):
+        Policy.build(max_turns=3)
+    with pytest.raises(
+        PolicyError, match=r"repeat_limt: unknown key \(did you mean 'repeat_limit'\?\)"
+    ):
+        Policy().with_overrides(repeat_limt=3)
