@@ -30,6 +30,7 @@ def copy_to_lake(
     *,
     collector_sql: str = "'collector-a'",
     order_by: dict[str, str] | None = None,
+    where: str | None = None,
 ) -> dict[str, int]:
     """Copy every run of ``local_db`` into the lake attached to ``con`` as ``lake``.
 
@@ -40,6 +41,7 @@ def copy_to_lake(
         collector_sql: the ``collector_id`` of a row, SQL over its ``run_id``.
         order_by: per lake table, an ``ORDER BY`` for the rows as written (their layout
             in the Parquet files).
+        where: only the rows matching this SQL condition over ``run_id`` (one batch).
 
     Returns:
         rows written per table.
@@ -57,6 +59,8 @@ def copy_to_lake(
                 f"INSERT INTO lake.{table} SELECT {names}, {collector_sql} AS collector_id, "
                 f"{shipped}::BIGINT FROM {_source(table)}"
             )
+            if where:
+                sql += f" WHERE {where}"
             if order:
                 sql += f" ORDER BY {order}"
             row = con.execute(sql).fetchone()
