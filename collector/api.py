@@ -192,7 +192,8 @@ def _get_run(reader: StoreReader, run_id: str) -> RunDetail | None:
     detail = reader.get_run(run_id)
     if detail is None:
         return None
-    extra = queries.run_extra(reader, run_id)
+    seen = detail.run.get("first_seen_unix_nano")
+    extra = queries.run_extra(reader, run_id, first_seen_unix_nano=seen)
     if extra is not None:
         detail.run.update(extra)
     return detail

@@ -80,7 +80,8 @@ class ReaderSource:
         detail = self._call(self._reader.get_run, run_id)
         if detail is None:
             return None
-        extra = self._call(queries.run_extra, self._reader, run_id)
+        seen = detail.run.get("first_seen_unix_nano")
+        extra = self._call(queries.run_extra, self._reader, run_id, first_seen_unix_nano=seen)
         if extra is not None:
             detail.run.update(extra)
         # The reader's detail has the fields of the read API's body (a shallow copy: the

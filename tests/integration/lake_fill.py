@@ -31,6 +31,7 @@ def copy_to_lake(
     collector_sql: str = "'collector-a'",
     order_by: dict[str, str] | None = None,
     where: str | None = None,
+    shipped_unix_nano: int | None = None,
 ) -> dict[str, int]:
     """Copy every run of ``local_db`` into the lake attached to ``con`` as ``lake``.
 
@@ -42,13 +43,14 @@ def copy_to_lake(
         order_by: per lake table, an ``ORDER BY`` for the rows as written (their layout
             in the Parquet files).
         where: only the rows matching this SQL condition over ``run_id`` (one batch).
+        shipped_unix_nano: the batch's shipping time; default now.
 
     Returns:
         rows written per table.
     """
     ensure_lake_schema(con)
     con.execute(f"ATTACH '{local_db}' AS src (READ_ONLY)")
-    shipped = time.time_ns()
+    shipped = time.time_ns() if shipped_unix_nano is None else shipped_unix_nano
     written: dict[str, int] = {}
     try:
         con.execute("BEGIN TRANSACTION")

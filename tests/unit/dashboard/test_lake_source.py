@@ -224,6 +224,7 @@ def test_every_page_reads_the_lake(
     if name == "run_view":
         facts = {rendered(m.label): rendered(m.value) for m in at.metric}
         assert facts["Stop reason"] == "repeated_action" and facts["Stopped at step"] == "95"
+        assert "collector host-b" in rendered(at.caption[0].value).replace("`", "")
     if name == "tools":
         assert "get_details_by_id" in set(at.dataframe[0].value["tool"])
 
@@ -297,3 +298,41 @@ def test_loopwatch_api_fails_fast(tmp_path: Path) -> None:
     assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     exposed = run("--lake", "x.ducklake", "--lake-data", "/d/", "--host", "0.0.0.0")
     assert exposed.returncode == 2 and "--token-file" in exposed.stderr
+
+
+def test_lake_reads_skip_older_shipments_within_the_margin(
+    fed: Fed, tmp_path: Path, sources: tuple[LakeSource, DuckDBSource]
+) -> None:
+    """Reads bound ``shipped_unix_nano`` by the run's first-seen time less an hour: a run
+    shipped by a collector whose clock was 30 min behind is still read whole."""
+    from loopwatch.collector.store.reader import SHIPPING_MARGIN_NS
+
+    for path in fed.db_copy.parent.glob("collector.duckdb*"):
+        shutil.copy(path, tmp_path / path.name)
+    _, from_file = sources
+    file_runs = from_file.runs(data.RunFilter(), limit=100).runs
+    earliest = int(
+        from_file._reader._query("SELECT min(first_seen_unix_nano) AS s FROM runs", [])[0][0]["s"]
+    )
+    target = LakeTarget(str(tmp_path / "catalog.ducklake"), str(tmp_path / "data") + "/")
+    con = connect_lake(target)
+    try:
+        copy_to_lake(con, tmp_path / "collector.duckdb", shipped_unix_nano=earliest - 1_800 * 10**9)
+    finally:
+        con.close()
+    source = LakeSource(target)
+    try:
+        reader = source._reader
+        assert reader.shipped_since(earliest) == (
+            " AND shipped_unix_nano >= ?",
+            [earliest - SHIPPING_MARGIN_NS],
+        )
+        since = int(file_runs["time"].min().value)  # the window starts at the oldest run
+        page = source.runs(data.RunFilter(since_unix_nano=since), limit=100)
+        assert set(page.runs["run_id"]) == set(file_runs["run_id"])
+        in_lake, in_file = source.run(LOOP_RUN), from_file.run(LOOP_RUN)
+        assert in_lake is not None and in_file is not None
+        assert in_lake.steps.equals(in_file.steps) and in_lake.stop == in_file.stop
+        assert in_lake.limits is not None and in_lake.limits.equals(in_file.limits)
+    finally:
+        source.close()
