@@ -336,3 +336,18 @@ def test_lake_reads_skip_older_shipments_within_the_margin(
         assert in_lake.limits is not None and in_lake.limits.equals(in_file.limits)
     finally:
         source.close()
+
+
+def test_lake_reads_are_time_limited_and_row_capped(lake: LakeTarget) -> None:
+    from loopwatch.collector.errors import ReadTimeout
+
+    capped = LakeSource(lake, max_rows=5, timeout_seconds=0.5)
+    try:
+        detail = capped.run(LOOP_RUN)
+        assert detail is not None and detail.steps_truncated and len(detail.steps) == 5
+        assert list(detail.steps["step"]) == [93, 94, 94, 95, 95]  # the last, up to the stop
+        assert capped.runs(data.RunFilter(), limit=5).next_offset == 5
+        with pytest.raises(ReadTimeout):  # a lake query past its limit is interrupted
+            capped._reader._query("SELECT count(*) FROM runs, range(3000000000)", [])
+    finally:
+        capped.close()
