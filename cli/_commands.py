@@ -70,16 +70,49 @@ def collector(config_file: str | None, **params: Any) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Listen address.")
 @click.option("--port", default=8501, show_default=True, type=int, help="Listen port.")
 @click.option("--token-file", help="Bearer token file for a collector started with --token-file.")
+@click.option("--lake", metavar="CATALOG", help="Read fleet mode's lake (DuckLake catalog).")
+@click.option("--lake-data", metavar="PATH", help="The lake's data path (with --lake).")
+@click.option(
+    "--auth",
+    type=click.Choice(["none", "oidc", "trusted-header"]),
+    default="none",
+    show_default=True,
+    help="Login, required off loopback: Streamlit's OIDC (secrets.toml) or a proxy's header.",
+)
+@click.option("--auth-header", metavar="NAME", help="Proxy user header (X-Forwarded-User).")
+@click.option("--secrets", "secrets_file", metavar="FILE", help="Streamlit secrets.toml (oidc).")
 def dashboard(
-    collector_url: str | None, db: str | None, host: str, port: int, token_file: str | None
+    collector_url: str | None,
+    db: str | None,
+    host: str,
+    port: int,
+    token_file: str | None,
+    lake: str | None,
+    lake_data: str | None,
+    auth: str,
+    auth_header: str | None,
+    secrets_file: str | None,
 ) -> None:
-    """Run the Streamlit dashboard over a collector or a DuckDB file."""
+    """Run the Streamlit dashboard over a collector, a DuckDB file or the lake."""
     try:
         from loopwatch.dashboard import run_dashboard
     except ImportError as exc:
         exit_missing_extra("the dashboard needs its extra", "dashboard", exc)
+    if bool(lake) != bool(lake_data):
+        click.echo("loopwatch dashboard: --lake and --lake-data go together", err=True)
+        raise SystemExit(2)
     try:
-        code = run_dashboard(collector_url, db, host, port, token_file=token_file)
+        code = run_dashboard(
+            collector_url,
+            db,
+            host,
+            port,
+            token_file=token_file,
+            lake=(lake, lake_data) if lake and lake_data else None,
+            auth=auth,
+            auth_header=auth_header,
+            secrets_file=secrets_file,
+        )
     except ValueError as exc:
         click.echo(f"loopwatch dashboard: {exc}", err=True)
         raise SystemExit(2) from None
@@ -90,9 +123,11 @@ def dashboard(
 
 def _register() -> None:
     from loopwatch.cli._export import export
+    from loopwatch.cli._lake_api import api
     from loopwatch.cli._replay import replay
     from loopwatch.cli._run import demo, up
 
+    cli.add_command(api)
     cli.add_command(export)
     cli.add_command(replay)
     cli.add_command(up)

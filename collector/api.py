@@ -36,9 +36,15 @@ Read endpoints (JSON; times in nanoseconds since the Unix epoch):
   nudges_recovered, nudge_recovery_rate}], "truncated": bool}``
   (``repeated_action_runs``: stopped for it or, in observe mode, detected;
   ``nudge_recovery_rate``: ``nudges_recovered / nudges``, ``null`` with no nudge).
+- ``GET /api/v1/collectors``: ``{"items": [collector_id, ...]}``, the collectors whose
+  runs the lake holds (``[]`` over a collector's own file).
+- Over a lake (``loopwatch api --lake``), ``runs``, ``stats`` and ``tools`` also take
+  ``collector`` (a ``collector_id``: only what that collector shipped), and each run
+  carries its ``collector_id``; over a collector's own file ``collector`` is a 400.
 - Integer parameters outside the signed 64-bit range are refused (400).
 
-The SQL beyond :class:`StoreReader`'s methods is in :mod:`loopwatch.collector.store.reader`. Queries
+The SQL beyond :class:`StoreReader`'s methods is in :mod:`loopwatch.collector.store.reader`
+and :mod:`loopwatch.collector.store.aggregates`. Queries
 are parameterized and run on a worker thread with the store's time limit and row
 cap. With a token configured every endpoint but ``/healthz`` needs
 ``Authorization: Bearer <token>`` (compared in constant time, never logged).
@@ -62,11 +68,12 @@ from .detect import LOOP_DETECTORS
 from .errors import ApiError, ReadTimeout
 from .map import MAX_RUN_ID_CHARS
 from .receive import token_matches
+from .store import aggregates
 from .store import reader as queries
 from .store.reader import RunDetail, RunsPage, StoreReader
 from .store.schema import RUN_ORDERS
 
-__all__ = ["ApiError", "create_api_app", "error_response"]
+__all__ = ["ApiError", "create_api_app", "error_response", "serve_lake_api"]
 
 _NS: Final = 1_000_000_000
 _DAY_NS: Final = 86_400 * _NS
@@ -185,7 +192,8 @@ def _get_run(reader: StoreReader, run_id: str) -> RunDetail | None:
     detail = reader.get_run(run_id)
     if detail is None:
         return None
-    extra = queries.run_extra(reader, run_id)
+    seen = detail.run.get("first_seen_unix_nano")
+    extra = queries.run_extra(reader, run_id, first_seen_unix_nano=seen)
     if extra is not None:
         detail.run.update(extra)
     return detail
@@ -194,7 +202,7 @@ def _get_run(reader: StoreReader, run_id: str) -> RunDetail | None:
 def create_api_app(
     reader: StoreReader,
     *,
-    metrics: Callable[[], bytes],
+    metrics: Callable[[], bytes] | None,
     health: Callable[[], dict[str, Any]],
     token: str | None = None,
     max_rows: int = 10_000,
@@ -203,7 +211,8 @@ def create_api_app(
 
     Args:
         reader: the store's read helpers.
-        metrics: returns the Prometheus text exposition.
+        metrics: returns the Prometheus text exposition; ``None``: no ``/metrics``
+            (``loopwatch api`` over a lake: each collector serves its own).
         health: returns a JSON-ready health document (``status`` and facts).
         token: bearer token required on every endpoint but ``/healthz``.
         max_rows: the largest page size accepted.
@@ -266,6 +275,7 @@ def create_api_app(
             sampled=_bool_param(request, "sampled"),
             detector=detector,
             loop_tool=_str_param(request, "loop_tool"),
+            collector=_str_param(request, "collector"),
             limit=min(_int_param(request, "limit", 50, minimum=1) or 50, max_rows),
             offset=offset,
             order=order,
@@ -294,23 +304,32 @@ def create_api_app(
         since, until = _window(request)
         bucket = _int_param(request, "bucket_seconds", 3600, minimum=1) or 3600
         result = await run_in_threadpool(
-            queries.stats,
+            aggregates.stats,
             reader,
             since_unix_nano=since,
             until_unix_nano=until,
             bucket_seconds=bucket,
             agent=_str_param(request, "agent"),
+            collector=_str_param(request, "collector"),
         )
         return JSONResponse(asdict(result))
 
     async def tools(request: Request) -> Response:
         since, until = _window(request)
         items, truncated = await run_in_threadpool(
-            queries.tools, reader, since_unix_nano=since, until_unix_nano=until
+            aggregates.tools,
+            reader,
+            since_unix_nano=since,
+            until_unix_nano=until,
+            collector=_str_param(request, "collector"),
         )
         return JSONResponse({"items": items, "truncated": truncated})
 
+    async def collectors(request: Request) -> Response:
+        return JSONResponse({"items": await run_in_threadpool(reader.collectors)})
+
     async def metrics_endpoint(request: Request) -> Response:
+        assert metrics is not None  # routed only with a metrics callable
         body = await run_in_threadpool(metrics)
         return Response(body, media_type=_METRICS_TYPE)
 
@@ -326,15 +345,77 @@ def create_api_app(
     async def server_error(request: Request, exc: Exception) -> Response:
         return error_response(500, "internal", "internal error")
 
+    metrics_routes = (
+        [] if metrics is None else [Route("/metrics", guarded(metrics_endpoint), methods=["GET"])]
+    )
     return Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", guarded(metrics_endpoint), methods=["GET"]),
+            *metrics_routes,
             Route("/api/v1/runs", guarded(runs), methods=["GET"]),
             # ``path``: a run id is any string the agent chose, slashes included.
             Route("/api/v1/runs/{run_id:path}", guarded(run), methods=["GET"]),
             Route("/api/v1/stats", guarded(stats), methods=["GET"]),
             Route("/api/v1/tools", guarded(tools), methods=["GET"]),
+            Route("/api/v1/collectors", guarded(collectors), methods=["GET"]),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
     )
+
+
+def serve_lake_api(
+    reader: StoreReader,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 9465,
+    token: str | None = None,
+    describe: str = "lake",
+    announce: bool = True,
+) -> None:
+    """Serve ``/api/v1`` over a lake reader (``loopwatch api --lake``) until SIGTERM/SIGINT.
+
+    The same app as a collector's (:func:`create_api_app`), without ``/metrics`` (each
+    collector serves its own) and without an OTLP receiver. ``/healthz`` answers
+    ``{"status": "ok", "source": describe}``.
+
+    Raises:
+        OSError: the address is in use or not available (before serving starts).
+    """
+    import socket
+
+    import uvicorn
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    app = create_api_app(
+        reader,
+        metrics=None,
+        health=lambda: {"status": "ok", "source": describe},
+        token=token,
+        max_rows=reader.max_rows,
+    )
+    # As the collector's server (service._server): the parser and loop named, not "auto".
+    config = uvicorn.Config(
+        app,
+        loop="asyncio",
+        http="h11",
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        server_header=False,
+    )
+    if announce:
+        bound = sock.getsockname()
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        print(f"loopwatch api: {describe}, API http://{shown}:{bound[1]}/api/v1/runs", flush=True)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()

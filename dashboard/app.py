@@ -9,10 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import streamlit as st
+from loopwatch.dashboard.auth import require_login
 
 # Not "pages/": while that folder exists, Streamlit runs the first session after start in
 # its pages-directory mode, where a shared /runs or /run?run_id= link is "Page not found".
 PAGES = Path(__file__).resolve().parent / "views"
+
+require_login()  # a team's dashboard: no page runs for an anonymous session (auth.py)
 
 # The default page is served at "/" only, yet reserves its own pathname, which is then
 # "Page not found". So it takes another pathname, and a hidden page serves the overview at

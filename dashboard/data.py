@@ -163,6 +163,8 @@ class RunFilter:
             observe mode recorded on it (a third-party run's stop stays ``completed``).
         loop_tool: the tool that run's loop detection named (the tool its detection is
             counted under on ``loopwatch_loop_detections_total``).
+        collector: shipped by this collector (``collector_id``; a lake source only: the
+            others refuse it with :class:`QueryFailed`).
     """
 
     stop_reason: str | None = None
@@ -174,6 +176,7 @@ class RunFilter:
     sampled: bool | None = None
     detector: str | None = None
     loop_tool: str | None = None
+    collector: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The filters that are set (neither ``None`` nor ``""``), by field name."""

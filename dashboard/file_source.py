@@ -5,9 +5,11 @@ through the collector's own :class:`StoreReader` and :mod:`loopwatch.collector.s
 the functions the read API serves, with the same time limit and row cap, so both sources
 tell the same story.
 
-This is the dashboard's only module that imports DuckDB or the collector; it is imported
-when a file is opened (:func:`loopwatch.dashboard.config.open_source`), so the API mode
-needs neither.
+:class:`ReaderSource` is what a file and the lake (:mod:`loopwatch.dashboard.lake_source`)
+share: the pages' reads through one :class:`StoreReader`. This module and the lake source
+are the dashboard's only modules that import DuckDB or the collector; they are imported
+when a file or a lake is opened (:func:`loopwatch.dashboard.config.open_source`), so the
+API mode needs neither.
 """
 
 from __future__ import annotations
@@ -22,15 +24,91 @@ import duckdb
 from loopwatch.collector.errors import ReadTimeout
 
 # The collector's read side, named here only: the one place to repoint when it moves.
+from loopwatch.collector.store import aggregates
 from loopwatch.collector.store import reader as queries
 from loopwatch.collector.store.reader import StoreReader
 
 from . import data, frames
 
-__all__ = ["DuckDBSource"]
+__all__ = ["DuckDBSource", "ReaderSource"]
 
 
-class DuckDBSource:
+class ReaderSource:
+    """The pages' reads through a :class:`StoreReader` (a file's or the lake's).
+
+    Subclasses open the reader and set :attr:`description`; errors of every read are
+    :class:`~loopwatch.dashboard.data.QueryFailed`.
+    """
+
+    _reader: StoreReader
+
+    @property
+    def description(self) -> str:
+        raise NotImplementedError
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call a reader method, mapping its errors to :class:`QueryFailed`."""
+        try:
+            return fn(*args, **kwargs)
+        except ReadTimeout as exc:
+            raise data.QueryFailed("query_timeout", str(exc)) from None
+        except duckdb.Error as exc:
+            raise data.QueryFailed("database_error", f"The database failed: {exc}") from None
+        except ValueError as exc:
+            raise data.QueryFailed("bad_parameter", str(exc)) from None
+
+    def check(self) -> None:
+        """Read one run through the reader's public list query.
+
+        Raises:
+            QueryFailed: the source has no loopwatch tables, or the query failed.
+        """
+        self._call(self._reader.list_runs, limit=1)
+
+    def collectors(self) -> list[str]:
+        """The collector ids whose runs the source holds (``[]`` for a local file)."""
+        return list(self._call(self._reader.collectors))
+
+    def runs(self, filters: data.RunFilter, *, limit: int = 50, offset: int = 0) -> data.RunsPage:
+        page = self._call(self._reader.list_runs, **filters.given(), limit=limit, offset=offset)
+        # The same stop summary the read API's list attaches (steps_since_progress,
+        # observe_reason, loop_tool), so both sources list the same columns.
+        items = self._call(queries.attach_stop_summary, self._reader, page.items)
+        return data.RunsPage(frames.runs_frame(items), offset, page.next_offset)
+
+    def run(self, run_id: str) -> data.RunData | None:
+        detail = self._call(self._reader.get_run, run_id)
+        if detail is None:
+            return None
+        seen = detail.run.get("first_seen_unix_nano")
+        extra = self._call(queries.run_extra, self._reader, run_id, first_seen_unix_nano=seen)
+        if extra is not None:
+            detail.run.update(extra)
+        # The reader's detail has the fields of the read API's body (a shallow copy: the
+        # steps list can hold 10,000 rows).
+        body = {f.name: getattr(detail, f.name) for f in fields(detail)}
+        return frames.run_data(body, detail.run.get("limits"))
+
+    def overview(self, **query: Unpack[data.OverviewQuery]) -> data.Overview:
+        # The collector's aggregates are the read API's /api/v1/stats body, field by field.
+        stats = self._call(aggregates.stats, self._reader, **query)
+        return frames.overview_from_stats(asdict(stats))
+
+    def tools(self, *, since_unix_nano: int, until_unix_nano: int) -> data.ToolsData:
+        window = {"since_unix_nano": since_unix_nano, "until_unix_nano": until_unix_nano}
+        rows, truncated = self._call(aggregates.tools, self._reader, **window)
+        loops, loops_truncated = self._call(aggregates.loops_by_tool, self._reader, **window)
+        return data.ToolsData(
+            frames.tools_frame(rows),
+            frames.loops_frame(loops),
+            frames.TRUNCATED_NOTE if truncated or loops_truncated else None,
+        )
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+class DuckDBSource(ReaderSource):
     """A loopwatch DuckDB file opened read-only (no collector running).
 
     The file is opened once, read-only, through :class:`StoreReader` (the collector's own
@@ -66,7 +144,7 @@ class DuckDBSource:
         self.timeout_seconds = timeout_seconds
         self.max_rows = max_rows
         # Same as StoreReader.open_readonly, keeping the connection for the queries below.
-        self._reader: StoreReader = StoreReader(
+        self._reader = StoreReader(
             self._cursor, timeout_seconds=timeout_seconds, max_rows=max_rows, owned=connection
         )
         try:
@@ -89,58 +167,6 @@ class DuckDBSource:
             if self._connection is None:
                 raise data.SourceUnavailable("unreadable", f"{self.path} was closed.")
             return self._connection.cursor()
-
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call a reader method, mapping its errors to :class:`QueryFailed`."""
-        try:
-            return fn(*args, **kwargs)
-        except ReadTimeout as exc:
-            raise data.QueryFailed("query_timeout", str(exc)) from None
-        except duckdb.Error as exc:
-            raise data.QueryFailed("database_error", f"The database failed: {exc}") from None
-        except ValueError as exc:
-            raise data.QueryFailed("bad_parameter", str(exc)) from None
-
-    def check(self) -> None:
-        """Read one run through the reader's public list query.
-
-        Raises:
-            QueryFailed: the file has no loopwatch tables, or the query failed.
-        """
-        self._call(self._reader.list_runs, limit=1)
-
-    def runs(self, filters: data.RunFilter, *, limit: int = 50, offset: int = 0) -> data.RunsPage:
-        page = self._call(self._reader.list_runs, **filters.given(), limit=limit, offset=offset)
-        # The same stop summary the read API's list attaches (steps_since_progress,
-        # observe_reason, loop_tool), so both sources list the same columns.
-        items = self._call(queries.attach_stop_summary, self._reader, page.items)
-        return data.RunsPage(frames.runs_frame(items), offset, page.next_offset)
-
-    def run(self, run_id: str) -> data.RunData | None:
-        detail = self._call(self._reader.get_run, run_id)
-        if detail is None:
-            return None
-        extra = self._call(queries.run_extra, self._reader, run_id)
-        if extra is not None:
-            detail.run.update(extra)
-        # The reader's detail has the fields of the read API's body (a shallow copy: the
-        # steps list can hold 10,000 rows).
-        body = {f.name: getattr(detail, f.name) for f in fields(detail)}
-        return frames.run_data(body, detail.run.get("limits"))
-
-    def overview(self, **query: Unpack[data.OverviewQuery]) -> data.Overview:
-        # The collector's aggregates are the read API's /api/v1/stats body, field by field.
-        return frames.overview_from_stats(asdict(self._call(queries.stats, self._reader, **query)))
-
-    def tools(self, *, since_unix_nano: int, until_unix_nano: int) -> data.ToolsData:
-        window = {"since_unix_nano": since_unix_nano, "until_unix_nano": until_unix_nano}
-        rows, truncated = self._call(queries.tools, self._reader, **window)
-        loops, loops_truncated = self._call(queries.loops_by_tool, self._reader, **window)
-        return data.ToolsData(
-            frames.tools_frame(rows),
-            frames.loops_frame(loops),
-            frames.TRUNCATED_NOTE if truncated or loops_truncated else None,
-        )
 
     def close(self) -> None:
         with self._lock:

@@ -96,7 +96,11 @@ def setup_page(title: str) -> None:
 def _open_source(key: str, _config: SourceConfig) -> DataSource:
     del key
     return open_source(
-        collector_url=_config.collector_url, db=_config.db, token_file=_config.token_file
+        collector_url=_config.collector_url,
+        db=_config.db,
+        token_file=_config.token_file,
+        lake=_config.lake,
+        lake_data=_config.lake_data,
     )
 
 

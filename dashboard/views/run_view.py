@@ -76,6 +76,7 @@ st.caption(
     f"Agent **{ui.escape_md(run.get('agent') or '(unnamed)')}** · {policy_text} · "
     f"{_when(run.get('time_unix_nano'))} · source {ui.code_md(run.get('source'))}"
     + (" · canary flagged" if run.get("canary_detected") else "")
+    + (f" · collector {ui.code_md(run['collector_id'])}" if run.get("collector_id") else "")
 )
 
 # ------------------------------------------------------------------ stop card

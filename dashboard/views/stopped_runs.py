@@ -2,7 +2,7 @@
 
 Every filter is a URL query parameter, so a filtered view can be shared: ``range``,
 ``reason``, ``agent``, ``tool``, ``canary`` (``yes``/``no``), ``sampled`` (``yes``/``no``),
-``sort``, ``size`` and ``offset``.
+``sort``, ``size``, ``offset`` and, on a lake with several collectors, ``collector``.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import streamlit as st
 from loopwatch.dashboard import ui
+from loopwatch.dashboard.config import collectors_of
 from loopwatch.dashboard.data import STOP_REASONS
 
 ANY = "(any)"
@@ -76,6 +77,9 @@ with c4:
         on_change=_reset_offset,
     )
 
+# Only a source with several collectors (the lake) offers the filter.
+collectors = ui.call(collectors_of, src)
+collector = _filter("Collector", [ANY, *collectors], "collector") if len(collectors) > 1 else ANY
 offset = _offset()
 limit = int(size)
 filters = (
@@ -86,6 +90,9 @@ filters = (
     window.until_unix_nano,
     FLAGS[canary],
     FLAGS[sampled],
+    None,  # detector
+    None,  # loop_tool
+    None if collector == ANY else collector,
 )
 ui.sync_query_params(
     {
@@ -95,6 +102,7 @@ ui.sync_query_params(
         "tool": tool,
         "canary": None if canary == ANY else canary,
         "sampled": None if sampled == ANY else sampled,
+        "collector": None if collector == ANY else collector,
         "sort": sort,
         "size": size,
         "offset": str(offset),
@@ -107,7 +115,7 @@ if page.runs.empty:
     if offset > 0:
         st.info("No more runs on this page.")
         st.button("First page", on_click=_reset_offset)
-    elif any(f is not None for f in (filters[0], filters[1], filters[2], filters[5], filters[6])):
+    elif any(f is not None for f in (*filters[:3], *filters[5:])):
         st.info("No runs match these filters. Widen the time range or clear a filter.")
     else:
         ui.empty_state(f"No runs in the selected time range ({window.label.lower()}).")
