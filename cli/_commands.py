@@ -55,7 +55,7 @@ def collector(config_file: str | None, **params: Any) -> None:
     except api.ConfigError as exc:
         click.echo(f"loopwatch collector: configuration error: {exc}", err=True)
         raise SystemExit(2) from None
-    except (OSError, api.StoreUnavailable) as exc:
+    except (OSError, api.StoreUnavailable, api.LakeUnavailable) as exc:
         click.echo(f"loopwatch collector: cannot start: {start_failure(exc)}", err=True)
         raise SystemExit(2) from None
 

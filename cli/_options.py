@@ -80,6 +80,40 @@ COLLECTOR_FLAGS: Final = (
         "Remove runs whose last span arrived more than DAYS ago; counter totals stay "
         "(default 0: keep everything).",
     ),
+    (
+        "--lake",
+        "lake",
+        "lake",
+        "catalog",
+        "CATALOG",
+        "Ship finished runs to this DuckLake catalog, e.g. "
+        "'postgres:dbname=lake host=127.0.0.1 port=5432' (default: no lake).",
+    ),
+    (
+        "--lake-data",
+        "lake_data",
+        "lake",
+        "data_path",
+        "PATH",
+        "The lake's data path (folder or s3://bucket/prefix/), the same for every collector.",
+    ),
+    (
+        "--collector-id",
+        "collector_id",
+        "lake",
+        "collector_id",
+        "ID",
+        "This collector's name in the lake (default: the host name).",
+    ),
+    (
+        "--local-retention",
+        "local_retention",
+        "lake",
+        "local_retention_seconds",
+        "DURATION",
+        "Remove a run from the local file this long after it shipped (90s, 15m, 12h, 7d; "
+        "default 0: keep until --retention-days). Unshipped runs are never removed.",
+    ),
 )
 """Each collector flag: its name, click parameter, the configuration setting it
 overrides (section and field), metavar and help text."""
@@ -117,17 +151,18 @@ class CollectorApi:
     serve_forever: Callable[..., Any]
     ConfigError: type[Exception]
     StoreUnavailable: type[Exception]
+    LakeUnavailable: type[Exception]
 
 
 def collector_api(what: str, extra: str) -> CollectorApi:
     """The collector's entry points; exits 2 naming ``extra`` when it is not installed."""
     try:
         from loopwatch.collector.config import load_config
-        from loopwatch.collector.errors import ConfigError, StoreUnavailable
+        from loopwatch.collector.errors import ConfigError, LakeUnavailable, StoreUnavailable
         from loopwatch.collector.service import serve_forever
     except ImportError as exc:
         exit_missing_extra(what, extra, exc)
-    return CollectorApi(load_config, serve_forever, ConfigError, StoreUnavailable)
+    return CollectorApi(load_config, serve_forever, ConfigError, StoreUnavailable, LakeUnavailable)
 
 
 def start_failure(exc: Exception) -> str:

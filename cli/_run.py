@@ -439,7 +439,7 @@ def up(
     except api.ConfigError as exc:
         click.echo(f"loopwatch up: configuration error: {exc}", err=True)
         code = 2
-    except (OSError, api.StoreUnavailable) as exc:
+    except (OSError, api.StoreUnavailable, api.LakeUnavailable) as exc:
         click.echo(f"loopwatch up: cannot start the collector: {start_failure(exc)}", err=True)
         code = 2
     finally:

@@ -2,7 +2,9 @@
 
 Precedence, highest first: command-line flags > environment > TOML file > defaults.
 Environment variables are ``LOOPWATCH_<SECTION>_<FIELD>`` (e.g.
-``LOOPWATCH_SERVER_OTLP_HTTP=127.0.0.1:14318``, ``LOOPWATCH_SAMPLING_COMPLETED_FRACTION=0.2``).
+``LOOPWATCH_SERVER_OTLP_HTTP=127.0.0.1:14318``, ``LOOPWATCH_SAMPLING_COMPLETED_FRACTION=0.2``);
+``LOOPWATCH_LAKE`` and ``LOOPWATCH_LAKE_DATA`` are short for ``LOOPWATCH_LAKE_CATALOG`` and
+``LOOPWATCH_LAKE_DATA_PATH``.
 The TOML file has one table per section::
 
     [server]
@@ -12,6 +14,11 @@ The TOML file has one table per section::
 
     [store]
     db = "./loopwatch.duckdb"
+
+    [lake]
+    catalog = "postgres:dbname=lake host=127.0.0.1 port=5432"
+    data_path = "/var/lib/loopwatch/lake/"
+    local_retention_seconds = "7d"
 
 Every problem is reported at once as a :class:`~loopwatch.collector.errors.ConfigError`;
 the CLI prints it as one line and exits with code 2. Secrets (the token, the HMAC key)
@@ -23,6 +30,8 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -30,8 +39,16 @@ from pathlib import Path
 from typing import Any, Final
 
 from .errors import ConfigError
+from .lake.connect import mask_catalog
 
-__all__ = ["LOG_LEVELS", "CollectorConfig", "load_config", "parse_hostport"]
+__all__ = [
+    "LOG_LEVELS",
+    "CollectorConfig",
+    "LakeConfig",
+    "load_config",
+    "parse_duration_seconds",
+    "parse_hostport",
+]
 
 _SECRET_MASK: Final = "**********"
 _MAX_RETENTION_DAYS: Final = 36_500
@@ -196,6 +213,108 @@ class LogConfig:
     level: str = "warning"
 
 
+# --- lake shipping (issue 27) -------------------------------------------------------
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$", re.IGNORECASE)
+_DURATION_UNITS: Final = {"s": 1.0, "m": 60.0, "h": 3_600.0, "d": 86_400.0}
+ENV_ALIASES: Final = {
+    "LOOPWATCH_LAKE": ("lake", "catalog"),
+    "LOOPWATCH_LAKE_DATA": ("lake", "data_path"),
+}
+"""Short environment names for the two lake settings everyone sets (the long
+``LOOPWATCH_LAKE_CATALOG`` / ``LOOPWATCH_LAKE_DATA_PATH`` win when both are set)."""
+
+
+def parse_duration_seconds(value: str | float, *, what: str) -> float:
+    """Seconds of ``value``: a number of seconds, or ``N`` followed by ``s``, ``m``, ``h``
+    or ``d`` (``"90s"``, ``"15m"``, ``"12h"``, ``"7d"``).
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(what, "must be a duration such as 90s, 15m, 12h or 7d")
+    if isinstance(value, int | float):
+        return float(value)
+    match = _DURATION.match(value)
+    if match is None:
+        raise ConfigError(
+            what, f"must be a duration such as 90s, 15m, 12h or 7d, got {value[:40]!r}"
+        )
+    return float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
+
+
+@dataclass(frozen=True)
+class LakeConfig:
+    """Shipping finished runs to a DuckLake (fleet mode; off while ``catalog`` is empty).
+
+    Attributes:
+        catalog: the DuckLake catalog after ``ducklake:``, e.g.
+            ``postgres:dbname=lake host=127.0.0.1 port=5432 user=loopwatch`` (a password
+            in it prints masked), or a local ``catalog.ducklake`` file. Empty: no lake.
+        data_path: folder or ``s3://bucket/prefix/`` of the lake's Parquet files; the
+            same string for every collector of one lake (DuckLake fixes it at creation).
+        extension_directory: where DuckDB loads the DuckLake extensions from when the
+            ``loopwatch[lake]`` wheels are absent; empty keeps DuckDB's default.
+        collector_id: this collector's name in the lake's ``collector_id`` column; the
+            host name by default.
+        local_retention_seconds: a run shipped longer ago than this is removed from the
+            local file (never an unshipped one); ``0`` (default) keeps shipped runs
+            locally until ``store.retention_days``. Accepts ``90s``, ``15m``, ``12h``,
+            ``7d``.
+        ship_interval_seconds: how often the shipper looks for finished runs.
+        ship_grace_seconds: a decided run ships once no span of it arrived for this long
+            (late spans of a run land in its local copy only after it shipped).
+        ship_batch_runs: runs per lake transaction.
+        ship_retry_max_seconds: the longest wait between retries of a failed batch
+            (backoff doubles from ``ship_interval_seconds``).
+    """
+
+    catalog: str = ""
+    data_path: str = ""
+    extension_directory: str = ""
+    collector_id: str = field(default_factory=socket.gethostname)
+    local_retention_seconds: float = 0.0
+    ship_interval_seconds: float = 2.0
+    ship_grace_seconds: float = 5.0
+    ship_batch_runs: int = 2_000
+    ship_retry_max_seconds: float = 60.0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a lake is configured."""
+        return bool(self.catalog.strip())
+
+    def validate(self) -> None:
+        """Check the lake settings (offline; reaching the lake is the collector's start).
+
+        Raises:
+            ConfigError: naming ``lake.<field>``.
+        """
+        if not self.enabled:
+            if self.data_path:
+                raise ConfigError("lake.catalog", "lake.data_path is set but no catalog")
+            return
+        if not self.data_path.strip():
+            raise ConfigError("lake.data_path", "a lake needs its data path (--lake-data)")
+        for name in ("catalog", "data_path", "extension_directory"):
+            if "'" in getattr(self, name):
+                raise ConfigError(f"lake.{name}", "may not contain a single quote")
+        if not self.collector_id.strip() or len(self.collector_id) > 200:
+            raise ConfigError("lake.collector_id", "must be a name of 1..200 characters")
+        if not math.isfinite(self.local_retention_seconds) or self.local_retention_seconds < 0:
+            raise ConfigError("lake.local_retention_seconds", "must be >= 0 (0 keeps runs)")
+        _positive("lake.ship_interval_seconds", self.ship_interval_seconds)
+        _positive("lake.ship_retry_max_seconds", self.ship_retry_max_seconds)
+        _positive("lake.ship_batch_runs", self.ship_batch_runs)
+        grace = self.ship_grace_seconds
+        if isinstance(grace, bool) or not math.isfinite(grace) or grace < 0:
+            raise ConfigError("lake.ship_grace_seconds", "must be a finite number >= 0")
+
+
+# --- end of lake shipping ------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class CollectorConfig:
     """The whole collector configuration (see the module docstring for precedence)."""
@@ -208,6 +327,7 @@ class CollectorConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    lake: LakeConfig = field(default_factory=LakeConfig)
 
     def validate(self) -> CollectorConfig:
         """Check every field; returns ``self``.
@@ -277,6 +397,7 @@ class CollectorConfig:
         ):
             if path and not Path(path).is_file():
                 raise ConfigError(name, f"no such file: {path}")
+        self.lake.validate()
         return self
 
     def token(self) -> str | None:
@@ -302,6 +423,8 @@ class CollectorConfig:
                 values[f.name] = (
                     _SECRET_MASK if f.name in ("token_file", "hmac_key_file") and value else value
                 )
+                if section.name == "lake" and f.name == "catalog":
+                    values[f.name] = mask_catalog(value)
             out[section.name] = values
         return out
 
@@ -357,6 +480,8 @@ def _coerce(section: str, name: str, current: Any, raw: Any, source: str) -> Any
     if target is float:
         if isinstance(raw, bool):
             raise ConfigError(where, f"must be a number ({source})")
+        if section == "lake" and name.endswith("_seconds") and isinstance(raw, str):
+            return parse_duration_seconds(raw, what=where)
         try:
             return float(raw)
         except (TypeError, ValueError):
@@ -421,6 +546,9 @@ def load_config(
             key = f"LOOPWATCH_{section.name.upper()}_{f.name.upper()}"
             if key in env:
                 from_env.setdefault(section.name, {})[f.name] = env[key]
+    for key, (section_name, name) in ENV_ALIASES.items():
+        if key in env and name not in from_env.get(section_name, {}):
+            from_env.setdefault(section_name, {})[name] = env[key]
     config = _apply(config, from_env, "environment")
     if overrides:
         cleaned = {

@@ -56,12 +56,15 @@ from .receive import REJECT_REASONS, REQUEST_REJECT_REASONS
 
 __all__ = [
     "COMMIT_BUCKETS_SECONDS",
+    "LAKE_LAG_BUCKETS_SECONDS",
+    "LAKE_METRIC_NAMES",
     "METRIC_NAMES",
     "NO_TOOL",
     "OTHER",
     "STEPS_BUCKETS",
     "STEPS_SINCE_PROGRESS_BUCKETS",
     "LabelBound",
+    "LakeShipMetrics",
     "LoopwatchMetrics",
 ]
 
@@ -488,3 +491,86 @@ class LoopwatchMetrics(Collector):
     def exposition(self, registry: CollectorRegistry) -> bytes:
         """The Prometheus text exposition of ``registry``."""
         return generate_latest(registry)
+
+
+LAKE_LAG_BUCKETS_SECONDS: Final = (1.0, 2.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+LAKE_METRIC_NAMES: Final = (
+    "loopwatch_lake_runs_shipped_total",
+    "loopwatch_lake_runs_skipped_total",
+    "loopwatch_lake_ship_failures_total",
+    "loopwatch_lake_ship_lag_seconds",
+    "loopwatch_lake_backlog_runs",
+)
+"""The shipper's metrics (fleet mode only: registered when a lake is configured)."""
+
+
+class LakeShipMetrics(Collector):
+    """The lake shipper's metrics (:mod:`loopwatch.collector.lake.ship`).
+
+    Args:
+        failure_reasons: the closed set of the ``reason`` label, exported from start at 0
+            (:data:`loopwatch.collector.lake.ship.FAILURE_REASONS`).
+
+    Thread-safety: the ``record_*`` methods may be called from any thread.
+    """
+
+    def __init__(self, failure_reasons: Iterable[str]) -> None:
+        self._lock = threading.Lock()
+        self._shipped = 0
+        self._skipped = 0
+        self._failures: dict[str, int] = dict.fromkeys(failure_reasons, 0)
+        self._lag = _Histogram(LAKE_LAG_BUCKETS_SECONDS)
+        self._backlog = 0
+
+    def record_shipped(self, inserted: int, skipped: int, lags_seconds: Iterable[float]) -> None:
+        """Count a batch: runs inserted, runs skipped (another collector's copy won), and
+        each inserted run's lag from its last local commit to the lake commit."""
+        with self._lock:
+            self._shipped += inserted
+            self._skipped += skipped
+            for lag in lags_seconds:
+                self._lag.observe(max(lag, 0.0))
+
+    def record_failure(self, reason: str) -> None:
+        """Count a failed ship attempt (``reason`` from the closed set, else ``other``)."""
+        with self._lock:
+            key = reason if reason in self._failures else "other"
+            self._failures[key] = self._failures.get(key, 0) + 1
+
+    def set_backlog(self, runs: int) -> None:
+        """Decided runs not yet shipped, at the last pass."""
+        self._backlog = runs
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the shipper's metric families."""
+        with self._lock:
+            yield _counter(
+                "loopwatch_lake_runs_shipped",
+                "Runs this collector inserted into the lake.",
+                (),
+                {(): self._shipped},
+            )
+            yield _counter(
+                "loopwatch_lake_runs_skipped",
+                "Runs not inserted because the lake already held them from another "
+                "collector (first committed copy wins).",
+                (),
+                {(): self._skipped},
+            )
+            yield _counter(
+                "loopwatch_lake_ship_failures",
+                "Failed lake ship attempts (retried), by reason.",
+                ("reason",),
+                self._failures,
+            )
+            lag = HistogramMetricFamily(
+                "loopwatch_lake_ship_lag_seconds",
+                "Seconds from a run's last local commit to its lake commit.",
+            )
+            lag.add_metric((), self._lag.cumulative(), sum_value=self._lag.total)
+            yield lag
+        backlog = GaugeMetricFamily(
+            "loopwatch_lake_backlog_runs", "Decided runs not yet shipped to the lake."
+        )
+        backlog.add_metric((), float(self._backlog))
+        yield backlog

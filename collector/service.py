@@ -23,8 +23,13 @@ retryable; it was not acknowledged) and is started again (:mod:`.workers`). Metr
 counted after the commit, over newly stored spans only, so a client retry never counts
 twice.
 
+Fleet mode (``[lake]``): the lake is checked before anything else starts
+(:func:`~loopwatch.collector.lake.ship.open_lake`), then a
+:class:`~loopwatch.collector.lake.ship.Shipper` thread publishes finished runs from the
+local file; acknowledgement still waits only for the local commit.
+
 Shutdown (SIGTERM, SIGINT): stop accepting, let in-flight requests finish, commit what is
-queued, checkpoint DuckDB, exit 0.
+queued, stop the shipper after its batch, checkpoint DuckDB, exit 0.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import threading
@@ -70,6 +76,7 @@ from .workers import DecodePool, RedactedBatch, counts_delta, tune_gc
 __all__ = ["Collector", "serve_forever"]
 
 if TYPE_CHECKING:  # grpcio is imported only when server.otlp_grpc is set
+    from .lake.ship import LakeSession, Shipper
     from .receive_grpc import OtlpGrpcServer
 
 _log = logging.getLogger("loopwatch.collector")
@@ -92,6 +99,8 @@ class Collector:
     Raises:
         ConfigError: unreadable token, canary or key file.
         StoreUnavailable: the database file cannot be opened.
+        LakeUnavailable: ``[lake]`` is set and the lake cannot be used (checked first;
+            :func:`~loopwatch.collector.lake.ship.open_lake`).
     """
 
     def __init__(self, config: CollectorConfig) -> None:
@@ -105,6 +114,19 @@ class Collector:
             )
         self.token = config.token()
         hmac_key = config.hmac_key()
+        # Fleet mode: reach the lake before anything else starts, so a bad catalog or
+        # data path is one line and exit 2 before a span is accepted (docs/lake.md).
+        self._lake_session = _open_lake(config)
+        try:
+            self._build(config, canaries, hmac_key)
+        except BaseException:
+            if self._lake_session is not None:
+                self._lake_session.close()
+            raise
+
+    def _build(
+        self, config: CollectorConfig, canaries: tuple[str, ...], hmac_key: bytes | None
+    ) -> None:
         self.redact = RedactStage(canaries=canaries, hmac_key=hmac_key)
         self.decode_pool: DecodePool | None = None
         if config.pipeline.decode_workers:
@@ -129,6 +151,10 @@ class Collector:
                 undecided_timeout_seconds=config.sampling.stop_timeout_seconds,
             ),
             retention_seconds=config.store.retention_days * 86_400,
+            shipped_retention_seconds=config.lake.local_retention_seconds
+            if config.lake.enabled
+            else 0.0,
+            keep_unshipped=config.lake.enabled,
         )
         self.store: Store
         self.inflight = InflightLimit(
@@ -153,6 +179,35 @@ class Collector:
         self._agents_lock = threading.Lock()
         self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loopwatch-pipeline")
         self._started = time.time()
+        self.shipper: Shipper | None = None
+        if self._lake_session is not None:
+            self.shipper = self._start_shipper(config, self._lake_session)
+
+    def _start_shipper(self, config: CollectorConfig, session: LakeSession) -> Shipper:
+        from .lake.ship import FAILURE_REASONS, PAUSE_ENV, Shipper, ShipSettings
+        from .metrics import LakeShipMetrics
+
+        lake_metrics = LakeShipMetrics(FAILURE_REASONS)
+        self.registry.register(lake_metrics)
+        lake = config.lake
+        shipper = Shipper(
+            session,
+            read_cursor=self.store.read_cursor,
+            run_task=self.store.run_task,
+            settings=ShipSettings(
+                collector_id=lake.collector_id,
+                interval_seconds=lake.ship_interval_seconds,
+                grace_seconds=lake.ship_grace_seconds,
+                batch_runs=lake.ship_batch_runs,
+                retry_max_seconds=lake.ship_retry_max_seconds,
+                pause_after_commit_seconds=float(os.environ.get(PAUSE_ENV) or 0),
+            ),
+            on_shipped=lake_metrics.record_shipped,
+            on_failure=lake_metrics.record_failure,
+            on_backlog=lake_metrics.set_backlog,
+        )
+        shipper.start()
+        return shipper
 
     # ------------------------------------------------------------- pipeline
 
@@ -366,7 +421,28 @@ class Collector:
         if self.decode_pool is not None:
             self.decode_pool.close()
         self._pipeline.shutdown(wait=True)
+        if self.shipper is not None:
+            # Before the store closes: a batch in progress finishes its local mark.
+            self.shipper.stop()
         self.store.close()
+
+
+def _open_lake(config: CollectorConfig) -> LakeSession | None:
+    """The checked lake session of a collector with ``[lake]`` set, else None.
+
+    Raises:
+        LakeUnavailable: see :func:`~loopwatch.collector.lake.ship.open_lake`.
+    """
+    if not config.lake.enabled:
+        return None
+    from .lake.connect import LakeTarget
+    from .lake.ship import open_lake
+
+    lake = config.lake
+    target = LakeTarget(lake.catalog, lake.data_path, lake.extension_directory or None)
+    session = open_lake(target)
+    _log.info("lake: shipping to %s as %s", target.describe(), lake.collector_id)
+    return session
 
 
 def _bind(hostport: str, what: str) -> socket.socket:
@@ -471,6 +547,8 @@ def serve_forever(
         OSError: a listen address is in use or not available.
         StoreUnavailable: the database file cannot be opened (missing folder, held by
             another process, not a DuckDB file).
+        LakeUnavailable: ``[lake]`` is set and the catalog, the data path, the
+            extensions or the lake's version are not usable.
     """
     logging.basicConfig(
         level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -3,7 +3,7 @@
 Free of pyarrow and of a runtime DuckDB import, so the dashboard (duckdb and pandas only)
 and the pure ``runs`` stage can import the column names.
 
-Schema (``SCHEMA_VERSION`` = 18; numbered migrations in :data:`MIGRATIONS` are applied in
+Schema (``SCHEMA_VERSION`` = 19; numbered migrations in :data:`MIGRATIONS` are applied in
 order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
 
 - ``runs``: one row per run (key ``run_key``), kept until retention removes it: counts,
@@ -35,6 +35,10 @@ order at open; times are integers in ns since the Unix epoch unless named ``_uni
   and when it was stored (no index: append-only, pruned by time).
 - ``sample_quota``: runs kept per (hour, stop_reason, tool), append-only: each group that
   keeps runs appends the new totals and the largest ``kept`` of a key is its count.
+- ``shipped_runs`` (schema 19, fleet mode): one row per run the shipper published to the
+  lake (:mod:`loopwatch.collector.lake.ship`), appended after the lake's commit;
+  ``skipped``: the lake already held the run from another collector. Retention removes a
+  shipped run (and its mark) after ``lake.local_retention_seconds``.
 - ``schema_version``: applied migrations.
 """
 
@@ -416,6 +420,16 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "DROP VIEW stop_anomalies",
             "DROP VIEW stops",
             *_STOP_VIEWS,
+        ),
+    ),
+    Migration(
+        19,
+        "fleet mode: shipped_runs, the runs published to the lake (append-only marks)",
+        (
+            # No key: appended once per run by the shipper after its lake commit, read by
+            # anti-join; retention deletes a run's mark with the run.
+            "CREATE TABLE shipped_runs (run_key UBIGINT NOT NULL, "
+            "shipped_unix_nano BIGINT NOT NULL, skipped BOOLEAN NOT NULL)",
         ),
     ),
 )

@@ -42,6 +42,10 @@ removes decided runs whose last span arrived longer ago than that, with every ro
 names them, in transactions of ``prune_max_runs`` runs. A span of a removed run arriving
 later starts a new run row (its stop is counted again). A canary flag goes with the last
 run it names (a flag by trace id then no longer marks later runs of that trace).
+Fleet mode (``keep_unshipped``, ``shipped_retention_seconds``): retention removes only
+runs marked in ``shipped_runs``, and removes those once shipped longer ago than
+``shipped_retention_seconds``. :meth:`Store.run_task` runs a short task (the shipper's
+marks) on the writer thread between groups, in its own transaction.
 
 ``/metrics`` counters start from zero with the process (Prometheus' ``rate()`` and
 ``increase()`` handle the reset); the totals live in these tables, read by the API.
@@ -65,7 +69,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import duckdb
 
@@ -83,6 +87,7 @@ __all__ = ["CommitResult", "CommitStats", "Store", "StoreConfig"]
 logger = logging.getLogger("loopwatch.collector.store")
 
 _NS: Final = 1_000_000_000
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +153,8 @@ class StoreConfig:
     memory_limit_bytes: int = 512 * 1024 * 1024
     retention_seconds: float = 0.0
     prune_max_runs: int = 2_000
+    shipped_retention_seconds: float = 0.0
+    keep_unshipped: bool = False
 
     def validate(self) -> None:
         """Check every field.
@@ -168,6 +175,8 @@ class StoreConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1")
+        if not 0 <= self.shipped_retention_seconds < float("inf"):
+            raise ValueError("shipped_retention_seconds must be a finite number >= 0")
         for name in (
             "dedup_retention_seconds",
             "maintenance_interval_seconds",
@@ -319,6 +328,7 @@ class Store:
         self._closing = False
         self._closed = False
         self._maintenance_requests: list[Future[int]] = []
+        self._tasks: list[tuple[Callable[[duckdb.DuckDBPyConnection], Any], Future[Any]]] = []
         self._last_maintenance = time.monotonic()
         self._prune_due = False
         self.pruned_runs = 0
@@ -387,6 +397,31 @@ class Store:
             self._cond.notify()
         return future
 
+    def run_task(self, task: Callable[[duckdb.DuckDBPyConnection], _T]) -> Future[_T]:
+        """Run ``task(connection)`` on the writer thread, between groups, in its own
+        transaction (the one writer of STYLE rule 8; fleet mode marks shipped runs so).
+
+        Keep it short: groups wait while it runs. A task that raises is rolled back.
+
+        Returns:
+            A future with the task's value, set after the commit (or its exception).
+
+        Raises:
+            StoreClosed: :meth:`close` was called.
+        """
+        future: Future[_T] = Future()
+        with self._cond:
+            if self._closing:
+                raise StoreClosed()
+            self._tasks.append((task, future))
+            self._cond.notify()
+        return future
+
+    def read_cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new cursor on the file for a background reader (its own MVCC snapshot per
+        transaction; it never blocks the writer). The caller closes it."""
+        return self._read_root.cursor()
+
     def close(self, timeout_seconds: float = 30.0) -> None:
         """Commit what is queued, stop the writer, checkpoint and close the file.
 
@@ -416,6 +451,7 @@ class Store:
                 while (
                     not self._queue
                     and not self._maintenance_requests
+                    and not self._tasks
                     and not self._closing
                     and not self._prune_due
                 ):
@@ -432,10 +468,13 @@ class Store:
                     jobs.append(job)
                 self._queued_spans -= spans
                 requests, self._maintenance_requests = self._maintenance_requests, []
+                tasks, self._tasks = self._tasks, []
                 stop = self._closing and not self._queue and not jobs
             live = [j for j in jobs if j.future.set_running_or_notify_cancel()]
             if live:
                 self._commit_group(live)
+            for task, future in tasks:
+                self._run_task(task, future)
             if requests or time.monotonic() - self._last_maintenance >= interval:
                 self._maintain(requests)
             elif self._prune_due and not self._queue:
@@ -495,6 +534,22 @@ class Store:
                 )
             except Exception:
                 logger.exception("on_commit hook failed")
+
+    def _run_task(
+        self, task: Callable[[duckdb.DuckDBPyConnection], Any], future: Future[Any]
+    ) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            self._con.execute("BEGIN TRANSACTION")
+            value = task(self._con)
+            self._con.execute("COMMIT")
+        except Exception as exc:
+            with contextlib.suppress(duckdb.Error):
+                self._con.execute("ROLLBACK")
+            future.set_exception(exc)
+            return
+        future.set_result(value)
 
     def _committed(self) -> None:
         """Publish the in-memory state of the transaction just committed."""
@@ -579,18 +634,29 @@ class Store:
         """
         self._prune_due = False
         retention = self.config.retention_seconds
-        if retention <= 0:
+        shipped = self.config.shipped_retention_seconds
+        if retention <= 0 and shipped <= 0:
             return
         now_ns = int(self._clock() * _NS)
-        cutoff = now_ns - int(retention * _NS)
+        due = []  # only integers computed here are rendered into the SQL
+        if retention > 0:
+            age = f"last_seen_unix_nano < {now_ns - int(retention * _NS)}"
+            if self.config.keep_unshipped:
+                age += " AND run_key IN (SELECT run_key FROM shipped_runs)"
+            due.append(age)
+        if shipped > 0:
+            due.append(
+                "run_key IN (SELECT run_key FROM shipped_runs "
+                f"WHERE shipped_unix_nano < {now_ns - int(shipped * _NS)})"
+            )
         limit = self.config.prune_max_runs
         con = self._con
         try:
             con.execute("BEGIN TRANSACTION")
             rows = con.execute(
-                "SELECT run_key FROM runs WHERE sampled IS NOT NULL "
-                "AND last_seen_unix_nano < ? ORDER BY last_seen_unix_nano LIMIT ?",
-                [cutoff, limit],
+                f"SELECT run_key FROM runs WHERE sampled IS NOT NULL AND ({' OR '.join(due)}) "
+                "ORDER BY last_seen_unix_nano LIMIT ?",
+                [limit],
             ).fetchall()
             if rows:
                 keys = key_list(key for (key,) in rows)
@@ -600,6 +666,7 @@ class Store:
                     "stop_reports",
                     "stop_duplicates",
                     "run_tools",
+                    "shipped_runs",
                     "runs",
                 ):
                     con.execute(f"DELETE FROM {table} WHERE run_key IN ({keys})")
@@ -617,9 +684,5 @@ class Store:
             return
         if rows:
             self.pruned_runs += len(rows)
-            logger.info(
-                "retention: removed %d runs last seen over %g days ago",
-                len(rows),
-                retention / 86_400,
-            )
+            logger.info("retention: removed %d runs (expired, or shipped to the lake)", len(rows))
         self._prune_due = len(rows) == limit

@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -371,6 +371,7 @@ def start_collector(
     db_path: Path | None = None,
     token: str | None = None,
     ready_timeout_seconds: float = 30.0,
+    env: Mapping[str, str] | None = None,
 ) -> CollectorProcess:
     """Start ``loopwatch collector`` on free loopback ports and wait until it is ready.
 
@@ -385,6 +386,7 @@ def start_collector(
             same path again to restart on the same data.
         token: bearer token to require (written to a file, passed as ``--token-file``).
         ready_timeout_seconds: how long to wait for ``/healthz``.
+        env: variables added to the child's environment (e.g. the lake's test hook).
 
     Raises:
         ServiceError: the collector exited or did not become ready (stderr attached).
@@ -416,7 +418,7 @@ def start_collector(
             stderr=err,
             stdin=subprocess.DEVNULL,
             cwd=tmp_path,
-            env=_child_env(),
+            env={**_child_env(), **(env or {})},
             start_new_session=True,
         )
     _live.add(proc)

@@ -1,0 +1,665 @@
+"""Ship finished runs from the collector's local DuckDB file to the lake, exactly once.
+
+The local file stays the durable buffer: the collector acknowledges a request after its
+local commit, as without a lake, and a :class:`Shipper` thread publishes finished runs
+to the lake afterwards, in batches:
+
+1. **Finished** (:func:`select_finished`): the run's stop and sampling are decided
+   (``runs.sampled IS NOT NULL``; the store decides a run whose stop never comes after
+   ``sampling.stop_timeout_seconds``, so timed-out runs are decided too), no span of it
+   arrived for ``grace`` seconds (``last_seen_unix_nano``), and it is not in
+   ``shipped_runs`` yet.
+2. **Read** (:func:`read_batch`): the run row, its primary stop (the local ``stops``
+   view), its kept steps (``steps``), its tool counts (``run_tools`` summed, with
+   ``run_id``) and its canary flag (a flag naming the run id or its trace id), read on a
+   cursor of the store (:meth:`~loopwatch.collector.store.writer.Store.read_cursor`) in
+   one read transaction: a consistent MVCC snapshot that never blocks the writer's group
+   commit, as the read API's cursors do.
+3. **Publish** (:meth:`LakeSession.publish`): in ONE lake transaction, insert the rows of
+   the batch's runs whose ``run_key`` is not in ``lake.runs`` yet; commit.
+4. **Mark** (:func:`mark_shipped`): append the batch's keys to the local ``shipped_runs``
+   through :meth:`~loopwatch.collector.store.writer.Store.run_task`: the writer thread
+   runs it between groups, in its own transaction, so the file keeps one writer.
+
+Exactly once, by run key. The lake holds the first committed copy of a ``run_key``; a
+later copy is never inserted. A crash between 3 and 4 re-ships the batch at the next
+start: the anti-join of step 3 finds the keys (with this ``collector_id``) and step 4
+marks them. A copy of a run that another collector already committed (a trace whose
+spans reached two collectors) is skipped, marked ``skipped`` locally, and counted in
+``loopwatch_lake_runs_skipped_total``. DuckLake does not conflict on concurrent inserts
+into one table (both commit), so the check and the insert of concurrent shippers are
+serialized by a PostgreSQL advisory lock (:data:`SHIP_LOCK_KEY`) held on a session
+connection to the catalog database for the length of the lake transaction. A local
+``.ducklake`` catalog file has one writing process anyway.
+
+Failures (a DuckLake commit conflict, PostgreSQL down or restarting, the data path full
+or unwritable, the local mark refused) roll the lake transaction back (or leave a
+committed one to be found again), mark nothing, and retry the batch with a doubling
+backoff; the collector keeps ingesting and answering. Each failure is counted in
+``loopwatch_lake_ship_failures_total{reason}`` (:data:`FAILURE_REASONS`).
+
+Start (:func:`open_lake`): the data path is written (a probe file), the catalog
+database is reached, the lake is attached and its contract version checked, before the
+collector accepts a span; any failure there is a :class:`~loopwatch.collector.errors.
+LakeUnavailable` (one line, password masked), which the CLI prints before exiting 2.
+
+Test hook (tests only, documented in docs/lake.md): ``LOOPWATCH_TEST_SHIP_PAUSE_SECONDS``
+makes the shipper log ``lake commit done`` and sleep that long between the lake commit
+and the local mark, so a test can ``kill -9`` the collector in the window that matters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from ..errors import LakeUnavailable
+from ..store.schema import key_list
+from .connect import ALIAS, LakeTarget, connect_lake, mask_catalog
+from .schema import LAKE_TABLES, ensure_lake_schema, lake_columns
+
+if TYPE_CHECKING:
+    import duckdb
+
+__all__ = [
+    "FAILURE_REASONS",
+    "PAUSE_ENV",
+    "SHIP_LOCK_KEY",
+    "LakeBatch",
+    "LakeSession",
+    "ShipOutcome",
+    "ShipSettings",
+    "Shipper",
+    "classify_failure",
+    "mark_shipped",
+    "open_lake",
+    "read_batch",
+    "select_finished",
+    "split_existing",
+]
+
+_log = logging.getLogger("loopwatch.collector.lake")
+_NS: Final = 1_000_000_000
+
+SHIP_LOCK_KEY: Final = int.from_bytes(
+    hashlib.blake2b(b"loopwatch.lake.ship", digest_size=8).digest(), "big", signed=True
+)
+"""The PostgreSQL advisory lock (``pg_advisory_lock(bigint)``) every shipper of a lake
+holds around its check-insert-commit."""
+
+FAILURE_REASONS: Final = ("conflict", "catalog", "data_path", "local", "other")
+"""Values of the ``reason`` label of ``loopwatch_lake_ship_failures_total``:
+``conflict`` (a DuckLake commit lost to another writer), ``catalog`` (PostgreSQL
+unreachable, restarting, or the advisory lock timed out), ``data_path`` (a Parquet file
+could not be written), ``local`` (the local file refused the read or the mark),
+``other``."""
+
+PAUSE_ENV: Final = "LOOPWATCH_TEST_SHIP_PAUSE_SECONDS"
+"""Test hook: seconds to sleep between the lake commit and the local mark."""
+
+_CONNECT_TIMEOUT_SECONDS: Final = 10
+_LOCK_TIMEOUT: Final = "60s"
+_SCHEMA_ATTEMPTS: Final = 5
+
+
+@dataclass(frozen=True, slots=True)
+class ShipSettings:
+    """How the shipper works (from the ``[lake]`` configuration).
+
+    Attributes:
+        collector_id: the ``collector_id`` written with every row.
+        interval_seconds: pause between passes when the backlog is empty.
+        grace_seconds: a decided run ships once no span of it arrived for this long.
+        batch_runs: runs per lake transaction.
+        retry_max_seconds: the longest pause between retries (backoff doubles from
+            ``interval_seconds``).
+        pause_after_commit_seconds: test hook (:data:`PAUSE_ENV`); 0 in production.
+    """
+
+    collector_id: str
+    interval_seconds: float = 2.0
+    grace_seconds: float = 5.0
+    batch_runs: int = 2_000
+    retry_max_seconds: float = 60.0
+    pause_after_commit_seconds: float = 0.0
+
+
+# ----------------------------------------------------------------- local side
+
+
+def select_finished(
+    con: duckdb.DuckDBPyConnection, *, now_ns: int, grace_ns: int, limit: int
+) -> list[tuple[int, int]]:
+    """The finished, unshipped runs, oldest last span first.
+
+    Args:
+        con: a cursor of the local file.
+        now_ns: wall clock, ns since the epoch.
+        grace_ns: how long a decided run must have had no new span.
+        limit: at most this many.
+
+    Returns:
+        ``[(run_key, last_seen_unix_nano), ...]``.
+    """
+    return [
+        (int(key), int(seen))
+        for key, seen in con.execute(
+            "SELECT run_key, last_seen_unix_nano FROM runs WHERE sampled IS NOT NULL "
+            "AND last_seen_unix_nano < ? "
+            "AND run_key NOT IN (SELECT run_key FROM shipped_runs) "
+            "ORDER BY last_seen_unix_nano LIMIT ?",
+            [now_ns - grace_ns, limit],
+        ).fetchall()
+    ]
+
+
+def count_backlog(con: duckdb.DuckDBPyConnection) -> int:
+    """Decided runs not yet marked shipped (the ``loopwatch_lake_backlog_runs`` gauge)."""
+    row = con.execute(
+        "SELECT count(*) FROM runs WHERE sampled IS NOT NULL "
+        "AND run_key NOT IN (SELECT run_key FROM shipped_runs)"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _own(table: str) -> str:
+    return ", ".join(name for name, _ in LAKE_TABLES[table])
+
+
+@dataclass(frozen=True, slots=True)
+class LakeBatch:
+    """One batch's rows, read from the local file as Arrow tables (lake column order,
+    without ``collector_id`` and ``shipped_unix_nano``).
+
+    Attributes:
+        last_seen: ``{run_key: last_seen_unix_nano}`` of the batch's runs (for the lag).
+        tables: ``{lake table: pyarrow.Table}``.
+    """
+
+    last_seen: dict[int, int]
+    tables: dict[str, Any]
+
+    @property
+    def run_keys(self) -> list[int]:
+        """The batch's run keys."""
+        return list(self.last_seen)
+
+    def rows(self, table: str) -> int:
+        """Rows of ``table`` in the batch."""
+        return int(self.tables[table].num_rows)
+
+
+def read_batch(con: duckdb.DuckDBPyConnection, finished: Sequence[tuple[int, int]]) -> LakeBatch:
+    """Read the lake rows of ``finished`` runs from the local file, in one snapshot.
+
+    Args:
+        con: a cursor of the local file (a read transaction is opened and closed here).
+        finished: ``[(run_key, last_seen_unix_nano), ...]`` from :func:`select_finished`.
+
+    Returns:
+        The batch; a run removed meanwhile (retention) simply has no rows.
+    """
+    keys = key_list(key for key, _ in finished)
+    queries = {
+        "runs": f"SELECT {_own('runs')} FROM runs WHERE run_key IN ({keys})",
+        "stops": f"SELECT {_own('stops')} FROM stops WHERE run_key IN ({keys})",
+        "steps": f"SELECT {_own('steps')} FROM steps WHERE run_key IN ({keys})",
+        "run_tools": (
+            "SELECT t.run_key, r.run_id, t.tool, t.outcome, CAST(sum(t.calls) AS BIGINT) "
+            "AS calls, t.agent FROM run_tools t JOIN runs r ON r.run_key = t.run_key "
+            f"WHERE t.run_key IN ({keys}) GROUP BY t.run_key, r.run_id, t.tool, t.outcome, "
+            "t.agent"
+        ),
+        # A flag names a run id or a trace id; in the lake it names each run it marks.
+        "canary_flags": (
+            "SELECT r.run_id, min(c.first_seen_unix_nano) AS first_seen_unix_nano "
+            "FROM runs r JOIN canary_flags c ON c.run_id = r.run_id OR c.run_id = r.trace_id "
+            f"WHERE r.run_key IN ({keys}) GROUP BY r.run_id"
+        ),
+    }
+    con.execute("BEGIN TRANSACTION")
+    try:
+        tables = {name: con.execute(sql).to_arrow_table() for name, sql in queries.items()}
+    finally:
+        con.execute("ROLLBACK")
+    present = {int(k) for k in tables["runs"].column("run_key").to_pylist()}
+    return LakeBatch({k: seen for k, seen in finished if k in present}, tables)
+
+
+def mark_shipped(
+    con: duckdb.DuckDBPyConnection, keys: Sequence[int], skipped: Sequence[int], now_ns: int
+) -> None:
+    """Append the shipped marks (run on the writer thread, inside its transaction).
+
+    Args:
+        con: the store's write connection.
+        keys: run keys now in the lake from this collector (this or an earlier attempt).
+        skipped: run keys whose lake copy came from another collector.
+        now_ns: the mark's time.
+    """
+    all_keys = [*keys, *skipped]
+    if not all_keys:
+        return
+    # Literal lists (ints and booleans computed here): a bound Python list of UBIGINT
+    # values past 2**63 does not convert.
+    flags = ",".join(["false"] * len(keys) + ["true"] * len(skipped))
+    con.execute(
+        f"INSERT INTO shipped_runs SELECT unnest([{key_list(all_keys)}]::UBIGINT[]), ?, "
+        f"unnest([{flags}]::BOOLEAN[])",
+        [now_ns],
+    )
+
+
+# ----------------------------------------------------------------- lake side
+
+
+def split_existing(
+    keys: Iterable[int], existing: Iterable[tuple[int, str]], collector_id: str
+) -> tuple[list[int], list[int], list[int]]:
+    """Which of a batch's runs to insert.
+
+    Args:
+        keys: the batch's run keys.
+        existing: ``(run_key, collector_id)`` of those already in ``lake.runs``.
+        collector_id: this collector's id.
+
+    Returns:
+        ``(new, mine, skipped)``: to insert; already there from this collector (an
+        earlier attempt committed before a crash); already there from another collector
+        (first committed copy wins).
+    """
+    found = dict(existing)
+    new, mine, skipped = [], [], []
+    for key in keys:
+        owner = found.get(key)
+        if owner is None:
+            new.append(key)
+        elif owner == collector_id:
+            mine.append(key)
+        else:
+            skipped.append(key)
+    return new, mine, skipped
+
+
+def classify_failure(exc: BaseException) -> str:
+    """The ``reason`` label (:data:`FAILURE_REASONS`) of a failed ship."""
+    name = type(exc).__name__
+    text = str(exc).lower()
+    if isinstance(exc, LakeUnavailable):
+        return "data_path" if exc.what == "data_path" else "catalog"
+    if "conflict" in text or name == "TransactionException":
+        return "conflict"
+    if isinstance(exc, OSError) or any(
+        word in text
+        for word in ("no space", "permission denied", "not a directory", "could not write",
+                     "failed to create directory", "cannot open file", "read-only file")
+    ):  # fmt: skip
+        return "data_path"
+    if (
+        type(exc).__module__.startswith("psycopg")
+        or "postgres" in text
+        or "connection" in text
+        or "server closed" in text
+    ):
+        return "catalog"
+    return "other"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return mask_catalog(text[0] if text else type(exc).__name__)[:300]
+
+
+def probe_data_path(data_path: str) -> None:
+    """Write and remove a probe file in a local data path (object stores: skipped, their
+    first write is the check).
+
+    Raises:
+        LakeUnavailable: ``what="data_path"``, the folder cannot be made or written.
+    """
+    if "://" in data_path:
+        return
+    folder = Path(data_path)
+    probe = folder / f".loopwatch-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"loopwatch")
+        probe.unlink()
+    except OSError as exc:
+        raise LakeUnavailable(
+            "data_path",
+            f"cannot write the lake data path {data_path}: {exc.strerror or exc}",
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class ShipOutcome:
+    """What one published batch became.
+
+    Attributes:
+        inserted: run keys this transaction inserted.
+        mine: keys already in the lake from this collector (an earlier attempt).
+        skipped: keys already in the lake from another collector.
+        commit_ns: wall time of the lake commit.
+    """
+
+    inserted: list[int]
+    mine: list[int]
+    skipped: list[int]
+    commit_ns: int
+
+
+@dataclass
+class LakeSession:
+    """A connection to the lake (DuckDB with the lake attached) and, for a PostgreSQL
+    catalog, a psycopg session connection for the advisory lock.
+
+    Build it with :func:`open_lake`. Not thread-safe: one shipper thread uses it.
+    """
+
+    target: LakeTarget
+    con: duckdb.DuckDBPyConnection | None = None
+    lock_con: Any = None
+
+    def connect(self) -> None:
+        """(Re)connect what is closed.
+
+        Raises:
+            LakeUnavailable: the catalog cannot be reached or attached.
+        """
+        if self.target.is_postgres and self.lock_con is None:
+            self.lock_con = _pg_connect(self.target)
+        if self.con is None:
+            self.con = connect_lake(self.target, memory_limit="256MB", threads=1)
+
+    def close(self) -> None:
+        """Close both connections (idempotent); the next :meth:`connect` opens new ones."""
+        if self.con is not None:
+            with contextlib.suppress(Exception):
+                self.con.close()
+            self.con = None
+        if self.lock_con is not None:
+            with contextlib.suppress(Exception):
+                self.lock_con.close()
+            self.lock_con = None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Any:
+        if self.lock_con is None:
+            yield
+            return
+        self.lock_con.execute("SELECT pg_advisory_lock(%s)", (SHIP_LOCK_KEY,))
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):  # a dead session released it already
+                self.lock_con.execute("SELECT pg_advisory_unlock(%s)", (SHIP_LOCK_KEY,))
+
+    def publish(self, batch: LakeBatch, collector_id: str) -> ShipOutcome:
+        """Insert the batch's runs not yet in the lake, in one lake transaction.
+
+        Raises:
+            duckdb.Error, psycopg.Error, LakeUnavailable: nothing of the batch was
+            committed by this call (or the commit's answer was lost: the next attempt
+            finds the rows as ``mine``); retry.
+        """
+        self.connect()
+        con = self.con
+        assert con is not None
+        keys = batch.run_keys
+        with self._locked():
+            shipped_ns = time.time_ns()
+            con.execute("BEGIN TRANSACTION")
+            try:
+                existing = con.execute(
+                    f"SELECT run_key, collector_id FROM {ALIAS}.runs "
+                    f"WHERE run_key IN ({key_list(keys)})"
+                ).fetchall()
+                new, mine, skipped = split_existing(
+                    keys, ((int(k), str(c)) for k, c in existing), collector_id
+                )
+                if new:
+                    _insert(con, _only(batch.tables, new), collector_id, shipped_ns)
+                con.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    con.execute("ROLLBACK")
+                raise
+            commit_ns = time.time_ns()
+        return ShipOutcome(new, mine, skipped, commit_ns)
+
+
+def _only(tables: dict[str, Any], keys: Sequence[int]) -> dict[str, Any]:
+    """The rows of ``keys``' runs, filtered in Arrow: a ``run_key IN (...)`` filter over
+    a registered Arrow table is pushed into pyarrow, which cannot take UBIGINT literals
+    past 2**63."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    wanted = pa.array(keys, pa.uint64())
+    out = {
+        name: table.filter(pc.is_in(table.column("run_key"), value_set=wanted))
+        for name, table in tables.items()
+        if name != "canary_flags"
+    }
+    run_ids = out["runs"].column("run_id")
+    flags = tables["canary_flags"]
+    out["canary_flags"] = flags.filter(pc.is_in(flags.column("run_id"), value_set=run_ids))
+    return out
+
+
+def _insert(
+    con: duckdb.DuckDBPyConnection, tables: dict[str, Any], collector_id: str, shipped_ns: int
+) -> None:
+    for table in LAKE_TABLES:
+        if not tables[table].num_rows:
+            continue
+        view = f"ship_{table}"
+        con.register(view, tables[table])
+        try:
+            columns = ", ".join(name for name, _ in lake_columns(table))
+            con.execute(
+                f"INSERT INTO {ALIAS}.{table} ({columns}) SELECT {_own(table)}, ?, ? FROM {view}",
+                [collector_id, shipped_ns],
+            )
+        finally:
+            con.unregister(view)
+
+
+def _pg_connect(target: LakeTarget) -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise LakeUnavailable(
+            "extension", "a PostgreSQL catalog needs psycopg: pip install 'loopwatch[lake]'"
+        ) from None
+    try:
+        con = psycopg.connect(
+            target.postgres_dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_SECONDS
+        )
+        con.execute(f"SET lock_timeout = '{_LOCK_TIMEOUT}'")
+    except psycopg.Error as exc:
+        raise LakeUnavailable(
+            "catalog",
+            f"cannot reach the lake catalog {target.describe()}: {_first_line(exc)}",
+        ) from None
+    return con
+
+
+def open_lake(target: LakeTarget) -> LakeSession:
+    """Check everything the shipper needs, at start, and return the open session.
+
+    In order: the data path takes a file; the catalog database answers (PostgreSQL); the
+    extensions load and the lake attaches (a catalog of another DuckLake version fails
+    here); the lake's tables exist and its contract version is not newer than this
+    loopwatch's (:func:`~loopwatch.collector.lake.schema.ensure_lake_schema`, retried
+    when several collectors create them at once).
+
+    Raises:
+        LakeUnavailable: one line naming what failed (password masked).
+    """
+    probe_data_path(target.data_path)
+    session = LakeSession(target)
+    try:
+        session.connect()
+        assert session.con is not None
+        for attempt in range(_SCHEMA_ATTEMPTS):
+            try:
+                ensure_lake_schema(session.con)
+                break
+            except LakeUnavailable:
+                raise
+            except Exception as exc:
+                if attempt == _SCHEMA_ATTEMPTS - 1:
+                    raise LakeUnavailable(
+                        classify_failure(exc) if classify_failure(exc) != "other" else "catalog",
+                        f"cannot create the lake's tables in {target.describe()}: "
+                        f"{_first_line(exc)}",
+                    ) from None
+                time.sleep(0.2 * (attempt + 1))
+    except BaseException:
+        session.close()
+        raise
+    return session
+
+
+# ----------------------------------------------------------------- the thread
+
+
+class Shipper:
+    """The shipping thread of one collector.
+
+    Args:
+        session: an open :class:`LakeSession` (from :func:`open_lake`); the shipper owns
+            and closes it.
+        read_cursor: returns a new cursor of the local file (``Store.read_cursor``).
+        run_task: runs a function on the store's writer thread (``Store.run_task``).
+        settings: intervals and sizes.
+        on_shipped: ``(inserted, skipped, lags_seconds)`` after each batch's local mark.
+        on_failure: ``(reason)`` after each failed attempt.
+        on_backlog: ``(runs)`` after each pass.
+        clock: wall clock in epoch seconds (the store's clock, for ``last_seen``).
+    """
+
+    def __init__(
+        self,
+        session: LakeSession,
+        *,
+        read_cursor: Callable[[], duckdb.DuckDBPyConnection],
+        run_task: Callable[[Callable[[duckdb.DuckDBPyConnection], None]], Future[None]],
+        settings: ShipSettings,
+        on_shipped: Callable[[int, int, list[float]], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
+        on_backlog: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.session = session
+        self.settings = settings
+        self._read_cursor = read_cursor
+        self._run_task = run_task
+        self._on_shipped = on_shipped
+        self._on_failure = on_failure
+        self._on_backlog = on_backlog
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="loopwatch-lake-ship", daemon=True)
+        self.failures_in_a_row = 0
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def stop(self, timeout_seconds: float = 30.0) -> None:
+        """Stop after the batch in progress (its lake commit and local mark), close the
+        lake session. Idempotent."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_seconds)
+        self.session.close()
+
+    def _loop(self) -> None:
+        delay = 0.0
+        while not self._stop.wait(delay):
+            try:
+                full = self.ship_once()
+            except Exception as exc:
+                reason = classify_failure(exc)
+                self.failures_in_a_row += 1
+                delay = min(
+                    self.settings.interval_seconds * 2 ** min(self.failures_in_a_row, 16),
+                    self.settings.retry_max_seconds,
+                )
+                _log.warning(
+                    "lake ship failed (%s), retrying in %.1f s: %s",
+                    reason,
+                    delay,
+                    _first_line(exc),
+                )
+                self.session.close()
+                if self._on_failure is not None:
+                    self._on_failure(reason)
+                continue
+            self.failures_in_a_row = 0
+            delay = 0.0 if full else self.settings.interval_seconds
+
+    def ship_once(self) -> bool:
+        """One pass: ship up to one batch of finished runs.
+
+        Returns:
+            True when the batch was full (more may be waiting).
+
+        Raises:
+            Exception: the pass failed; nothing new was marked (retry).
+        """
+        settings = self.settings
+        cursor = self._read_cursor()
+        try:
+            finished = select_finished(
+                cursor,
+                now_ns=int(self._clock() * _NS),
+                grace_ns=int(settings.grace_seconds * _NS),
+                limit=settings.batch_runs,
+            )
+            if self._on_backlog is not None:
+                self._on_backlog(count_backlog(cursor))
+            if not finished:
+                return False
+            batch = read_batch(cursor, finished)
+        finally:
+            cursor.close()
+        outcome = (
+            self.session.publish(batch, settings.collector_id)
+            if batch.last_seen
+            else ShipOutcome([], [], [], time.time_ns())
+        )
+        if settings.pause_after_commit_seconds > 0:
+            _log.warning(
+                "lake commit done (%d runs); test hook: pausing %.1f s before the local mark",
+                len(outcome.inserted),
+                settings.pause_after_commit_seconds,
+            )
+            time.sleep(settings.pause_after_commit_seconds)
+        shipped = [*outcome.inserted, *outcome.mine]
+        now_ns = time.time_ns()
+        self._run_task(lambda con: mark_shipped(con, shipped, outcome.skipped, now_ns)).result(
+            timeout=120
+        )
+        if outcome.skipped:
+            _log.info(
+                "lake: %d runs already shipped by another collector, skipped",
+                len(outcome.skipped),
+            )
+        if self._on_shipped is not None:
+            lags = [(outcome.commit_ns - batch.last_seen[k]) / _NS for k in outcome.inserted]
+            self._on_shipped(len(outcome.inserted), len(outcome.skipped), lags)
+        return len(finished) >= settings.batch_runs

@@ -1,0 +1,76 @@
+"""The lake settings: flags, environment, file, durations and their errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from loopwatch.collector.config import load_config, parse_duration_seconds
+from loopwatch.collector.errors import ConfigError
+
+CATALOG = "postgres:dbname=lake host=127.0.0.1 port=5432 password=s3cr3t"
+
+
+def test_lake_is_off_by_default() -> None:
+    config = load_config(environ={})
+    assert not config.lake.enabled
+    assert config.lake.collector_id  # the host name
+
+
+def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text(
+        '[lake]\ncatalog = "file.ducklake"\ndata_path = "/data/file"\n'
+        'local_retention_seconds = "12h"\n'
+    )
+    env = {"LOOPWATCH_LAKE": CATALOG, "LOOPWATCH_LAKE_DATA": "/data/env"}
+    config = load_config(
+        toml, environ=env, overrides={"lake": {"data_path": "/data/flag", "collector_id": "c7"}}
+    )
+    assert config.lake.catalog == CATALOG
+    assert config.lake.data_path == "/data/flag"
+    assert config.lake.collector_id == "c7"
+    assert config.lake.local_retention_seconds == 12 * 3600
+    described = repr(config.describe())
+    assert "s3cr3t" not in described and "password=***" in described
+
+
+def test_long_env_name_wins_over_short_one() -> None:
+    env = {
+        "LOOPWATCH_LAKE": "a.ducklake",
+        "LOOPWATCH_LAKE_CATALOG": "b.ducklake",
+        "LOOPWATCH_LAKE_DATA_PATH": "/d",
+    }
+    assert load_config(environ=env).lake.catalog == "b.ducklake"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90", 90.0), ("90s", 90.0), ("15m", 900.0), ("12h", 43_200.0), ("7d", 604_800.0),
+     ("1.5h", 5_400.0), (" 2D ", 172_800.0)],
+)  # fmt: skip
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration_seconds(text, what="x") == seconds
+
+
+@pytest.mark.parametrize(
+    ("lake", "where"),
+    [
+        ({"catalog": CATALOG}, "lake.data_path"),
+        ({"data_path": "/d"}, "lake.catalog"),
+        ({"catalog": CATALOG, "data_path": "/d", "local_retention_seconds": "7 weeks"},
+         "lake.local_retention_seconds"),
+        ({"catalog": CATALOG, "data_path": "/d", "local_retention_seconds": "-1"},
+         "lake.local_retention_seconds"),
+        ({"catalog": CATALOG, "data_path": "/d", "ship_interval_seconds": "0"},
+         "lake.ship_interval_seconds"),
+        ({"catalog": CATALOG, "data_path": "/d", "ship_batch_runs": "0"}, "lake.ship_batch_runs"),
+        ({"catalog": CATALOG, "data_path": "/d", "collector_id": " "}, "lake.collector_id"),
+        ({"catalog": "x'y.ducklake", "data_path": "/d"}, "lake.catalog"),
+    ],
+)  # fmt: skip
+def test_bad_lake_settings(lake: dict[str, str], where: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={}, overrides={"lake": lake})
+    assert str(info.value).startswith(where)
+    assert "s3cr3t" not in str(info.value)
