@@ -61,18 +61,21 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from .connect import ALIAS, LakeTarget, connect_lake, mask_catalog
 from .schema import LAKE_TABLES
+from .ship import SHIP_LOCK_KEY
 
 if TYPE_CHECKING:
     import duckdb
     import psycopg
 
-__all__ = ["LEASE_TABLE", "Housekeeper", "LakeLease", "RoundReport"]
+    from ..config import CollectorConfig
+
+__all__ = ["LEASE_TABLE", "Housekeeper", "LakeLease", "RoundReport", "housekeeper_for"]
 
 logger = logging.getLogger("loopwatch.collector.lake.housekeeping")
 
@@ -84,6 +87,8 @@ _CONFLICT_ATTEMPTS: Final = 5
 """Tries of one retention DELETE. DuckLake refuses a delete that commits after another
 transaction inserted into the same table (checked with duckdb 1.5.5): a busy fleet's
 shippers insert every few seconds, and a retry a moment later usually wins."""
+_WITH_SHIPPERS_HELD: Final = frozenset({"retention", "flush"})
+_SHIP_LOCK_TIMEOUT: Final = "30s"
 _CHILD_TABLES: Final = tuple(table for table in LAKE_TABLES if table != "runs")
 
 
@@ -374,9 +379,43 @@ class Housekeeper:
             if not self._renew():
                 raise LeaseLost
             try:
-                step(con, report)
-            except Exception as exc:  # duckdb.Error; the next round tries again
+                if name in _WITH_SHIPPERS_HELD:
+                    with self._shippers_held():
+                        step(con, report)
+                else:
+                    step(con, report)
+            except Exception as exc:  # duckdb.Error, psycopg.Error; the next round retries
                 report.errors.append(f"{name}: {_first(exc)}")
+
+    @contextlib.contextmanager
+    def _shippers_held(self) -> Iterator[None]:
+        """Hold the shippers' advisory lock (:data:`~.ship.SHIP_LOCK_KEY`) for a step.
+
+        A DuckLake DELETE refuses to commit after a concurrent INSERT into its table, and
+        makes a concurrent INSERT fail (checked with duckdb 1.5.5); every shipper takes
+        this lock around its lake transaction, so under it retention and the flush of
+        inlined rows meet no shipper. Both are short; merges and cleanup do not conflict
+        with inserts and run without it.
+
+        Raises:
+            psycopg.Error: the catalog did not answer, or the lock did not come within
+                ``lock_timeout`` (the step is skipped this round).
+        """
+        if not self.target.is_postgres:
+            yield
+            return
+        import psycopg
+
+        with psycopg.connect(
+            self.target.postgres_dsn, autocommit=True, connect_timeout=5
+        ) as lock_con:
+            lock_con.execute(f"SET lock_timeout = '{_SHIP_LOCK_TIMEOUT}'")
+            lock_con.execute("SELECT pg_advisory_lock(%s)", (SHIP_LOCK_KEY,))
+            try:
+                yield
+            finally:
+                with contextlib.suppress(psycopg.Error):  # closing the session releases it
+                    lock_con.execute("SELECT pg_advisory_unlock(%s)", (SHIP_LOCK_KEY,))
 
     def _retention(self, con: duckdb.DuckDBPyConnection, report: RoundReport) -> None:
         if self.retention_days <= 0:
@@ -429,6 +468,28 @@ class Housekeeper:
                 [self.file_grace_seconds],
             )
         report.files_deleted = deleted
+
+
+def housekeeper_for(config: CollectorConfig) -> Housekeeper | None:
+    """The housekeeper a collector runs, from ``[lake]`` and ``[lake_housekeeping]``.
+
+    Returns:
+        None when no lake is configured or ``lake_housekeeping.enabled`` is off; else a
+        :class:`Housekeeper`, not started (the caller owns :meth:`~Housekeeper.start` and
+        :meth:`~Housekeeper.stop`).
+    """
+    lake, settings = config.lake, config.lake_housekeeping
+    if not lake.enabled or not settings.enabled:
+        return None
+    target = LakeTarget(lake.catalog, lake.data_path, lake.extension_directory or None)
+    return Housekeeper(
+        target,
+        lake.collector_id,
+        interval_seconds=settings.interval_seconds,
+        retention_days=settings.retention_days,
+        lease_seconds=settings.lease_seconds or None,
+        snapshot_retention_seconds=settings.snapshot_retention_seconds,
+    )
 
 
 def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None) -> int:

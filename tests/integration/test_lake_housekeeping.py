@@ -315,3 +315,29 @@ def test_catalog_down_is_a_skipped_round_not_an_error(
     assert not report.worked
     assert report.errors and report.errors[0].startswith("lease:")
     assert keeper.run_once().worked
+
+
+def test_housekeeping_settings_from_the_environment_and_their_checks() -> None:
+    from loopwatch.collector.config import load_config
+    from loopwatch.collector.errors import ConfigError
+    from loopwatch.collector.lake.housekeeping import housekeeper_for
+
+    env = {
+        "LOOPWATCH_LAKE": "postgres:dbname=lake host=127.0.0.1 port=1",
+        "LOOPWATCH_LAKE_DATA": "/tmp/lake/",
+        "LOOPWATCH_LAKE_COLLECTOR_ID": "c-1",
+        "LOOPWATCH_LAKE_HOUSEKEEPING_INTERVAL_SECONDS": "30",
+        "LOOPWATCH_LAKE_HOUSEKEEPING_RETENTION_DAYS": "14",
+    }
+    config = load_config(environ=env)
+    keeper = housekeeper_for(config)
+    assert keeper is not None
+    assert keeper.interval_seconds == 30 and keeper.retention_days == 14
+    assert keeper.lease is not None and keeper.lease.lease_seconds == 60
+    assert keeper.holder.startswith("c-1/")
+    off = {**env, "LOOPWATCH_LAKE_HOUSEKEEPING_ENABLED": "false"}
+    assert housekeeper_for(load_config(environ=off)) is None
+    assert housekeeper_for(load_config(environ={})) is None
+    for name, bad in (("INTERVAL_SECONDS", "0"), ("RETENTION_DAYS", "-1")):
+        with pytest.raises(ConfigError, match="lake_housekeeping"):
+            load_config(environ={**env, f"LOOPWATCH_LAKE_HOUSEKEEPING_{name}": bad})
