@@ -10,6 +10,7 @@ PostgreSQL restart, an unwritable data path).
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from loopwatch.collector.lake.connect import LakeTarget, connect_lake
+from loopwatch.collector.lake.ship import LakeBatch, LakeSession
 
 from .postgres import PostgresProcess, start_postgres
 from .services import (
@@ -285,3 +287,65 @@ def test_bad_lake_config_exits_2_with_one_line(
     assert "hunter2" not in result.stderr + result.stdout
     # Checked before the store opened: the collector never took a span.
     assert not (tmp_path / "c.duckdb").exists()
+
+
+def _publish(
+    session: LakeSession, index: int, batch: LakeBatch, barrier: threading.Barrier,
+    outcomes: list[object],
+) -> None:  # fmt: skip
+    barrier.wait()
+    outcomes[index] = session.publish(batch, f"c{index}")
+
+
+def test_concurrent_publishers_insert_one_copy(pg: PostgresProcess, tmp_path: Path) -> None:
+    """Two shippers publish the same batch at the same instant, five times over: the
+    advisory lock serializes check and insert, so each run is inserted by exactly one."""
+    from loopwatch.collector.lake.ship import open_lake, read_batch, select_finished
+    from loopwatch.collector.sample import SamplingConfig
+    from loopwatch.collector.store import Store, StoreConfig
+
+    from tests.unit.test_store import NS, Clock, commit, full_run
+
+    target = lake_target(pg, tmp_path)
+    sessions = [open_lake(target), open_lake(target)]
+    clock = Clock()
+    config = StoreConfig(sampling=SamplingConfig(completed_fraction=1.0))
+    with Store(tmp_path / "local.duckdb", config=config, clock=clock) as store:
+        for round_ in range(5):
+            for i in range(40):
+                commit(store, full_run(f"same-{round_}-{i}", "completed"))
+            clock.now += 10
+            cursor = store.read_cursor()
+            batch = read_batch(
+                cursor, select_finished(cursor, now_ns=int(clock() * NS), grace_ns=0, limit=40)
+            )
+            cursor.close()
+            barrier = threading.Barrier(2)
+            outcomes: list[object] = [None, None]
+            threads = [
+                threading.Thread(target=_publish, args=(sessions[i], i, batch, barrier, outcomes))
+                for i in range(2)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            inserted = [set(o.inserted) for o in outcomes]  # type: ignore[attr-defined]
+            skipped = [set(o.skipped) for o in outcomes]  # type: ignore[attr-defined]
+            assert not inserted[0] & inserted[1]
+            assert inserted[0] | inserted[1] == set(batch.run_keys)
+            assert skipped[0] | skipped[1] == set(batch.run_keys)
+            # Record this round's runs as shipped so the next round reads only new ones.
+            store.run_task(
+                lambda con: con.execute(
+                    "INSERT INTO shipped_runs SELECT run_key, 0, false FROM runs "
+                    "WHERE run_key NOT IN (SELECT run_key FROM shipped_runs)"
+                )
+            ).result(10)
+    for session in sessions:
+        session.close()
+    counts = lake_rows(target, "SELECT count(*), count(DISTINCT run_key) FROM lake.runs")
+    assert counts == [(200, 200)]
+    assert lake_rows(target, "SELECT count(DISTINCT run_key), count(*) FROM lake.stops") == [
+        (200, 200)
+    ]
