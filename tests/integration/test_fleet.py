@@ -239,6 +239,12 @@ def test_three_collectors_under_load_one_lake(pg: PostgresProcess, tmp_path: Pat
         assert steps[1] == len(counts)
         for collector in collectors:
             assert collector.running, collector.stderr_text()
+        # Housekeeping ran meanwhile (every 2 s): one collector holds the lease.
+        import psycopg
+
+        with psycopg.connect(target.postgres_dsn) as con:
+            holders = con.execute("SELECT holder FROM loopwatch_lease").fetchall()
+        assert len(holders) == 1 and str(holders[0][0]).split("/")[0] in names, holders
         print(
             f"\nfleet load: {len(acknowledged)} runs acknowledged by 3 collectors in "
             f"{sending_seconds:.1f} s ({len(refused)} refused), each in the lake once"
