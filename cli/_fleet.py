@@ -4,7 +4,8 @@ In order: PostgreSQL (installed with apt by ``scripts/postgres.sh install`` when
 run in the foreground on a free loopback port with a temporary data folder; Debian starts
 no services here), the catalog database ``lake``, N collectors on their own ports (each
 its own DuckDB file and ``--collector-id fleet-I``, all shipping to the lake), the
-dashboard, and (``--demo``) ``loopwatch demo`` into each collector in turn. Prints the
+dashboard (over the lake when this loopwatch's ``dashboard`` has ``--lake``, else over
+the first collector), and (``--demo``) ``loopwatch demo`` into each collector in turn. Prints the
 URLs, then waits for Ctrl-C or SIGTERM and stops everything in reverse order: dashboard,
 collectors (SIGTERM: they commit and ship what they hold), PostgreSQL (fast shutdown);
 then removes the temporary folder.
@@ -178,13 +179,15 @@ def run_fleet(
         dsn = _start_postgres(fleet)
         catalog, data_path = f"postgres:{dsn}", str(root / "lake-data") + "/"
         collectors = _start_collectors(fleet, members, catalog, data_path)
-        dashboard_url = ""
+        dashboard = ("", "")
         if not no_dashboard and not stop.is_set():
-            dashboard_url = _start_dashboard(fleet, collectors[0][1], dashboard_port)
+            dashboard = _start_dashboard(
+                fleet, collectors[0][1], dashboard_port, (catalog, data_path)
+            )
         if demo_options is not None:
             _demo(collectors, demo_options, stop)
         if not stop.is_set():
-            _announce(collectors, catalog, data_path, dashboard_url, root)
+            _announce(collectors, catalog, data_path, dashboard, root)
         stop.wait()
     except FleetError as exc:
         click.echo(f"loopwatch up: {exc}", err=True)
@@ -235,14 +238,30 @@ def _start_collectors(
     return [(name, http_url, otlp_url) for name, http_url, otlp_url, _, _ in started]
 
 
-def _start_dashboard(fleet: _Fleet, collector_url: str, port: int) -> str:
-    # TODO(lead): `loopwatch dashboard --lake CATALOG --lake-data PATH` (wt-lakeread) shows
-    # every collector's runs; until it is merged, the dashboard reads the first collector.
-    argv = [*_loopwatch(), "dashboard", "--collector", collector_url, "--port", str(port)]
+def _dashboard_reads_lake() -> bool:
+    """Whether this loopwatch's ``dashboard`` command has ``--lake`` (the lake reader)."""
+    from ._commands import dashboard
+
+    return any(param.name == "lake" for param in dashboard.params)
+
+
+def _start_dashboard(
+    fleet: _Fleet, collector_url: str, port: int, lake: tuple[str, str]
+) -> tuple[str, str]:
+    """The dashboard over the lake (every collector's runs), or, with a loopwatch whose
+    dashboard cannot read a lake, over the first collector; returns its URL and what it
+    reads."""
+    argv = [*_loopwatch(), "dashboard", "--port", str(port)]
+    if _dashboard_reads_lake():
+        argv += ["--lake", lake[0], "--lake-data", lake[1]]
+        reads = "the lake: every collector"
+    else:
+        argv += ["--collector", collector_url]
+        reads = "the first collector only"
     proc, log = fleet.spawn("dashboard", argv)
     url = f"http://127.0.0.1:{port}"
     _wait("the dashboard", lambda: _http_ok(f"{url}/_stcore/health"), proc, log)
-    return url
+    return url, reads
 
 
 def _demo(
@@ -268,7 +287,7 @@ def _announce(
     collectors: list[tuple[str, str, str]],
     catalog: str,
     data_path: str,
-    dashboard_url: str,
+    dashboard: tuple[str, str],
     root: Path,
 ) -> None:
     click.echo("")
@@ -277,8 +296,8 @@ def _announce(
     click.echo(f"Lake catalog:  ducklake:{catalog}")
     click.echo(f"Lake data:     {data_path}")
     click.echo(f"Logs:          {root}/*.log")
-    if dashboard_url:
-        click.echo(f"Dashboard:     {dashboard_url}   (reads {collectors[0][0]})")
+    if dashboard[0]:
+        click.echo(f"Dashboard:     {dashboard[0]}   (reads {dashboard[1]})")
     click.echo("Ctrl-C stops the fleet.")
     with contextlib.suppress(ValueError, OSError):
         sys.stdout.flush()
