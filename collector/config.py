@@ -276,7 +276,7 @@ class LakeConfig:
     extension_directory: str = ""
     collector_id: str = field(default_factory=socket.gethostname)
     local_retention_seconds: float = 0.0
-    ship_interval_seconds: float = 2.0
+    ship_interval_seconds: float = 3.0
     ship_grace_seconds: float = 5.0
     ship_batch_runs: int = 2_000
     ship_retry_max_seconds: float = 60.0

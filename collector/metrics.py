@@ -500,6 +500,7 @@ LAKE_METRIC_NAMES: Final = (
     "loopwatch_lake_ship_failures_total",
     "loopwatch_lake_ship_lag_seconds",
     "loopwatch_lake_backlog_runs",
+    "loopwatch_lake_ship_cpu_seconds_total",
 )
 """The shipper's metrics (fleet mode only: registered when a lake is configured)."""
 
@@ -521,6 +522,7 @@ class LakeShipMetrics(Collector):
         self._failures: dict[str, int] = dict.fromkeys(failure_reasons, 0)
         self._lag = _Histogram(LAKE_LAG_BUCKETS_SECONDS)
         self._backlog = 0
+        self._cpu_seconds = 0.0
 
     def record_shipped(self, inserted: int, skipped: int, lags_seconds: Iterable[float]) -> None:
         """Count a batch: runs inserted, runs skipped (another collector's copy won), and
@@ -540,6 +542,11 @@ class LakeShipMetrics(Collector):
     def set_backlog(self, runs: int) -> None:
         """Decided runs not yet shipped, at the last pass."""
         self._backlog = runs
+
+    def add_cpu_seconds(self, seconds: float) -> None:
+        """CPU time the shipping thread spent in a pass (its own share of the cost)."""
+        with self._lock:
+            self._cpu_seconds += max(seconds, 0.0)
 
     def collect(self) -> Iterator[Metric]:
         """Yield the shipper's metric families."""
@@ -562,6 +569,13 @@ class LakeShipMetrics(Collector):
                 "Failed lake ship attempts (retried), by reason.",
                 ("reason",),
                 self._failures,
+            )
+            yield _counter(
+                "loopwatch_lake_ship_cpu_seconds",
+                "CPU seconds of the shipping thread (reading the local file, writing the "
+                "lake; the catalog's own work runs in PostgreSQL).",
+                (),
+                {(): self._cpu_seconds},
             )
             lag = HistogramMetricFamily(
                 "loopwatch_lake_ship_lag_seconds",

@@ -211,6 +211,7 @@ class Collector:
             on_shipped=lake_metrics.record_shipped,
             on_failure=lake_metrics.record_failure,
             on_backlog=lake_metrics.set_backlog,
+            on_cpu=lake_metrics.add_cpu_seconds,
         )
         shipper.start()
         return shipper

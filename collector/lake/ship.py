@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import LakeUnavailable
-from ..store.schema import key_list
+from ..store.schema import STOP_ORDER, key_list
 from .connect import ALIAS, LakeTarget, connect_lake, mask_catalog
 from .schema import LAKE_TABLES, ensure_lake_schema, lake_columns
 
@@ -110,6 +110,7 @@ PAUSE_ENV: Final = "LOOPWATCH_TEST_SHIP_PAUSE_SECONDS"
 _CONNECT_TIMEOUT_SECONDS: Final = 10
 _LOCK_TIMEOUT: Final = "60s"
 _SCHEMA_ATTEMPTS: Final = 5
+_FLOOR_MARGIN_NS: Final = 300 * _NS
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +128,7 @@ class ShipSettings:
     """
 
     collector_id: str
-    interval_seconds: float = 2.0
+    interval_seconds: float = 3.0
     grace_seconds: float = 5.0
     batch_runs: int = 2_000
     retry_max_seconds: float = 60.0
@@ -137,8 +138,24 @@ class ShipSettings:
 # ----------------------------------------------------------------- local side
 
 
+def _since(floor_ns: int | None) -> tuple[str, str]:
+    """The bounds that keep each pass's scans to recent rows (see :class:`Shipper`)."""
+    if floor_ns is None:
+        return "", ""
+    floor = int(floor_ns)
+    return (
+        f" AND decided_unix_nano >= {floor}",
+        f" WHERE shipped_unix_nano >= {floor}",
+    )
+
+
 def select_finished(
-    con: duckdb.DuckDBPyConnection, *, now_ns: int, grace_ns: int, limit: int
+    con: duckdb.DuckDBPyConnection,
+    *,
+    now_ns: int,
+    grace_ns: int,
+    limit: int,
+    floor_ns: int | None = None,
 ) -> list[tuple[int, int]]:
     """The finished, unshipped runs, oldest last span first.
 
@@ -147,29 +164,37 @@ def select_finished(
         now_ns: wall clock, ns since the epoch.
         grace_ns: how long a decided run must have had no new span.
         limit: at most this many.
+        floor_ns: look only at runs decided since then (None: every run).
 
     Returns:
         ``[(run_key, last_seen_unix_nano), ...]``.
     """
+    decided, shipped = _since(floor_ns)
     return [
         (int(key), int(seen))
         for key, seen in con.execute(
             "SELECT run_key, last_seen_unix_nano FROM runs WHERE sampled IS NOT NULL "
-            "AND last_seen_unix_nano < ? "
-            "AND run_key NOT IN (SELECT run_key FROM shipped_runs) "
+            f"AND last_seen_unix_nano < ?{decided} "
+            f"AND run_key NOT IN (SELECT run_key FROM shipped_runs{shipped}) "
             "ORDER BY last_seen_unix_nano LIMIT ?",
             [now_ns - grace_ns, limit],
         ).fetchall()
     ]
 
 
-def count_backlog(con: duckdb.DuckDBPyConnection) -> int:
-    """Decided runs not yet marked shipped (the ``loopwatch_lake_backlog_runs`` gauge)."""
+def count_backlog(
+    con: duckdb.DuckDBPyConnection, floor_ns: int | None = None
+) -> tuple[int, int | None]:
+    """Decided runs not yet marked shipped (the ``loopwatch_lake_backlog_runs`` gauge),
+    and the earliest ``decided_unix_nano`` among them (None when there is none)."""
+    decided, shipped = _since(floor_ns)
     row = con.execute(
-        "SELECT count(*) FROM runs WHERE sampled IS NOT NULL "
-        "AND run_key NOT IN (SELECT run_key FROM shipped_runs)"
+        "SELECT count(*), min(decided_unix_nano) FROM runs WHERE sampled IS NOT NULL"
+        f"{decided} AND run_key NOT IN (SELECT run_key FROM shipped_runs{shipped})"
     ).fetchone()
-    return int(row[0]) if row else 0
+    if row is None:
+        return 0, None
+    return int(row[0]), None if row[1] is None else int(row[1])
 
 
 def _own(table: str) -> str:
@@ -209,29 +234,43 @@ def read_batch(con: duckdb.DuckDBPyConnection, finished: Sequence[tuple[int, int
     Returns:
         The batch; a run removed meanwhile (retention) simply has no rows.
     """
-    keys = key_list(key for key, _ in finished)
+    import pyarrow as pa
+
+    # The keys as a registered Arrow table joined by each query: cheaper to plan than a
+    # long literal list, and the same for the five queries.
+    keys = "(SELECT run_key FROM loopwatch_ship_keys)"
     queries = {
-        "runs": f"SELECT {_own('runs')} FROM runs WHERE run_key IN ({keys})",
-        "stops": f"SELECT {_own('stops')} FROM stops WHERE run_key IN ({keys})",
-        "steps": f"SELECT {_own('steps')} FROM steps WHERE run_key IN ({keys})",
+        "runs": f"SELECT {_own('runs')} FROM runs WHERE run_key IN {keys}",
+        # The stops view's rule over this batch's reports only (the view would rank
+        # every stored report before filtering).
+        "stops": (
+            f"SELECT {_own('stops')} FROM (SELECT * FROM stop_reports "
+            f"WHERE run_key IN {keys}) QUALIFY {STOP_ORDER} = 1"
+        ),
+        "steps": f"SELECT {_own('steps')} FROM steps WHERE run_key IN {keys}",
         "run_tools": (
             "SELECT t.run_key, r.run_id, t.tool, t.outcome, CAST(sum(t.calls) AS BIGINT) "
             "AS calls, t.agent FROM run_tools t JOIN runs r ON r.run_key = t.run_key "
-            f"WHERE t.run_key IN ({keys}) GROUP BY t.run_key, r.run_id, t.tool, t.outcome, "
+            f"WHERE t.run_key IN {keys} GROUP BY t.run_key, r.run_id, t.tool, t.outcome, "
             "t.agent"
         ),
         # A flag names a run id or a trace id; in the lake it names each run it marks.
         "canary_flags": (
             "SELECT r.run_id, min(c.first_seen_unix_nano) AS first_seen_unix_nano "
             "FROM runs r JOIN canary_flags c ON c.run_id = r.run_id OR c.run_id = r.trace_id "
-            f"WHERE r.run_key IN ({keys}) GROUP BY r.run_id"
+            f"WHERE r.run_key IN {keys} GROUP BY r.run_id"
         ),
     }
+    con.register(
+        "loopwatch_ship_keys",
+        pa.table({"run_key": pa.array([key for key, _ in finished], pa.uint64())}),
+    )
     con.execute("BEGIN TRANSACTION")
     try:
         tables = {name: con.execute(sql).to_arrow_table() for name, sql in queries.items()}
     finally:
         con.execute("ROLLBACK")
+        con.unregister("loopwatch_ship_keys")
     present = {int(k) for k in tables["runs"].column("run_key").to_pylist()}
     return LakeBatch({k: seen for k, seen in finished if k in present}, tables)
 
@@ -548,6 +587,7 @@ class Shipper:
         on_shipped: ``(inserted, skipped, lags_seconds)`` after each batch's local mark.
         on_failure: ``(reason)`` after each failed attempt.
         on_backlog: ``(runs)`` after each pass.
+        on_cpu: ``(seconds)``: the thread's CPU time of each pass.
         clock: wall clock in epoch seconds (the store's clock, for ``last_seen``).
     """
 
@@ -561,6 +601,7 @@ class Shipper:
         on_shipped: Callable[[int, int, list[float]], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
         on_backlog: Callable[[int], None] | None = None,
+        on_cpu: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.session = session
@@ -570,10 +611,12 @@ class Shipper:
         self._on_shipped = on_shipped
         self._on_failure = on_failure
         self._on_backlog = on_backlog
+        self._on_cpu = on_cpu
         self._clock = clock
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="loopwatch-lake-ship", daemon=True)
         self.failures_in_a_row = 0
+        self.floor_ns: int | None = None
 
     def start(self) -> None:
         """Start the thread."""
@@ -590,9 +633,11 @@ class Shipper:
     def _loop(self) -> None:
         delay = 0.0
         while not self._stop.wait(delay):
+            started = time.thread_time()
             try:
                 full = self.ship_once()
             except Exception as exc:
+                self._count_cpu(started)
                 reason = classify_failure(exc)
                 self.failures_in_a_row += 1
                 delay = min(
@@ -609,8 +654,13 @@ class Shipper:
                 if self._on_failure is not None:
                     self._on_failure(reason)
                 continue
+            self._count_cpu(started)
             self.failures_in_a_row = 0
             delay = 0.0 if full else self.settings.interval_seconds
+
+    def _count_cpu(self, started: float) -> None:
+        if self._on_cpu is not None:
+            self._on_cpu(time.thread_time() - started)
 
     def ship_once(self) -> bool:
         """One pass: ship up to one batch of finished runs.
@@ -622,16 +672,25 @@ class Shipper:
             Exception: the pass failed; nothing new was marked (retry).
         """
         settings = self.settings
+        now_ns = int(self._clock() * _NS)
         cursor = self._read_cursor()
         try:
+            backlog, earliest = count_backlog(cursor, self.floor_ns)
+            if self._on_backlog is not None:
+                self._on_backlog(backlog)
+            # Every unshipped run was decided at or after the floor, so later passes scan
+            # only recent rows (runs are re-appended when touched, so DuckDB's zone maps
+            # on decided_unix_nano skip the rest). The margin covers a group that took
+            # its decision time before this pass and commits after it.
+            floor = now_ns - _FLOOR_MARGIN_NS
+            self.floor_ns = floor if earliest is None else min(earliest, floor)
             finished = select_finished(
                 cursor,
-                now_ns=int(self._clock() * _NS),
+                now_ns=now_ns,
                 grace_ns=int(settings.grace_seconds * _NS),
                 limit=settings.batch_runs,
+                floor_ns=self.floor_ns,
             )
-            if self._on_backlog is not None:
-                self._on_backlog(count_backlog(cursor))
             if not finished:
                 return False
             batch = read_batch(cursor, finished)
@@ -650,8 +709,9 @@ class Shipper:
             )
             time.sleep(settings.pause_after_commit_seconds)
         shipped = [*outcome.inserted, *outcome.mine]
-        now_ns = time.time_ns()
-        self._run_task(lambda con: mark_shipped(con, shipped, outcome.skipped, now_ns)).result(
+        # The mark's time is the store's clock, as decided_unix_nano (the floor's rule).
+        mark_ns = max(int(self._clock() * _NS), now_ns)
+        self._run_task(lambda con: mark_shipped(con, shipped, outcome.skipped, mark_ns)).result(
             timeout=120
         )
         if outcome.skipped:

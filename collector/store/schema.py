@@ -72,6 +72,7 @@ __all__ = [
     "STOP_COLUMNS",
     "STOP_FIELDS",
     "STOP_NUDGE_FIELDS",
+    "STOP_ORDER",
     "Migration",
     "apply_migrations",
     "key_list",
@@ -169,6 +170,10 @@ _SQL_STOP_ORDER: Final = (
     + " ".join(f"WHEN '{origin}' THEN {rank}" for origin, rank in STOP_ORIGINS.items())
     + " ELSE 0 END DESC, received_unix_nano)"
 )
+
+STOP_ORDER: Final = _SQL_STOP_ORDER
+"""The ``stops`` view's ranking (a window expression over ``stop_reports``; ``= 1`` is
+the primary stop), for readers that rank a subset (the lake shipper)."""
 
 _STOP_VIEWS: Final = (
     f"CREATE VIEW stops AS SELECT * FROM stop_reports QUALIFY {_SQL_STOP_ORDER} = 1",

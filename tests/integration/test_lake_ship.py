@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import pytest
 from loopwatch.collector.lake.connect import LakeTarget, connect_lake
 from loopwatch.collector.lake.ship import LakeBatch, LakeSession
@@ -157,7 +158,14 @@ def test_kill_between_lake_commit_and_local_mark(pg: PostgresProcess, tmp_path: 
         what="the hooked lake commit",
     )
     assert collector.kill() == -9
-    assert set(lake_run_ids(target)) <= set(expected)
+    # The kill landed in the window: the batch is in the lake, and not marked locally.
+    in_lake = set(lake_run_ids(target))
+    assert in_lake and in_lake <= set(expected)
+    local = duckdb.connect(str(db), read_only=True)
+    try:
+        assert local.execute("SELECT count(*) FROM shipped_runs").fetchone() == (0,)
+    finally:
+        local.close()
     with start_shipping(tmp_path, target, "c1", db_path=db) as restarted:
         more = send(restarted, 6, "after")
         wait_shipped(target, set(expected) | set(more))

@@ -72,7 +72,7 @@ def test_finished_means_decided_quiet_and_unshipped(store: Store, clock: Clock) 
     store.run_task(lambda con: mark_shipped(con, [run_key_of("stopped")], [], 1)).result(10)
     assert {key for key, _ in finished(store, clock)} == {run_key_of("completed")}
     cursor = store.read_cursor()
-    assert count_backlog(cursor) == 1
+    assert count_backlog(cursor)[0] == 1
     cursor.close()
     # A late span of a decided run restarts its grace period.
     commit(store, full_run("completed", "completed", tools=("late",)))
@@ -189,16 +189,24 @@ def test_ship_once_publishes_then_marks(store: Store, clock: Clock, tmp_path: Pa
     finally:
         other.close()
     assert lake_ids(target, session) == ["a", "b", "c", "d"]
+    # The pass floor never hides a run decided late: one whose stop never came is
+    # decided by the store's timeout, long after its last span, and still ships.
+    commit(store, full_run("late", None))
+    clock.now += 7200
+    store.run_maintenance().result(10)
+    assert shipper.floor_ns is not None
+    assert shipper.ship_once() is False
+    assert "late" in lake_ids(target, session)
     cursor = store.read_cursor()
     marks = cursor.execute("SELECT count(*), bool_or(skipped) FROM shipped_runs").fetchone()
     cursor.close()
-    assert marks == (4, False)
+    assert marks == (5, False)
     registry = CollectorRegistry()
     registry.register(metrics)
     text = generate_latest(registry).decode()
     for name in LAKE_METRIC_NAMES:
         assert name in text, name
-    assert "loopwatch_lake_runs_shipped_total 3.0" in text  # d was inserted by publish()
+    assert "loopwatch_lake_runs_shipped_total 4.0" in text  # d was inserted by publish()
     shipper.stop()
 
 

@@ -74,3 +74,23 @@ def test_bad_lake_settings(lake: dict[str, str], where: str) -> None:
         load_config(environ={}, overrides={"lake": lake})
     assert str(info.value).startswith(where)
     assert "s3cr3t" not in str(info.value)
+
+
+def test_docs_list_every_lake_setting_flag_and_metric() -> None:
+    from dataclasses import fields
+
+    from loopwatch.cli._options import COLLECTOR_FLAGS
+    from loopwatch.collector.config import LakeConfig
+    from loopwatch.collector.metrics import LAKE_METRIC_NAMES
+
+    docs = Path(__file__).resolve().parents[3] / "docs"
+    collector_md = (docs / "collector.md").read_text(encoding="utf-8")
+    lake_md = (docs / "lake.md").read_text(encoding="utf-8")
+    shipping = lake_md.split("## Shipping", 1)[1].split("\n## ", 1)[0]
+    for f in fields(LakeConfig):
+        assert f"`lake.{f.name}`" in collector_md, f.name
+    for flag, _param, section, _field, _metavar, _help in COLLECTOR_FLAGS:
+        if section == "lake":
+            assert f"`{flag}" in collector_md and flag in shipping, flag
+    for name in LAKE_METRIC_NAMES:
+        assert f"`{name}`" in collector_md, name
