@@ -39,6 +39,7 @@ def fleet_env(**extra: str) -> dict[str, str]:
         "LOOPWATCH_LAKE_HOUSEKEEPING_INTERVAL_SECONDS": "2",
         "LOOPWATCH_LAKE_HOUSEKEEPING_LEASE_SECONDS": "30",
         "LOOPWATCH_SAMPLING_COMPLETED_FRACTION": "1",
+        "LOOPWATCH_LOG_LEVEL": "info",  # each housekeeping round that worked is logged
         **extra,
     }
 
@@ -245,6 +246,13 @@ def test_three_collectors_under_load_one_lake(pg: PostgresProcess, tmp_path: Pat
         with psycopg.connect(target.postgres_dsn) as con:
             holders = con.execute("SELECT holder FROM loopwatch_lease").fetchall()
         assert len(holders) == 1 and str(holders[0][0]).split("/")[0] in names, holders
+        worked = [
+            name
+            for name, collector in zip(names, collectors, strict=True)
+            if "lake housekeeping: RoundReport(worked=True"
+            in collector.stderr_path.read_text(errors="replace")
+        ]
+        assert worked == [str(holders[0][0]).split("/")[0]], worked
         print(
             f"\nfleet load: {len(acknowledged)} runs acknowledged by 3 collectors in "
             f"{sending_seconds:.1f} s ({len(refused)} refused), each in the lake once"
