@@ -468,7 +468,9 @@ class LakeSession:
                     keys, ((int(k), str(c)) for k, c in existing), collector_id
                 )
                 if new:
-                    _insert(con, _only(batch.tables, new), collector_id, shipped_ns)
+                    # Usually every run is new: filter only when some are not.
+                    tables = batch.tables if len(new) == len(keys) else _only(batch.tables, new)
+                    _insert(con, tables, collector_id, shipped_ns)
                 con.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(Exception):
