@@ -371,3 +371,71 @@ def test_a_trace_split_over_two_collectors(
     finally:
         left.stop(timeout_seconds=60)
         right.stop(timeout_seconds=60)
+
+
+# ------------------------------------------------------------- housekeeping
+
+
+def _lease_holder(target: LakeTarget) -> str | None:
+    import psycopg
+
+    with psycopg.connect(target.postgres_dsn) as con:
+        try:
+            row = con.execute(
+                "SELECT holder FROM loopwatch_lease WHERE expires_at >= now()"
+            ).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return None
+    return None if row is None else str(row[0]).split("/")[0]
+
+
+def test_a_killed_housekeeping_collector_is_replaced(pg: PostgresProcess, tmp_path: Path) -> None:
+    """Two collectors keep house at once: one holds the lease; ``kill -9`` it, and the
+    other takes over once the lease expires, while shipping goes on."""
+    target = new_lake(pg, tmp_path, "takeover")
+    env = fleet_env(
+        LOOPWATCH_LAKE_HOUSEKEEPING_INTERVAL_SECONDS="1",
+        LOOPWATCH_LAKE_HOUSEKEEPING_LEASE_SECONDS="6",
+    )
+    members = {name: start_member(tmp_path, target, name, env) for name in ("h1", "h2")}
+    try:
+        poll_until(
+            lambda: _lease_holder(target) is not None, timeout_seconds=60, what="a lease holder"
+        )
+        holder = _lease_holder(target)
+        assert holder in members
+        heir = next(name for name in members if name != holder)
+        members[holder].kill()
+        killed = time.monotonic()
+        poll_until(
+            lambda: _lease_holder(target) == heir,
+            timeout_seconds=60,
+            what="the heir to take over",
+        )
+        assert time.monotonic() - killed >= 2.0, "a live lease must not move at once"
+        body = {
+            "resourceSpans": [
+                {
+                    "resource": {},
+                    "scopeSpans": [
+                        {"scope": {}, "spans": loopwatch_run("after", 0xAF7E2, "completed", "f")}
+                    ],
+                }
+            ]
+        }
+        answer = httpx.post(members[heir].otlp_url, json=body, timeout=30)
+        assert answer.status_code == 200
+        poll_until(
+            lambda: (
+                lake_rows(target, "SELECT count(*) FROM lake.runs WHERE run_id = 'after'")[0][0]
+                == 1
+            ),
+            timeout_seconds=60,
+            what="the heir's run in the lake",
+        )
+        log = members[heir].stderr_path.read_text(errors="replace")
+        assert f"RoundReport(worked=True, holder='{heir}/" in log
+    finally:
+        for member in members.values():
+            if member.running:
+                member.stop(timeout_seconds=60)
