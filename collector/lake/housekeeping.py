@@ -37,8 +37,10 @@ A row lease, rather than a session advisory lock (``pg_try_advisory_lock``), bec
 The lease is renewed between the steps of a round; a holder that finds it lost stops the
 round. Should two rounds still overlap (a holder stalled past its lease), nothing breaks:
 every step is a DuckLake transaction, and conflicting ones fail and are retried next
-round. A lake whose catalog is not PostgreSQL (a local ``.ducklake`` file, one machine)
-needs no lease: the housekeeper there always works.
+round. A lake whose catalog is a local ``.ducklake`` file (one machine) needs no lease:
+a :class:`Housekeeper` there always works; but the collector's shipper holds that file
+open, and DuckDB lets one process attach it once, so a collector does not keep house on
+such a lake (:func:`housekeeper_for` returns None).
 
 Failures never reach the collector: a round that fails is logged (catalog masked) and
 tried again at the next interval. Only :meth:`Housekeeper.start`/:meth:`~Housekeeper.stop`
@@ -474,7 +476,8 @@ def housekeeper_for(config: CollectorConfig) -> Housekeeper | None:
     """The housekeeper a collector runs, from ``[lake]`` and ``[lake_housekeeping]``.
 
     Returns:
-        None when no lake is configured or ``lake_housekeeping.enabled`` is off; else a
+        None when no lake is configured, ``lake_housekeeping.enabled`` is off, or the
+        catalog is a local file (the shipper holds it; see the module docstring); else a
         :class:`Housekeeper`, not started (the caller owns :meth:`~Housekeeper.start` and
         :meth:`~Housekeeper.stop`).
     """
@@ -482,6 +485,8 @@ def housekeeper_for(config: CollectorConfig) -> Housekeeper | None:
     if not lake.enabled or not settings.enabled:
         return None
     target = LakeTarget(lake.catalog, lake.data_path, lake.extension_directory or None)
+    if not target.is_postgres:
+        return None
     return Housekeeper(
         target,
         lake.collector_id,

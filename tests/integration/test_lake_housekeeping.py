@@ -338,6 +338,8 @@ def test_housekeeping_settings_from_the_environment_and_their_checks() -> None:
     off = {**env, "LOOPWATCH_LAKE_HOUSEKEEPING_ENABLED": "false"}
     assert housekeeper_for(load_config(environ=off)) is None
     assert housekeeper_for(load_config(environ={})) is None
+    local = {**env, "LOOPWATCH_LAKE": "/tmp/lake/catalog.ducklake"}
+    assert housekeeper_for(load_config(environ=local)) is None
     for name, bad in (("INTERVAL_SECONDS", "0"), ("RETENTION_DAYS", "-1")):
         with pytest.raises(ConfigError, match="lake_housekeeping"):
             load_config(environ={**env, f"LOOPWATCH_LAKE_HOUSEKEEPING_{name}": bad})
