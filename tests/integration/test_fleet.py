@@ -439,3 +439,55 @@ def test_a_killed_housekeeping_collector_is_replaced(pg: PostgresProcess, tmp_pa
         for member in members.values():
             if member.running:
                 member.stop(timeout_seconds=60)
+
+
+def test_lake_retention_while_collectors_ship(pg: PostgresProcess, tmp_path: Path) -> None:
+    """Retention deletes old runs from every lake table while two collectors ship new
+    ones: the old go, every acknowledged run stays exactly once, and no shipment meets a
+    DuckLake write conflict (retention holds the shippers' lock)."""
+    target = new_lake(pg, tmp_path, "retention")
+    env = fleet_env(
+        LOOPWATCH_LAKE_HOUSEKEEPING_INTERVAL_SECONDS="1",
+        LOOPWATCH_LAKE_HOUSEKEEPING_RETENTION_DAYS="1",
+    )
+    members = [start_member(tmp_path, target, name, env) for name in ("r1", "r2")]
+    try:
+        # Runs shipped long ago: last seen three days back, a row in every table.
+        old = [f"old-{i}" for i in range(20)]
+        con = connect_lake(target)
+        try:
+            ago = time.time_ns() - 3 * 86_400 * 10**9
+            for table in ("runs", "stops", "steps", "run_tools", "canary_flags"):
+                column = {"runs": "last_seen_unix_nano", "canary_flags": "first_seen_unix_nano"}
+                extra = column.get(table)
+                names = "run_id, collector_id" + (f", {extra}" if extra else "")
+                values = ", ".join(
+                    f"('{r}', 'ancient'" + (f", {ago}" if extra else "") + ")" for r in old
+                )
+                con.execute(f"INSERT INTO lake.{table} ({names}) VALUES {values}")
+        finally:
+            con.close()
+        senders = [Sender(m, f"{m.otlp_address}-s{i}", 15, 6) for m in members for i in range(2)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(300)
+        acknowledged = set().union(*(s.acknowledged for s in senders))
+        assert len(acknowledged) == 4 * 15 * 6
+
+        def settled() -> bool:
+            ids = Counter(str(r) for (r,) in lake_rows(target, "SELECT run_id FROM lake.runs"))
+            return acknowledged <= set(ids) and not set(old) & set(ids)
+
+        poll_until(settled, timeout_seconds=120, what="old runs gone, new runs shipped")
+        for table in ("runs", "stops", "steps", "run_tools", "canary_flags"):
+            left = lake_rows(target, f"SELECT count(*) FROM lake.{table} WHERE run_id LIKE 'old-%'")
+            assert left[0][0] == 0, table
+        counts = Counter(str(r) for (r,) in lake_rows(target, "SELECT run_id FROM lake.runs"))
+        assert set(counts) == acknowledged and max(counts.values()) == 1
+        for member in members:
+            metrics = member.metrics()
+            assert metrics.total("loopwatch_lake_ship_failures_total") == 0, member.stderr_text()
+    finally:
+        for member in members:
+            member.stop(timeout_seconds=60)
