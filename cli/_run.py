@@ -362,6 +362,12 @@ def _hold_stop_signals_until_serving() -> threading.Event:
 @click.option("--speed", type=click.FloatRange(min=0.0), default=0.0, help="Demo replay speed.")
 @click.option("--limit", type=click.IntRange(min=0), help="Demo: at most this many runs.")
 @click.option("--run-prefix", help="Demo run-id prefix (default demo-<6 hex digits>).")
+@click.option(
+    "--fleet",
+    type=click.IntRange(min=1, max=16),
+    help="Fleet mode on this machine: PostgreSQL, N collectors shipping to one lake, the "
+    "dashboard (docs/lake.md). Collector flags are ignored.",
+)
 def up(
     config_file: str | None,
     dashboard_port: int,
@@ -372,6 +378,7 @@ def up(
     speed: float,
     limit: int | None,
     run_prefix: str | None,
+    fleet: int | None,
     **params: Any,
 ) -> None:
     """Collector + dashboard on the embedded DuckDB default; prints the URLs.
@@ -381,6 +388,26 @@ def up(
     into the collector once it is healthy (see loopwatch demo).
     """
     api = collector_api("loopwatch up needs the collector extra", "all")
+    if fleet is not None:
+        from ._fleet import run_fleet
+
+        raise SystemExit(
+            run_fleet(
+                fleet,
+                dashboard_port=dashboard_port,
+                no_dashboard=no_dashboard,
+                demo_options={
+                    "corpus": corpus,
+                    "policy": policy,
+                    "speed": speed,
+                    "limit": limit,
+                    "capture_content": None,
+                    "run_prefix": run_prefix,
+                }
+                if with_demo
+                else None,
+            )
+        )
     if not 0 < dashboard_port < 65536:
         click.echo(
             f"loopwatch up: --dashboard-port must be in 1..65535, got {dashboard_port}", err=True

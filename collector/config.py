@@ -45,6 +45,7 @@ __all__ = [
     "LOG_LEVELS",
     "CollectorConfig",
     "LakeConfig",
+    "LakeHousekeepingConfig",
     "load_config",
     "parse_duration_seconds",
     "parse_hostport",
@@ -315,6 +316,53 @@ class LakeConfig:
 # --- end of lake shipping ------------------------------------------------------------
 
 
+# --- lake housekeeping (issue 27) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LakeHousekeepingConfig:
+    """Lake housekeeping (``collector/lake/housekeeping.py``): one collector of a fleet at a
+    time, the holder of a lease in the catalog, merges small files, expires snapshots and
+    applies lake retention. Every collector with a lake takes part unless ``enabled`` is
+    off.
+
+    Attributes:
+        enabled: take part in housekeeping (only when ``[lake]`` is set).
+        interval_seconds: time between rounds.
+        retention_days: runs whose last span arrived longer ago are removed from the lake,
+            with their rows in every lake table; ``0`` (default) keeps everything.
+        lease_seconds: how long the lease lasts unrenewed (a killed holder is replaced
+            after it); ``0`` (default): twice the interval, at least 60 s.
+        snapshot_retention_seconds: lake snapshots older than this are expired (time
+            travel ends there).
+    """
+
+    enabled: bool = True
+    interval_seconds: float = 300.0
+    retention_days: float = 0.0
+    lease_seconds: float = 0.0
+    snapshot_retention_seconds: float = 3_600.0
+
+    def validate(self) -> None:
+        """Check the housekeeping settings.
+
+        Raises:
+            ConfigError: naming ``lake_housekeeping.<field>``.
+        """
+        _positive("lake_housekeeping.interval_seconds", self.interval_seconds)
+        for name in ("retention_days", "lease_seconds", "snapshot_retention_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"lake_housekeeping.{name}", "must be a finite number >= 0")
+        if self.retention_days > _MAX_RETENTION_DAYS:
+            raise ConfigError(
+                "lake_housekeeping.retention_days", f"must be at most {_MAX_RETENTION_DAYS}"
+            )
+
+
+# --- end of lake housekeeping -------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class CollectorConfig:
     """The whole collector configuration (see the module docstring for precedence)."""
@@ -328,6 +376,7 @@ class CollectorConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     log: LogConfig = field(default_factory=LogConfig)
     lake: LakeConfig = field(default_factory=LakeConfig)
+    lake_housekeeping: LakeHousekeepingConfig = field(default_factory=LakeHousekeepingConfig)
 
     def validate(self) -> CollectorConfig:
         """Check every field; returns ``self``.
@@ -398,6 +447,7 @@ class CollectorConfig:
             if path and not Path(path).is_file():
                 raise ConfigError(name, f"no such file: {path}")
         self.lake.validate()
+        self.lake_housekeeping.validate()
         return self
 
     def token(self) -> str | None:

@@ -182,6 +182,12 @@ class Collector:
         self.shipper: Shipper | None = None
         if self._lake_session is not None:
             self.shipper = self._start_shipper(config, self._lake_session)
+        # Lake housekeeping: every collector takes part; the lease holder works.
+        from .lake.housekeeping import housekeeper_for
+
+        self.housekeeper = housekeeper_for(config)
+        if self.housekeeper is not None:
+            self.housekeeper.start()
 
     def _start_shipper(self, config: CollectorConfig, session: LakeSession) -> Shipper:
         from .lake.ship import FAILURE_REASONS, PAUSE_ENV, Shipper, ShipSettings
@@ -422,6 +428,8 @@ class Collector:
         if self.decode_pool is not None:
             self.decode_pool.close()
         self._pipeline.shutdown(wait=True)
+        if self.housekeeper is not None:
+            self.housekeeper.stop()
         if self.shipper is not None:
             # Before the store closes: a batch in progress finishes its local mark.
             self.shipper.stop()
