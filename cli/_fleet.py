@@ -3,9 +3,9 @@
 In order: PostgreSQL (installed with apt by ``scripts/postgres.sh install`` when missing,
 run in the foreground on a free loopback port with a temporary data folder; Debian starts
 no services here), the catalog database ``lake``, N collectors on their own ports (each
-its own DuckDB file and ``--collector-id fleet-I``, all shipping to the lake), the
-dashboard (over the lake when this loopwatch's ``dashboard`` has ``--lake``, else over
-the first collector), and (``--demo``) ``loopwatch demo`` into each collector in turn. Prints the
+its own DuckDB file and ``--collector-id fleet-I``, all shipping to the lake and flagging
+the demo's canary), the dashboard over the lake (every collector's runs), and
+(``--demo``) ``loopwatch demo`` into each collector in turn. Prints the
 URLs, then waits for Ctrl-C or SIGTERM and stops everything in reverse order: dashboard,
 collectors (SIGTERM: they commit and ship what they hold), PostgreSQL (fast shutdown);
 then removes the temporary folder.
@@ -179,11 +179,9 @@ def run_fleet(
         dsn = _start_postgres(fleet)
         catalog, data_path = f"postgres:{dsn}", str(root / "lake-data") + "/"
         collectors = _start_collectors(fleet, members, catalog, data_path)
-        dashboard = ("", "")
+        dashboard = ""
         if not no_dashboard and not stop.is_set():
-            dashboard = _start_dashboard(
-                fleet, collectors[0][1], dashboard_port, (catalog, data_path)
-            )
+            dashboard = _start_dashboard(fleet, dashboard_port, (catalog, data_path))
         if demo_options is not None:
             _demo(collectors, demo_options, stop)
         if not stop.is_set():
@@ -199,6 +197,17 @@ def run_fleet(
         shutil.rmtree(root, ignore_errors=True)
     click.echo("loopwatch up: fleet stopped", err=True)
     return code
+
+
+def demo_canary_file(folder: Path) -> Path:
+    """A canary file in ``folder`` holding the canary the demo plants, so the collectors
+    flag the demo's canary runs (replay/demo.py ``DEMO_CANARY``)."""
+    from loopwatch.replay.demo import DEMO_CANARY
+
+    path = folder / "demo-canaries.txt"
+    if not path.exists():
+        path.write_text(f"# planted by loopwatch demo\n{DEMO_CANARY}\n", encoding="utf-8")
+    return path
 
 
 def _start_collectors(
@@ -225,6 +234,8 @@ def _start_collectors(
             data_path,
             "--collector-id",
             name,
+            "--canaries",
+            str(demo_canary_file(fleet.root)),
         ]
         proc, log = fleet.spawn(name, argv, env)
         http_url = f"http://127.0.0.1:{http}"
@@ -238,30 +249,13 @@ def _start_collectors(
     return [(name, http_url, otlp_url) for name, http_url, otlp_url, _, _ in started]
 
 
-def _dashboard_reads_lake() -> bool:
-    """Whether this loopwatch's ``dashboard`` command has ``--lake`` (the lake reader)."""
-    from ._commands import dashboard
-
-    return any(param.name == "lake" for param in dashboard.params)
-
-
-def _start_dashboard(
-    fleet: _Fleet, collector_url: str, port: int, lake: tuple[str, str]
-) -> tuple[str, str]:
-    """The dashboard over the lake (every collector's runs), or, with a loopwatch whose
-    dashboard cannot read a lake, over the first collector; returns its URL and what it
-    reads."""
-    argv = [*_loopwatch(), "dashboard", "--port", str(port)]
-    if _dashboard_reads_lake():
-        argv += ["--lake", lake[0], "--lake-data", lake[1]]
-        reads = "the lake: every collector"
-    else:
-        argv += ["--collector", collector_url]
-        reads = "the first collector only"
-    proc, log = fleet.spawn("dashboard", argv)
+def _start_dashboard(fleet: _Fleet, port: int, lake: tuple[str, str]) -> str:
+    """The dashboard over the lake (every collector's runs); returns its URL."""
+    argv = [*_loopwatch(), "dashboard", "--port", str(port), "--lake", lake[0]]
+    proc, log = fleet.spawn("dashboard", [*argv, "--lake-data", lake[1]])
     url = f"http://127.0.0.1:{port}"
     _wait("the dashboard", lambda: _http_ok(f"{url}/_stcore/health"), proc, log)
-    return url, reads
+    return url
 
 
 def _demo(
@@ -287,7 +281,7 @@ def _announce(
     collectors: list[tuple[str, str, str]],
     catalog: str,
     data_path: str,
-    dashboard: tuple[str, str],
+    dashboard: str,
     root: Path,
 ) -> None:
     click.echo("")
@@ -296,8 +290,8 @@ def _announce(
     click.echo(f"Lake catalog:  ducklake:{catalog}")
     click.echo(f"Lake data:     {data_path}")
     click.echo(f"Logs:          {root}/*.log")
-    if dashboard[0]:
-        click.echo(f"Dashboard:     {dashboard[0]}   (reads {dashboard[1]})")
+    if dashboard:
+        click.echo(f"Dashboard:     {dashboard}   (reads the lake: every collector)")
     click.echo("Ctrl-C stops the fleet.")
     with contextlib.suppress(ValueError, OSError):
         sys.stdout.flush()

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -428,6 +429,12 @@ def up(
             err=True,
         )
         raise SystemExit(2)
+    if with_demo and not config.redaction.canaries_file:
+        # The demo plants a canary in a few runs: flag them, so the canary panel has data.
+        from ._fleet import demo_canary_file
+
+        params["canaries"] = str(demo_canary_file(Path(tempfile.mkdtemp(prefix="lw-up-"))))
+        config = api.load_config(config_file, overrides=collector_overrides(params))
     if with_demo and Path(config.store.db).exists():
         click.echo(
             f"loopwatch up: {config.store.db} already holds runs; the demo adds its own "

@@ -359,6 +359,8 @@ def test_ctrl_c_stops_up_and_its_dashboard(tmp_path: Path) -> None:
         poll_until(
             lambda: len(up.runs()) == 16 or None, timeout_seconds=20, what="16 demo runs stored"
         )
+        # up --demo flags the canary the demo plants in a few runs (the canary panel).
+        assert up.runs(canary="true"), "no demo run was flagged for its planted canary"
         code, seconds = up.interrupt(timeout_seconds=20)
         assert code == 0, up.output()
         assert seconds < 10, f"took {seconds:.1f} s to stop"
