@@ -16,8 +16,11 @@ Example::
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import signal
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -139,12 +142,15 @@ def start_postgres(tmp_path: Path) -> PostgresProcess:
     """
     if not _installed():
         _missing("PostgreSQL", "`bash scripts/postgres.sh install`")
-    root = tmp_path / f"postgres-{len(list(tmp_path.glob('postgres-*')))}"
-    root.mkdir(parents=True)
-    # As root the server runs as `postgres`, which must traverse every parent folder.
-    for folder in (root, *root.parents):
-        if not folder.stat().st_mode & 0o001:
-            folder.chmod(folder.stat().st_mode | 0o001)
+    # As root the server runs as `postgres`, which must traverse every folder above its
+    # data. pytest's own base folder is 0700 and another pytest session on the machine
+    # resets it at any time, so the cluster lives in its own folder under the system's
+    # temporary directory, removed at exit; ``tmp_path`` gets a link to it for debugging.
+    root = Path(tempfile.mkdtemp(prefix="lw-postgres-"))
+    root.chmod(0o711)
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    link = tmp_path / f"postgres-{len(list(tmp_path.glob('postgres-*')))}"
+    link.symlink_to(root, target_is_directory=True)
     pg = PostgresProcess(root / "data", free_port(), root / "postgres.log")
     pg.start()
     return pg
