@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from loopwatch.dashboard.config import open_source
@@ -49,7 +50,10 @@ def summary(at: AppTest) -> dict[str, dict[str, str]]:
 
 
 def runs(at: AppTest) -> Any:
-    return at.dataframe[1].value.set_index("run_id")
+    """The runs table by full run id (the page shows ids without their shared prefix)."""
+    value = at.dataframe[1].value
+    full = [unquote(u.split("run_id=", 1)[1]) for u in value["run"]]
+    return value.assign(run_id=full).set_index("run_id")
 
 
 @pytest.fixture(params=["api", "db"])
