@@ -125,3 +125,29 @@ def visible_prefixes(page: Any, texts: list[str], column_px: int) -> list[str]:
         fits = max(n for n, w in enumerate(widths) if w <= room)
         shown.append(text[:fits])
     return shown
+
+
+def act_and_wait(
+    page: Any, action: Any, arrived: str, arg: Any = None, timeout_ms: int = READY_TIMEOUT_MS
+) -> float:
+    """Do ``action()`` (a click, a choice) in the loaded app, wait until the JS predicate
+    ``arrived`` (called with ``arg``) holds and the page is ready; returns the seconds
+    from the action.
+
+    ``arrived`` must be false before the action (the new page's title, the run's stop
+    heading, a figure that changes): Streamlit may render a quick script run's start
+    and end in one frame, so its "running" state is no signal. In-app navigation (the
+    top bar, a page link, a widget) reruns the page's script in the open session, as a
+    reviewer moving through the app does; :func:`open_page` is a full load.
+    """
+    assert not page.evaluate(arrived, arg), "the predicate holds before the action"
+    started = time.perf_counter()
+    action()
+    page.wait_for_function(arrived, arg=arg, timeout=timeout_ms, polling=10)
+    wait_ready(page, timeout_ms)
+    return time.perf_counter() - started
+
+
+TITLE_IS = """title => Array.from(document.querySelectorAll('h1')).some(
+  h => h.textContent.trim() === title)"""
+"""Predicate: a page title (``h1``) reads ``arg``."""
