@@ -28,5 +28,8 @@ st.navigation(
         st.Page(PAGES / "run_view.py", title="Run view", url_path="run"),
         st.Page(PAGES / "tools.py", title="Tools", url_path="tools"),
         st.Page(PAGES / "policy_replay.py", title="Policy replay", url_path="replay"),
-    ]
+    ],
+    # In a bar above the page, not a sidebar: the sidebar took 300 of 1440 px, and the
+    # tables lost their right-hand columns (issue 28).
+    position="top",
 ).run()

@@ -2,8 +2,9 @@
 
 Every ``*_chart`` function returns an Altair chart (no Streamlit import); its companion
 ``*_text`` / ``*_table`` function returns the same figures as a sentence or a table for
-screen readers and for the page's caption. Colours of stop reasons are fixed, so a
-reason keeps its colour across charts and pages.
+screen readers and for the page's caption. Colours of stop reasons come from
+:mod:`loopwatch.dashboard.palette` (colour-blind safe, the same in Grafana), so a reason
+keeps its colour across charts, pages and Grafana.
 
 Names in a chart (agents, tools, reasons: client text) are drawn with their bidi
 controls made visible (:mod:`loopwatch.dashboard.bidi`): a U+202E in a tool name would
@@ -25,6 +26,7 @@ from loopwatch.instrumentation import StopReason
 
 from .bidi import neutralise, neutralise_frame
 from .data import LOOP_DETECTORS, STOP_REASONS, TOOL_OUTCOME_COLUMNS
+from .palette import OTHER_COLOR, REASON_COLORS
 
 __all__ = [
     "DETECTOR_COLORS",
@@ -44,27 +46,17 @@ __all__ = [
     "tool_calls_text",
 ]
 
-REASON_COLORS: Final[dict[str, str]] = {
-    StopReason.COMPLETED: "#2e7d32",
-    StopReason.FINAL_UNVERIFIED: "#9e9d24",
-    StopReason.REFUSED: "#6d4c41",
-    StopReason.BUDGET_EXHAUSTED: "#ef6c00",
-    StopReason.DEADLINE_EXCEEDED: "#f9a825",
-    StopReason.REPEATED_ACTION: "#c62828",
-    StopReason.ACTION_CYCLE: "#ad1457",
-    StopReason.REPEATED_DECISION: "#6a1b9a",
-    StopReason.NO_PROGRESS: "#283593",
-    StopReason.CANCELLED: "#757575",
-    StopReason.ERROR: "#000000",
-}
-"""One colour per stop reason (DESIGN section 2's closed set)."""
-
 DETECTOR_COLORS: Final[dict[str, str]] = {d: REASON_COLORS[d] for d in LOOP_DETECTORS}
 """Loop detectors use their stop reason's colour."""
 
 _HEIGHT: Final = 260
 _WHOLE: Final = alt.Axis(tickMinStep=1, format="d")
 """Axis of a count or a step number: no fractional ticks (1.0, 1.2, ... read as steps)."""
+
+_NAMES: Final = alt.Axis(labelLimit=0)
+"""Axis of names (tools, agents): whole labels, never cut with an ellipsis (Vega-Lite
+cuts at 180 px by default, so ``search_basic_free_for_streaming_availability`` lost its
+end); the chart widens its label column instead."""
 
 _BAR_STEP: Final = alt.Step(24)
 """Height of each bar's band in the horizontal bar charts, whatever the bar count: the
@@ -75,7 +67,7 @@ Vega-Lite would hide every other bar label as overlapping."""
 def _reason_scale(present: pd.Series) -> alt.Scale:
     extra = sorted({str(v) for v in present} - set(STOP_REASONS))
     domain = [*STOP_REASONS, *extra]
-    return alt.Scale(domain=domain, range=[REASON_COLORS.get(r, "#90a4ae") for r in domain])
+    return alt.Scale(domain=domain, range=[REASON_COLORS.get(r, OTHER_COLOR) for r in domain])
 
 
 def _detector_scale() -> alt.Scale:
@@ -165,7 +157,7 @@ def runs_by_agent_chart(by_agent: pd.DataFrame) -> alt.Chart:
         alt.Chart(frame, title="Runs by agent")
         .mark_bar()
         .encode(
-            y=alt.Y("agent:N", title="agent", sort="-x"),
+            y=alt.Y("agent:N", title="agent", sort="-x", axis=_NAMES),
             x=alt.X("sum(runs):Q", title="runs", axis=_WHOLE),
             color=alt.Color(
                 "stop_reason:N", title="stop reason", scale=_reason_scale(frame["stop_reason"])
@@ -235,7 +227,7 @@ def loops_by_tool_chart(loops: pd.DataFrame, *, top: int = 10) -> alt.Chart:
         alt.Chart(frame, title=f"Top tools by loop detections (top {top})")
         .mark_bar()
         .encode(
-            y=alt.Y("tool:N", title="tool", sort="-x"),
+            y=alt.Y("tool:N", title="tool", sort="-x", axis=_NAMES),
             x=alt.X("sum(stops):Q", title="loop detections", axis=_WHOLE),
             color=alt.Color("detector:N", title="detector", scale=_detector_scale()),
             tooltip=["tool:N", "detector:N", "stops:Q"],
@@ -303,7 +295,7 @@ def progress_chart(
             color=alt.Color(
                 "mark:N",
                 title="",
-                scale=alt.Scale(domain=["progress ceased", "stop"], range=["#ef6c00", "#c62828"]),
+                scale=alt.Scale(domain=["progress ceased", "stop"], range=["#EE7733", "#CC3311"]),
             ),
             tooltip=["mark:N", "step:Q"],
         )
@@ -353,13 +345,13 @@ def tool_calls_chart(tools: pd.DataFrame, *, top: int = 15) -> alt.Chart:
         alt.Chart(long, title=f"Tool calls by outcome (top {top} by calls)")
         .mark_bar()
         .encode(
-            y=alt.Y("tool:N", sort=head["tool"].tolist(), title="tool"),
+            y=alt.Y("tool:N", sort=head["tool"].tolist(), title="tool", axis=_NAMES),
             x=alt.X("sum(n):Q", title="calls", axis=_WHOLE),
             color=alt.Color(
                 "outcome:N",
                 scale=alt.Scale(
                     domain=list(TOOL_OUTCOME_COLUMNS),
-                    range=["#2e7d32", "#ef6c00", "#c62828", "#1565c0"],
+                    range=["#117733", "#EE7733", "#CC3311", "#0077BB"],
                 ),
             ),
             tooltip=["tool:N", "outcome:N", "n:Q"],

@@ -1,6 +1,6 @@
 """Start the Streamlit app: what ``loopwatch dashboard`` (and ``loopwatch up``) call.
 
-The app runs as ``python -m streamlit run dashboard/app.py`` in a child process, headless,
+The app runs as ``python -m streamlit run dashboard/server.py`` in a child process, headless,
 with its source passed in the environment (``LOOPWATCH_DASHBOARD_COLLECTOR``,
 ``LOOPWATCH_DASHBOARD_DB``, ``LOOPWATCH_DASHBOARD_TOKEN_FILE``, or
 ``LOOPWATCH_DASHBOARD_LAKE`` and ``_LAKE_DATA`` for fleet mode's lake); the token itself
@@ -27,8 +27,9 @@ from .auth import ENV_KEYS, AuthConfig, check_auth
 
 __all__ = ["APP_PATH", "build_command", "build_env", "run_dashboard", "start_dashboard"]
 
-APP_PATH: Final = Path(__file__).resolve().parent / "app.py"
-"""The router entry file."""
+APP_PATH: Final = Path(__file__).resolve().parent / "server.py"
+"""The served entry file: ``st.App`` over the router ``app.py`` (:mod:`.server`: deep
+links without 404s)."""
 
 _ENV_KEYS: Final = (
     "LOOPWATCH_DASHBOARD_COLLECTOR",

@@ -30,6 +30,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Final, NotRequired, Protocol, TypedDict, Unpack, runtime_checkable
 
@@ -57,6 +59,7 @@ __all__ = [
     "SourceUnavailable",
     "ToolsData",
     "looped_runs",
+    "steps_of_runs",
 ]
 
 DEFAULT_COLLECTOR_URL: Final = "http://127.0.0.1:9464"
@@ -386,3 +389,36 @@ def looped_runs(
         limit=limit,
     )
     return page.runs
+
+
+STEPS_FALLBACK_THREADS: Final = 8
+"""Parallel reads of :func:`steps_of_runs` on a source without a one-read method."""
+
+
+def steps_of_runs(source: DataSource, run_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """The stored steps of ``run_ids`` as ``{run_id: rows in step order}`` (a run without
+    stored steps is absent), for replaying many runs at once.
+
+    A source with a ``steps_of_runs`` method answers in one read
+    (:meth:`~loopwatch.dashboard.file_source.DuckDBSource.steps_of_runs`); any other
+    (the read API has no many-runs endpoint) is read one run at a time,
+    :data:`STEPS_FALLBACK_THREADS` at once.
+
+    Raises:
+        SourceUnavailable / QueryFailed: as the source's reads.
+    """
+    one_read = getattr(source, "steps_of_runs", None)
+    if callable(one_read):
+        found: dict[str, list[dict[str, Any]]] = one_read(list(run_ids))
+        return found
+
+    def read(run_id: str) -> tuple[str, list[dict[str, Any]]]:
+        detail = source.run(run_id)
+        if detail is None or detail.steps.empty:
+            return run_id, []
+        return run_id, detail.step_records()
+
+    ids = list(dict.fromkeys(run_ids))
+    with ThreadPoolExecutor(max_workers=STEPS_FALLBACK_THREADS) as pool:
+        pairs = list(pool.map(read, ids))
+    return {run_id: rows for run_id, rows in pairs if rows}

@@ -15,7 +15,7 @@ API mode needs neither.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Unpack
@@ -27,6 +27,7 @@ from loopwatch.collector.errors import ReadTimeout
 from loopwatch.collector.store import aggregates
 from loopwatch.collector.store import reader as queries
 from loopwatch.collector.store.reader import StoreReader
+from loopwatch.collector.store.schema import STEP_FIELDS, key_list, run_key_of
 
 from . import data, frames
 
@@ -104,6 +105,22 @@ class ReaderSource:
             frames.TRUNCATED_NOTE if truncated or loops_truncated else None,
         )
 
+    def steps_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        """Every stored step of ``run_ids`` in ONE query (Policy replay reads 500 runs;
+        one :meth:`run` each took 40 s), as ``{run_id: rows in step order}``.
+
+        Rows have the fields of :meth:`run`'s steps; at most
+        ``max_rows`` x :data:`STEPS_OF_RUNS_CAP_FACTOR` rows in all: a run the cap cuts
+        is left out whole. A run without stored steps is absent.
+
+        Raises:
+            QueryFailed: the query failed or ran past its time limit.
+        """
+        found: dict[str, list[dict[str, Any]]] = self._call(
+            read_steps_of_runs, self._reader, list(run_ids)
+        )
+        return found
+
     def close(self) -> None:
         self._reader.close()
 
@@ -173,6 +190,51 @@ class DuckDBSource(ReaderSource):
             connection, self._connection = self._connection, None
         if connection is not None:
             connection.close()
+
+
+STEPS_OF_RUNS_CAP_FACTOR = 20
+"""Row cap of :func:`read_steps_of_runs`, in units of the per-query cap (10,000 rows by
+default: 200,000 steps, 500 runs of 400 steps)."""
+
+
+def read_steps_of_runs(
+    reader: StoreReader, run_ids: Sequence[str]
+) -> dict[str, list[dict[str, Any]]]:
+    """:meth:`DuckDBSource.steps_of_runs` over a reader (committed and staged steps, as
+    the reader's ``get_run`` reads them), in the style of the reader's module functions.
+
+    Keys are rendered as a literal list (:func:`~loopwatch.collector.store.schema.
+    key_list`: index lookups); only ints computed here are rendered, never client text.
+    """
+    wanted = {run_key_of(r): r for r in dict.fromkeys(run_ids)}
+    if not wanted:
+        return {}
+    keys = key_list(wanted)
+    columns = ", ".join(STEP_FIELDS)
+    # The lake holds kept steps only (no staging table there).
+    staged = (
+        ""
+        if reader.lake
+        else f" UNION ALL SELECT run_key, {columns} FROM staged_steps WHERE run_key IN ({keys})"
+    )
+    rows, truncated = reader._query(
+        f"SELECT run_key, {columns} FROM (SELECT run_key, {columns} FROM steps "
+        f"WHERE run_key IN ({keys}){staged}) "
+        # get_run's order, ascending (its DESC NULLS FIRST, reversed).
+        "ORDER BY run_key, step NULLS LAST, start_unix_nano, kind, span_id",
+        [],
+        max_rows=reader.max_rows * STEPS_OF_RUNS_CAP_FACTOR,
+    )
+    found: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        run_id = wanted.get(row.pop("run_key"))
+        # A key collision between two ids (64-bit blake2b) is checked, not assumed away.
+        if run_id is not None and row.get("run_id") == run_id:
+            found.setdefault(run_id, []).append(row)
+    if truncated and found:
+        # The cap cut the last run's steps: a partial run would replay wrongly.
+        del found[next(reversed(found))]
+    return found
 
 
 def _open_error(path: Path, exc: Exception) -> data.SourceUnavailable:

@@ -19,6 +19,7 @@ from .data import RUN_COLUMNS, TOOLS_COLUMNS, Overview, RunData
 __all__ = [
     "TRUNCATED_NOTE",
     "by_agent_frame",
+    "id_prefix",
     "limits_frame",
     "loops_frame",
     "overview_from_stats",
@@ -37,6 +38,34 @@ TRUNCATED_NOTE: Final = "Figures are partial: a query hit the source's row cap."
 def utc(values: Iterable[Any]) -> pd.Series:
     """Nanoseconds since the epoch (``None`` allowed) as UTC ``datetime64``."""
     return pd.to_datetime(pd.Series(list(values), dtype="Int64"), unit="ns", utc=True)
+
+
+_ID_SEPARATORS: Final = frozenset("._-:/=@#+ ")
+
+
+def id_prefix(ids: Sequence[str]) -> str:
+    """The prefix all ``ids`` share, up to and including its last separator
+    (``. _ - : / = @ # +`` or a space); ``""`` for fewer than two ids.
+
+    Run ids of one sender share long prefixes (``demo-1c8f02.0829.task=...``): a table
+    that shows each id from its start shows the same text on every row. Cutting at a
+    separator keeps whole tokens (``0829``, not ``829``). Example: ``["demo-a.0001.x",
+    "demo-a.0002.y"]`` -> ``"demo-a."``.
+    """
+    if len(ids) < 2:
+        return ""
+    first, last = min(ids), max(ids)  # the common prefix of all is that of these two
+    size = 0
+    for a, b in zip(first, last, strict=False):
+        if a != b:
+            break
+        size += 1
+    shared = first[:size]
+    cut = max((i for i, c in enumerate(shared) if c in _ID_SEPARATORS), default=-1)
+    # Never the whole of an id: a run id that is a prefix of another stays visible.
+    while cut >= 0 and any(len(i) <= cut + 1 for i in ids):
+        cut = max((i for i, c in enumerate(shared[:cut]) if c in _ID_SEPARATORS), default=-1)
+    return shared[: cut + 1]
 
 
 def runs_frame(items: Sequence[Mapping[str, Any]]) -> pd.DataFrame:

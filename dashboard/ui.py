@@ -31,6 +31,7 @@ import pandas as pd
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
+from . import frames
 from .bidi import neutralise, neutralise_frame
 from .config import SourceConfig, open_source
 from .data import (
@@ -66,11 +67,13 @@ __all__ = [
     "escape_md",
     "footer",
     "query_choice",
+    "run_id_column",
     "run_link",
     "run_url",
     "runs_table",
     "select_param",
     "setup_page",
+    "short_run_ids",
     "source",
     "sync_query_params",
     "text_param",
@@ -87,9 +90,23 @@ RUN_VIEW_URL_PATH: Final = "run"
 T = TypeVar("T")
 
 
+_PAGE_CSS: Final = (
+    "<style>"
+    # Less empty space above the title (6 rem by default, under the top navigation): at
+    # 900 px high the run view's last steps must fit without scrolling.
+    '[data-testid="stMainBlockContainer"]{padding:3.5rem 2.5rem 2rem 2.5rem}'
+    # Figures at a size that fits "observed 95 = limit 95" in half a stop card.
+    '[data-testid="stMetricValue"]{font-size:1.5rem}'
+    "</style>"
+)
+
+
 def setup_page(title: str) -> None:
-    """Page title and the wide layout (the pages are designed for 1280 px and up)."""
+    """Page title, the wide layout (the pages are designed for 1280 px and up) and the
+    page's style sheet (a style-only ``st.html``, which Streamlit applies without adding
+    an element)."""
     st.set_page_config(page_title=f"{title} · loopwatch", layout="wide")
+    st.html(_PAGE_CSS)
 
 
 @st.cache_resource(show_spinner=False)
@@ -428,7 +445,7 @@ def code_md(value: object) -> str:
 
 
 RUN_LINK_COLUMN: Final = st.column_config.LinkColumn(
-    "run", help="Open the run view", display_text=":material/open_in_new:", width="small"
+    "run", help="Open the run view", display_text=":material/open_in_new:", width=45
 )
 """The column of run view URLs (:func:`run_url`), shown as an icon. The run id is shown in a
 column of its own, through :func:`dataframe`: as link text it would be taken from the URL
@@ -437,22 +454,75 @@ and shown decoded, bidi controls included."""
 _ROW_PX: Final = 35  # st.dataframe's row height at the default font size
 
 
-def table_height(rows: int, *, max_rows: int = 25) -> int:
+def table_height(rows: int, *, max_rows: int = 25, row_px: int = _ROW_PX) -> int:
     """Pixels for a table showing up to ``max_rows`` rows and its header, no empty space.
 
     Streamlit's default shows about 10 rows in a scroll box, however long the page.
+    ``row_px``: the table's ``row_height`` (the header keeps its own height).
     """
-    return _ROW_PX * (min(max(rows, 1), max_rows) + 1) + 3
+    return _ROW_PX + row_px * min(max(rows, 1), max_rows) + 3
+
+
+def short_run_ids(run_ids: Sequence[str]) -> tuple[str, list[str]]:
+    """The prefix the listed run ids share, and each id without it (its distinguishing
+    part; :func:`~.frames.id_prefix`). The links keep the full ids."""
+    ids = [str(r) for r in run_ids]
+    prefix = frames.id_prefix(ids)
+    return prefix, [r[len(prefix) :] for r in ids]
+
+
+def run_id_column(prefix: str, *, label: str = "run id") -> Any:
+    """The text column of :func:`short_run_ids`' parts; its help names the prefix."""
+    shared = f"; every id here starts with {prefix!r}, left out" if prefix else ""
+    return st.column_config.TextColumn(
+        label,
+        help=f"The run id's distinguishing part{shared}. The link on the left and the "
+        "picker below hold the full id.",
+        width=RUN_ID_WIDTH,
+    )
+
+
+RUN_ID_WIDTH: Final = 215
+"""Pixels of the run column: room for a run id's distinguishing part."""
+
+RUNS_TABLE_COLUMNS: Final[dict[str, Any]] = {
+    "time": st.column_config.DatetimeColumn("time (UTC)", format="YYYY-MM-DD HH:mm:ss", width=140),
+    "agent": st.column_config.TextColumn("agent", width=120),
+    "stop_reason": st.column_config.TextColumn("stop reason", width=130),
+    "top_tool": st.column_config.TextColumn("tool", help="The tool the run called most", width=200),
+    "steps": st.column_config.NumberColumn("steps", width=50),
+    "steps_since_progress": st.column_config.NumberColumn(
+        "no progress", help="Steps since the last progress evidence, at the stop", width=85
+    ),
+    "tool_calls": st.column_config.NumberColumn(
+        "calls",
+        help="Tool results stored for the run, calls the guard blocked included",
+        width=50,
+    ),
+    "tool_errors": st.column_config.NumberColumn("errors", width=52),
+    "tool_blocked": st.column_config.NumberColumn("blocked", width=62),
+    "canary_detected": st.column_config.CheckboxColumn(
+        "canary", help="A registered canary value was found (and redacted)", width=55
+    ),
+    "sampled": st.column_config.CheckboxColumn(
+        "sampled", help="Steps kept by the collector's sampling", width=62
+    ),
+}
+"""Column settings of the runs tables: widths that fit every column at 1440 px."""
 
 
 def runs_table(runs: pd.DataFrame, *, key: str) -> None:
     """The runs as a sortable table with a link per run, then an "open a run" picker.
 
+    The run column shows each id's distinguishing part (:func:`run_id_column`); the full
+    ids are in the links and in the picker below the table.
+
     Args:
         runs: rows with :data:`~loopwatch.dashboard.data.RUN_TABLE_COLUMNS`.
         key: widget key prefix (unique per page section).
     """
-    frame = runs.assign(run=[run_url(r) for r in runs["run_id"]])
+    prefix, parts = short_run_ids(runs["run_id"].astype(str).tolist())
+    frame = runs.assign(run=[run_url(r) for r in runs["run_id"]], run_id=parts)
     dataframe(
         frame,
         hide_index=True,
@@ -460,25 +530,13 @@ def runs_table(runs: pd.DataFrame, *, key: str) -> None:
         column_order=("run", *RUN_TABLE_COLUMNS),
         column_config={
             "run": RUN_LINK_COLUMN,
-            # Medium: long run ids would push the other columns out of view.
-            "run_id": st.column_config.TextColumn("run id", width="medium"),
-            "time": st.column_config.DatetimeColumn("time (UTC)", format="YYYY-MM-DD HH:mm:ss"),
-            "stop_reason": st.column_config.TextColumn("stop reason"),
-            "top_tool": st.column_config.TextColumn("tool", help="The tool the run called most"),
-            "steps_since_progress": st.column_config.NumberColumn("steps since progress"),
-            "tool_calls": st.column_config.NumberColumn(
-                "tool calls",
-                help="Tool results stored for the run, calls the guard blocked included",
-            ),
-            "tool_errors": st.column_config.NumberColumn("errors"),
-            "tool_blocked": st.column_config.NumberColumn("blocked"),
-            "canary_detected": st.column_config.CheckboxColumn("canary"),
-            "sampled": st.column_config.CheckboxColumn(
-                "sampled", help="Steps kept by the collector's sampling"
-            ),
+            "run_id": run_id_column(prefix),
+            **RUNS_TABLE_COLUMNS,
         },
         placeholder="",
     )
+    if prefix:
+        st.caption(f"Run ids shown without their shared prefix {code_md(prefix)}.")
     ids = runs["run_id"].astype(str).tolist()
     if not ids:
         return

@@ -6,7 +6,7 @@ Query parameters: ``range`` (``1h``, ``6h``, ``24h``, ``7d``, ``30d``, ``all``),
 from __future__ import annotations
 
 import streamlit as st
-from loopwatch.dashboard import charts, ui
+from loopwatch.dashboard import charts, explain, ui
 from loopwatch.dashboard.data import LOOP_DETECTORS, Overview
 
 ALL_AGENTS = "(all agents)"
@@ -64,7 +64,7 @@ m1.metric("Stops", f"{overview.total_stops:,}")
 m2.metric(
     "Abnormal-stop ratio",
     "–" if ratio is None else f"{ratio:.0%}",
-    help="Stops with a reason other than completed, over all stops in the range.",
+    help=explain.ABNORMAL_HELP,
 )
 m3.metric(
     "Loop detections",

@@ -6,15 +6,20 @@ trajectory (:func:`loopwatch.replay.engine.trajectory_from_stored`) and is repla
 offline with the real guard. A run recorded as ``completed`` counts as successful, so a
 stop on it is a false stop.
 
-Query parameters: ``range`` (as on the overview), ``reason`` (stored stop reason),
-``a`` and ``b`` (shipped profiles, e.g. ``default:replay-default``; ``b=none`` for one
-policy).
+By default the runs are stopped runs (any reason but ``completed``) spread over the
+agents, the count of each shown; their steps are read in one query and replayed with a
+progress bar.
+
+Query parameters: ``range`` (as on the overview), ``reason`` (stored stop reason,
+``(any)``, or the default), ``runs`` (how many, 25 to 500), ``a`` and ``b`` (shipped
+profiles, e.g. ``default:replay-default``; ``b=none`` for one policy).
 """
 
 from __future__ import annotations
 
 import hashlib
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple
 from pathlib import Path
 from typing import Any
@@ -22,7 +27,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 from loopwatch.dashboard import ui
-from loopwatch.dashboard.data import STOP_REASONS, RunFilter
+from loopwatch.dashboard.data import STOP_REASONS, RunFilter, steps_of_runs
 from loopwatch.instrumentation.errors import PolicyError
 from loopwatch.replay.engine import (
     MIN_LOOP_REPEATS,
@@ -39,10 +44,14 @@ from loopwatch.replay.importers.stored import trajectory_from_stored
 from loopwatch.replay.trajectory import Trajectory
 
 ANY = "(any)"
+STOPPED = "(stopped: any reason but completed)"
+ABNORMAL = tuple(r for r in STOP_REASONS if r != "completed")
+REPLAY_CHUNK = 50
 NONE = "none"
 PATH = "file path…"
 UPLOAD = "upload a file…"
 MAX_RUNS = (25, 50, 100, 200, 500)
+DEFAULT_RUNS = 100
 
 
 @st.cache_data(show_spinner=False)
@@ -95,25 +104,74 @@ def _choose(side: str, default: str, *, optional: bool) -> list[NamedPolicy]:
     return _load(choice)
 
 
-def _trajectories(src: Any, key: str, runs: pd.DataFrame) -> tuple[list[Trajectory], list[str]]:
+def _trajectories(
+    src: Any, runs: pd.DataFrame, progress: Any
+) -> tuple[list[Trajectory], list[str]]:
+    # ONE read for every run's steps (data.steps_of_runs), not one per run: 500 runs
+    # took 40 s one by one.
+    progress.progress(0.0, text=f"Reading the stored steps of {len(runs):,} run(s)...")
+    stored = ui.call(steps_of_runs, src, runs["run_id"].astype(str).tolist())
     found: list[Trajectory] = []
     empty: list[str] = []
     for row in runs.to_dict("records"):
         run_id = str(row["run_id"])
-        data = ui.call(ui.cached_run, key, src, run_id)
-        if data is None or data.steps.empty:
+        rows = stored.get(run_id)
+        if not rows:
             empty.append(run_id)
             continue
         found.append(
             trajectory_from_stored(
                 run_id,
-                data.step_records(),
+                rows,
                 stop_reason=row.get("stop_reason") or None,
                 agent=row.get("agent") or None,
                 source=src.description,
             )
         )
     return found, empty
+
+
+def _replay(
+    trajectories: list[Trajectory], policies: list[NamedPolicy], progress: Any
+) -> list[ReplayResult]:
+    # In chunks, so the bar moves: each run is replayed on its own, so chunks change
+    # nothing in the results.
+    results: list[ReplayResult] = []
+    total = len(trajectories)
+    for start in range(0, total, REPLAY_CHUNK):
+        done = min(start + REPLAY_CHUNK, total)
+        results += replay(trajectories[start:done], policies)
+        progress.progress(
+            0.1 + 0.9 * done / total, text=f"Replayed {done:,} of {total:,} run(s)..."
+        )
+    return results
+
+
+@st.cache_data(ttl=ui.TTL_SECONDS, show_spinner=False, max_entries=32)
+def _stopped_runs(
+    key: str, _src: Any, reasons: tuple[str, ...], since: int, until: int, limit: int
+) -> pd.DataFrame:
+    """The newest sampled runs of each abnormal stop reason, spread over the agents."""
+    del key
+
+    def newest(reason: str) -> pd.DataFrame:
+        filters = RunFilter(
+            stop_reason=reason, since_unix_nano=since, until_unix_nano=until, sampled=True
+        )
+        return _src.runs(filters, limit=limit).runs
+
+    # One list query per reason that has stops (a filter holds one reason), at once.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        frames = [f for f in pool.map(newest, reasons) if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=["run_id", "agent", "stop_reason", "time"])
+    pool_frame = pd.concat(frames, ignore_index=True).drop_duplicates("run_id")
+    pool_frame = pool_frame.sort_values("time", ascending=False, kind="stable")
+    # Round robin over the agents, newest first within each: one agent's burst of runs
+    # does not fill the selection (the 100 newest runs were all one agent's, issue 28).
+    pool_frame["_rank"] = pool_frame.groupby(pool_frame["agent"].fillna(""), sort=False).cumcount()
+    chosen = pool_frame.sort_values(["_rank", "time"], ascending=[True, False], kind="stable")
+    return chosen.head(limit).drop(columns="_rank").reset_index(drop=True)
 
 
 def _summary_frame(results: list[ReplayResult]) -> pd.DataFrame:
@@ -201,11 +259,26 @@ with c1:
     window = ui.time_range(key="replay_range", default="7d")
 with c2:
     reason = ui.select_param(
-        "Stored stop reason", [ANY, *STOP_REASONS], param="reason", default=ANY, key="replay_reason"
+        "Stored stop reason",
+        [STOPPED, ANY, *STOP_REASONS],
+        param="reason",
+        default=STOPPED,
+        key="replay_reason",
     )
 with c3:
-    limit = st.selectbox("Runs (newest first)", MAX_RUNS, index=2, key="replay_limit")
-ui.sync_query_params({"range": window.key, "reason": reason}, {"range": "7d", "reason": ANY})
+    limit = int(
+        ui.select_param(
+            "Runs (newest first)",
+            [str(n) for n in MAX_RUNS],
+            param="runs",
+            default=str(DEFAULT_RUNS),
+            key="replay_limit",
+        )
+    )
+ui.sync_query_params(
+    {"range": window.key, "reason": reason, "runs": str(limit)},
+    {"range": "7d", "reason": STOPPED, "runs": str(DEFAULT_RUNS)},
+)
 
 policies = unique_labels([*chosen_a, *chosen_b])
 if not policies:
@@ -213,14 +286,27 @@ if not policies:
     ui.footer(src)
     st.stop()
 
-filters = RunFilter(
-    stop_reason=None if reason == ANY else reason,
-    since_unix_nano=window.since_unix_nano,
-    until_unix_nano=window.until_unix_nano,
-    sampled=True,
-)
-page = ui.call(ui.cached_runs, key, src, astuple(filters), int(limit), 0)
-if page.runs.empty:
+if reason == STOPPED:
+    # The default: stopped runs of every agent (round robin), so the first view has
+    # something to compare; "(any)" lists the newest runs, whoever sent them.
+    runs = ui.call(
+        _stopped_runs,
+        key,
+        src,
+        ABNORMAL,
+        window.since_unix_nano,
+        window.until_unix_nano,
+        int(limit),
+    )
+else:
+    filters = RunFilter(
+        stop_reason=None if reason == ANY else reason,
+        since_unix_nano=window.since_unix_nano,
+        until_unix_nano=window.until_unix_nano,
+        sampled=True,
+    )
+    runs = ui.call(ui.cached_runs, key, src, astuple(filters), int(limit), 0).runs
+if runs.empty:
     ui.empty_state(
         f"No sampled run in the selected time range ({window.label.lower()}): replay needs "
         "the stored steps of a run."
@@ -228,10 +314,17 @@ if page.runs.empty:
     ui.footer(src)
     st.stop()
 
-# Reading every run's steps and replaying them takes seconds for a hundred runs: say so.
-with st.spinner(f"Reading the stored steps of {len(page.runs)} run(s) and replaying them..."):
-    trajectories, without_steps = _trajectories(src, key, page.runs)
-    results = replay(trajectories, policies) if trajectories else []
+by_agent = runs["agent"].fillna("").replace("", "(unnamed)").value_counts()
+st.caption(
+    f"{len(runs):,} run(s) selected, by agent: "
+    + ", ".join(f"{ui.escape_md(agent)} {count:,}" for agent, count in by_agent.items())
+    + "."
+)
+
+bar = st.progress(0.0, text="Reading the stored steps...")
+trajectories, without_steps = _trajectories(src, runs, bar)
+results = _replay(trajectories, policies, bar) if trajectories else []
+bar.empty()
 if not trajectories:
     st.info("None of these runs has stored steps to replay.")
     ui.footer(src)
@@ -265,12 +358,14 @@ st.caption(
 
 st.subheader("Runs")
 runs_table = _runs_frame(results, labels)
+id_prefix, id_parts = ui.short_run_ids(runs_table["run_id"].astype(str).tolist())
+runs_table["run_id"] = id_parts
 ui.dataframe(
     runs_table,
     hide_index=True,
     column_config={
         "run": ui.RUN_LINK_COLUMN,
-        "run_id": st.column_config.TextColumn("run id", width="medium"),
+        "run_id": ui.run_id_column(id_prefix),
         "loop onset": st.column_config.NumberColumn(
             "loop onset", help="First step of the recorded loop, if any"
         ),

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import pandas as pd
 import streamlit as st
-from loopwatch.dashboard import charts, runview, ui
+from loopwatch.dashboard import charts, explain, runview, ui
 
 
 def _when(ns: object) -> str:
@@ -23,18 +23,38 @@ def _when(ns: object) -> str:
 
 
 MAX_EXPANDERS = 100
+# The steps table grows with its rows up to this many (the default window is 20 steps).
+MAX_TABLE_ROWS = 60
+# Rows a little shorter than Streamlit's 35 px: 20 steps and the header fit under the
+# stop card's top at 1440x900.
+STEP_ROW_PX = 28
+STEP_COLUMNS = {
+    "steps": st.column_config.TextColumn("steps", width=60),
+    "action": st.column_config.TextColumn("action", width=190),
+    "count": st.column_config.NumberColumn("count", width=55),
+    "outcomes": st.column_config.TextColumn("outcomes", width=140),
+    "progress": st.column_config.NumberColumn(
+        "progress", width=70, help="Steps of the row with progress evidence"
+    ),
+    "marks": st.column_config.TextColumn(
+        "marks", width=240, help="Where progress ceased, the stop, nudges and warnings"
+    ),
+}
 DEFAULT_LAST = runview.DEFAULT_LAST_STEPS
 
 ui.setup_page("Run view")
-st.title("Run view")
+# Title and run id on one line: at 900 px high the last steps must fit under them.
+title_col, id_col = st.columns([1, 3], vertical_alignment="bottom")
+title_col.title("Run view")
 src, key = ui.source()
 
-run_id = ui.text_param(
-    "Run id",
-    param="run_id",
-    key="run_view_run_id",
-    help="Paste a run id, or open one from the Stopped runs page.",
-)
+with id_col:
+    run_id = ui.text_param(
+        "Run id",
+        param="run_id",
+        key="run_view_run_id",
+        help="Paste a run id, or open one from the Stopped runs page.",
+    )
 if not run_id:
     ui.sync_query_params({"run_id": None, "last": None, "all": None}, {})
     st.info(
@@ -79,8 +99,12 @@ st.caption(
     + (f" · collector {ui.code_md(run['collector_id'])}" if run.get("collector_id") else "")
 )
 
-# ------------------------------------------------------------------ stop card
-with st.container(border=True):
+# ------------------------------------------------------------ stop card | steps
+# Side by side at 1280 px and up: the page opens on why it stopped *and* the loop (the
+# last steps before the stop), with no scrolling (issue 28: the loop rows sat below the
+# fold under the card).
+card_col, steps_col = st.columns([5, 7], gap="medium")
+with card_col, st.container(border=True):
     if card is None:
         st.subheader("No stop recorded")
         st.write(
@@ -89,11 +113,11 @@ with st.container(border=True):
         )
     else:
         st.subheader(f"Stop: {ui.escape_md(card.reason)}")
-        if card.message:
-            st.markdown(ui.escape_md(card.message))
-        # Two columns, two rows: four metrics in a row cut long values at 1280 px.
-        s1, s2 = st.columns(2)
-        s3, s4 = st.columns(2)
+        st.markdown(ui.escape_md(explain.stop_sentence(stop, detail.evidence)))
+        # Two rows of two, the wider column for the longer values ("observed 95 = limit
+        # 95"): four in a row, or two equal ones, cut them.
+        s1, s2 = st.columns([3, 2])
+        s3, s4 = st.columns([3, 2])
         s1.metric("Stop reason", ui.escape_md(card.reason))
         s2.metric("Stopped at step", "–" if card.step is None else str(card.step))
         # The basis goes in the label: the value cuts "observed 1 > limit 0 (projected)" short.
@@ -116,6 +140,81 @@ with st.container(border=True):
         if detail.anomalies_truncated:
             st.caption("Only the first stop reports were returned (the row cap).")
 
+ceased = runview.progress_ceased(steps, detail.evidence) if steps else None
+shown: list[runview.StepGroup] = []
+with steps_col:
+    if steps:
+        groups = runview.mark_groups(
+            runview.collapse(steps),
+            ceased,
+            stopped_at,
+            last_stored=last_stored if stopped_at is None else None,
+        )
+        steps_label = "Steps before the stop" if stopped_at is not None else "Last stored steps"
+        st.subheader(steps_label)
+        # The controls sit under the table; their state (or the URL, on a first visit)
+        # decides what the table shows.
+        raw_last = st.query_params.get("last", "")
+        last_n = int(
+            st.session_state.get(
+                "run_view_last",
+                int(raw_last) if raw_last.isdigit() and int(raw_last) > 0 else DEFAULT_LAST,
+            )
+        )
+        show_all = bool(st.session_state.get("run_view_all", st.query_params.get("all") == "1"))
+        shown = groups if show_all else runview.last_steps(groups, last_n, stop_step=window_end)
+        hidden = len(groups) - len(shown)
+        # As tall as its rows (up to MAX_TABLE_ROWS): the last steps are read without
+        # scrolling inside the table.
+        ui.dataframe(
+            runview.group_table(shown),
+            hide_index=True,
+            height=ui.table_height(len(shown), max_rows=MAX_TABLE_ROWS, row_px=STEP_ROW_PX),
+            row_height=STEP_ROW_PX,
+            column_config=STEP_COLUMNS,
+        )
+        st.caption(
+            f"{len(steps):,} stored step(s) in {len(groups):,} row(s) (identical consecutive "
+            f"actions collapsed); showing {len(shown):,} row(s), steps {shown[0].first_step}–"
+            f"{shown[-1].last_step}" + (f"; {hidden:,} earlier row(s) hidden." if hidden else ".")
+        )
+        if ceased is not None:
+            st.info(ceased.text[0].upper() + ceased.text[1:] + ".")
+        if detail.steps_truncated:
+            st.caption("Only the last steps of this long run were returned (the row cap).")
+        left, right = st.columns([3, 2], vertical_alignment="bottom")
+        with left:
+            picked = st.number_input(
+                steps_label,
+                min_value=1,
+                max_value=1_000_000,
+                value=last_n,
+                step=5,
+                key="run_view_last",
+            )
+        with right:
+            picked_all = st.checkbox("Show every stored step", value=show_all, key="run_view_all")
+        ui.sync_query_params(
+            {"run_id": run_id, "last": str(picked), "all": "1" if picked_all else None},
+            {"last": str(DEFAULT_LAST)},
+        )
+
+loop = explain.loop_evidence(stop, detail.evidence, steps)
+if loop is not None:
+    with card_col, st.container(border=True):
+        what = "unchanged result" if loop.unchanged else "last result"
+        st.markdown(
+            f"**The repeated call: {ui.escape_md(loop.tool)}**"
+            + (f" (steps {runview.compress_indices(loop.steps)})" if loop.steps else "")
+        )
+        if loop.arguments is None and loop.result is None:
+            st.caption(explain.CAPTURE_HINT)
+        else:
+            st.caption("arguments (redacted by the collector, truncated)")
+            st.code(loop.arguments or "(not captured)", language="json", wrap_lines=True)
+            st.caption(f"{what} (redacted, truncated)")
+            st.code(loop.result or "(not captured)", language="json", wrap_lines=True)
+
 # ---------------------------------------------------------------------- usage
 usage = runview.usage_counters(stop, run)
 if usage:
@@ -127,53 +226,10 @@ notice = runview.sampling_notice(run, len(detail.steps))
 if notice:
     st.warning(notice)
 
-# ---------------------------------------------------------------------- steps
+# ------------------------------------------------------------------ step details
 if steps:
-    ceased = runview.progress_ceased(steps, detail.evidence)
-    groups = runview.mark_groups(
-        runview.collapse(steps),
-        ceased,
-        stopped_at,
-        last_stored=last_stored if stopped_at is None else None,
-    )
-    steps_label = "Steps before the stop" if stopped_at is not None else "Last stored steps"
-    st.subheader(steps_label)
-    if ceased is not None:
-        st.info(ceased.text[0].upper() + ceased.text[1:] + ".")
-    left, right = st.columns([3, 1], vertical_alignment="bottom")
-    with left:
-        raw_last = st.query_params.get("last", "")
-        last_n = st.number_input(
-            steps_label,
-            min_value=1,
-            max_value=1_000_000,
-            value=int(raw_last) if raw_last.isdigit() and int(raw_last) > 0 else DEFAULT_LAST,
-            step=5,
-            key="run_view_last",
-        )
-    with right:
-        show_all = st.checkbox(
-            "Show every stored step",
-            value=st.query_params.get("all") == "1",
-            key="run_view_all",
-        )
-    ui.sync_query_params(
-        {"run_id": run_id, "last": str(last_n), "all": "1" if show_all else None},
-        {"last": str(DEFAULT_LAST)},
-    )
-    shown = groups if show_all else runview.last_steps(groups, int(last_n), stop_step=window_end)
-    hidden = len(groups) - len(shown)
-    st.caption(
-        f"{len(steps):,} stored step(s) in {len(groups):,} row(s) (identical consecutive "
-        f"actions collapsed); showing {len(shown):,} row(s), steps {shown[0].first_step}–"
-        f"{shown[-1].last_step}" + (f"; {hidden:,} earlier row(s) hidden." if hidden else ".")
-    )
-    if detail.steps_truncated:
-        st.caption("Only the last steps of this long run were returned (the row cap).")
-    ui.dataframe(runview.group_table(shown), hide_index=True)
     if len(shown) > MAX_EXPANDERS:
         st.caption(f"Details below for the last {MAX_EXPANDERS} rows.")
-
     for group in shown[-MAX_EXPANDERS:]:
         title = ui.escape_md(group.title + "".join(f" · {m}" for m in group.marks))
         with st.expander(title, expanded=not group.collapsed and bool(group.marks)):

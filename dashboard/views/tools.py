@@ -12,6 +12,14 @@ import streamlit as st
 from loopwatch.dashboard import charts, ui
 from loopwatch.dashboard.data import LOOP_DETECTORS, LOOPED_RUNS_LIMIT, TOOL_OUTCOME_COLUMNS
 
+# Short column labels for the detectors (the help says the full name).
+DETECTOR_LABELS = {
+    "repeated_action": "rep. action",
+    "action_cycle": "cycle",
+    "repeated_decision": "rep. decision",
+    "no_progress": "no progress",
+}
+
 ui.setup_page("Tools")
 st.title("Tools")
 src, key = ui.source()
@@ -48,28 +56,48 @@ if data.tools is not None and not data.tools.empty:
             "nudges",
             "nudge_recovery_rate",
         ),
+        # Widths and short labels (full names in the help) that fit all 15 columns at
+        # 1440 px: the right-hand ones were cut off (issue 28).
         column_config={
-            "runs": st.column_config.NumberColumn("runs", help="Runs that called the tool"),
+            "tool": st.column_config.TextColumn("tool", width=260),
+            "calls": st.column_config.NumberColumn("calls", width=55),
+            "ok": st.column_config.NumberColumn("ok", width=50),
+            "errors": st.column_config.NumberColumn("errors", width=55),
+            "blocked": st.column_config.NumberColumn("blocked", width=62),
+            **{
+                detector: st.column_config.NumberColumn(
+                    DETECTOR_LABELS.get(detector, detector),
+                    help=f"Loop detections by the {detector} detector",
+                    width=92,
+                )
+                for detector in LOOP_DETECTORS
+            },
+            "runs": st.column_config.NumberColumn(
+                "runs", help="Runs that called the tool", width=50
+            ),
             "loop detections": st.column_config.NumberColumn(
-                "loop detections",
+                "loops",
+                width=55,
                 help="Runs a loop detector stopped, or flagged in observe mode, whose "
                 "detection named this tool",
             ),
             "repeated_action_rate": st.column_config.NumberColumn(
-                "repeated-action rate",
+                "rep. action rate",
                 format="percent",
+                width=110,
                 help="Share of the runs calling this tool that the repeated-action "
                 "detector stopped",
             ),
             "nudged": st.column_config.NumberColumn(
-                "nudged", help="Calls the guard answered with a nudge instead of running"
+                "nudged", width=62, help="Calls the guard answered with a nudge instead of running"
             ),
             "nudges": st.column_config.NumberColumn(
-                "nudges", help="Nudges on this tool the runs' stops report a result for"
+                "nudges", width=62, help="Nudges on this tool the runs' stops report a result for"
             ),
             "nudge_recovery_rate": st.column_config.NumberColumn(
-                "nudge recovery rate",
+                "nudge recovery",
                 format="percent",
+                width=110,
                 help="Share of those nudges after which the run recovered (progress or a "
                 "completed stop before any further detection); blank with no nudge",
             ),

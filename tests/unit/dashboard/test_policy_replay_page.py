@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from loopwatch.dashboard.config import open_source
@@ -49,7 +50,10 @@ def summary(at: AppTest) -> dict[str, dict[str, str]]:
 
 
 def runs(at: AppTest) -> Any:
-    return at.dataframe[1].value.set_index("run_id")
+    """The runs table by full run id (the page shows ids without their shared prefix)."""
+    value = at.dataframe[1].value
+    full = [unquote(u.split("run_id=", 1)[1]) for u in value["run"]]
+    return value.assign(run_id=full).set_index("run_id")
 
 
 @pytest.fixture(params=["api", "db"])
@@ -167,3 +171,38 @@ def test_router_lists_the_page(fed_source: str) -> None:
     at.switch_page("views/policy_replay.py").run()
     no_failure(at)
     assert at.title[0].value == "Policy replay"
+
+
+@pytest.mark.parametrize("kind", ["api", "db"])
+def test_steps_of_many_runs_equal_each_runs_steps(fed: Fed, kind: str) -> None:
+    """One read (the file) or parallel reads (the API) give each run's stored steps."""
+    from loopwatch.dashboard.data import steps_of_runs
+
+    src = open_source(
+        collector_url=fed.api_url if kind == "api" else None,
+        db=fed.db_copy if kind == "db" else None,
+    )
+    try:
+        ids = src.runs(RunFilter(), limit=100).runs["run_id"].astype(str).tolist()
+        found = steps_of_runs(src, [*ids, "no-such-run"])
+        assert "no-such-run" not in found and LOOP_RUN in found
+        for run_id in ids:
+            detail = src.run(run_id)
+            assert detail is not None
+            expected = [] if detail.steps.empty else detail.step_records()
+            got = found.get(run_id, [])
+            assert [(r["step"], r["span_id"]) for r in got] == [
+                (r["step"], r["span_id"]) for r in expected
+            ], run_id
+    finally:
+        src.close()
+
+
+def test_default_selection_is_stopped_runs_by_agent(fed_source: str, fed: Fed) -> None:
+    at = page(range="all", b="none")
+    no_failure(at)
+    replayed = runs(at)
+    assert "completed" not in set(replayed["recorded stop"])
+    caption = "\n".join(c.value for c in at.caption)
+    assert "run(s) selected, by agent:" in caption
+    assert at.query_params.get("runs") is None  # the default, left out of the URL
