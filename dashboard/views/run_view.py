@@ -9,6 +9,8 @@ or last steps without one; default 20), ``all`` (``1``: every stored step).
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import UTC, datetime
 
 import pandas as pd
@@ -48,7 +50,9 @@ title_col, id_col = st.columns([1, 3], vertical_alignment="bottom")
 title_col.title("Run view")
 src, key = ui.source()
 
-with id_col:
+# The export button sits beside the run id: the header stays one line high.
+input_col, export_col = id_col.columns([5, 1], vertical_alignment="bottom")
+with input_col:
     run_id = ui.text_param(
         "Run id",
         param="run_id",
@@ -98,6 +102,35 @@ st.caption(
     + (" · canary flagged" if run.get("canary_detected") else "")
     + (f" · collector {ui.code_md(run['collector_id'])}" if run.get("collector_id") else "")
 )
+
+
+export_body = {"run": run, "steps": detail.steps, "stop": stop, "evidence": detail.evidence}
+
+
+def _export(body: dict[str, object] = export_body) -> bytes:
+    """The run as OTLP/JSON that ``loopwatch replay`` reads back to the same stop (built
+    on click, on Streamlit's download thread)."""
+    from loopwatch.replay.export_run import ExportError, export_otlp_json
+
+    try:
+        return export_otlp_json(body)
+    except ExportError as exc:  # no steps kept: a file that says why, not a broken one
+        return json.dumps({"error": str(exc), "run_id": run_id}).encode()
+
+
+with export_col:
+    st.download_button(
+        "Export",
+        data=_export,
+        file_name=f"{re.sub(r'[^A-Za-z0-9._-]+', '_', run_id)[:120]}.otlp.json",
+        mime="application/json",
+        on_click="ignore",
+        disabled=detail.steps.empty,
+        help="The stored run as an OTLP/JSON file: attach it to the ticket, then "
+        "`loopwatch replay FILE` gives the same stop under the same policy "
+        "(docs/policy.md, From incident to test)."
+        + (" No steps were kept for this run: nothing to replay." if detail.steps.empty else ""),
+    )
 
 # ------------------------------------------------------------ stop card | steps
 # Side by side at 1280 px and up: the page opens on why it stopped *and* the loop (the

@@ -137,3 +137,29 @@ def test_run_view_opens_on_the_loop(demo: Any, browser_page: Any) -> None:
     assert "get_details_by_id was called" in text
     assert "The repeated call: get_details_by_id" in text
     assert not page.failed_responses, page.failed_responses
+
+
+@pytest.mark.timeout(240)
+def test_the_run_views_export_replays_to_the_same_stop(
+    demo: Any, browser_page: Any, tmp_path: Any
+) -> None:
+    """Issue 28, from incident to test: the run view's Export button downloads the run
+    as OTLP/JSON, and ``loopwatch replay`` on that file stops it where the guard did."""
+    import json
+
+    from tests.integration.services import run_loopwatch
+
+    up, loop_run = demo
+    page = browser_page
+    open_page(page, f"{up.dashboard_url}/run?run_id={quote(loop_run, safe='')}")
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Export").click()
+    out = tmp_path / download.value.suggested_filename
+    download.value.save_as(str(out))
+    assert out.name.endswith(".otlp.json")
+    stored = up.get_json(f"/api/v1/runs/{quote(loop_run, safe='')}")["stop"]
+    replayed = run_loopwatch("replay", str(out), "--format", "json", cwd=tmp_path)
+    assert replayed.returncode == 0, replayed.stderr
+    (line,) = replayed.stdout.splitlines()
+    row = json.loads(line)
+    assert (row["stop_reason"], row["stop_step"]) == (stored["reason"], stored["step"])
