@@ -63,7 +63,7 @@ from .rows import (
     MappedBatch,
 )
 from .sample import SamplingConfig
-from .store.writer import CommitResult, CommitStats, Store
+from .store.writer import CommitResult, CommitStats, Store, memory_settings
 from .store.writer import StoreConfig as StoreSettings
 from .workers import DecodePool, RedactedBatch, counts_delta, tune_gc
 
@@ -129,6 +129,7 @@ class Collector:
                 undecided_timeout_seconds=config.sampling.stop_timeout_seconds,
             ),
             retention_seconds=config.store.retention_days * 86_400,
+            **memory_settings(config.store),
         )
         self.store: Store
         self.inflight = InflightLimit(
