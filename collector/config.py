@@ -149,7 +149,7 @@ class StoreConfig:
     retention_days: float = 0.0
     # Memory budgets: the defaults fit a sidecar in 300 MiB at half capacity
     # (docs/collector.md, "Memory"; tests/reliability/test_soak.py).
-    memory_limit_mib: int = 64
+    memory_limit_mib: int = 48
     duckdb_threads: int = 1
     dedup_window_mib: int = 32
 

@@ -154,7 +154,7 @@ class StoreConfig:
             keeps every block it has read or written cached up to that limit, so a
             long-running collector's resident memory grew with its file (measured in the
             soak test: about 2 MB/s at 4,000 spans/s). Past the limit DuckDB evicts
-            cached blocks and spills large reads to ``<db>.tmp``. The default, 64 MiB,
+            cached blocks and spills large reads to ``<db>.tmp``. The default, 48 MiB,
             keeps a sidecar within 300 MiB (``docs/collector.md``, "Memory").
         retention_seconds: how long a decided run is kept after its last span arrived
             (wall time of arrival, not the span's own clock, which a client sets);
@@ -179,7 +179,7 @@ class StoreConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     dedup_max_keys: int = (32 << 20) // DEDUP_BYTES_PER_KEY
     checkpoint_wal_bytes: int = 64 * 1024 * 1024
-    memory_limit_bytes: int = 64 * 1024 * 1024
+    memory_limit_bytes: int = 48 * 1024 * 1024
     retention_seconds: float = 0.0
     prune_max_runs: int = 2_000
 
