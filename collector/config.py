@@ -75,6 +75,25 @@ def parse_hostport(value: str, *, what: str) -> tuple[str, int]:
     return host, port
 
 
+_MIN_MEMORY_LIMIT_MIB: Final = 32
+_MAX_DUCKDB_THREADS: Final = 64
+
+
+def _validate_memory(store: StoreConfig) -> None:
+    """The memory budgets of ``[store]``.
+
+    Raises:
+        ConfigError: a budget is not a whole number in its range.
+    """
+    for name, value, low, high in (
+        ("store.memory_limit_mib", store.memory_limit_mib, _MIN_MEMORY_LIMIT_MIB, 1 << 20),
+        ("store.duckdb_threads", store.duckdb_threads, 1, _MAX_DUCKDB_THREADS),
+        ("store.dedup_window_mib", store.dedup_window_mib, 1, 1 << 20),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(name, f"must be a whole number in {low}..{high}")
+
+
 def is_loopback(host: str) -> bool:
     """True for ``localhost`` and loopback addresses."""
     if host == "localhost":
@@ -132,6 +151,13 @@ class StoreConfig:
         max_rows: row cap of every read query.
         retention_days: runs whose last span arrived longer ago are removed, steps and
             stops included (counter totals stay); ``0`` keeps everything.
+        memory_limit_mib: DuckDB's memory limit (``SET memory_limit``): its block cache
+            and working memory; past it DuckDB evicts cached blocks and spills to
+            ``<db>.tmp``. It must hold the ``runs`` and ``stops`` key indexes.
+        duckdb_threads: DuckDB worker threads (each may hold its own working memory).
+        dedup_window_mib: memory for the span keys of the dedup window (retried requests
+            are recognised in memory, ``collector/store/keys.py``): 24 bytes a key, so
+            the default 32 MiB holds about 1.4 million keys.
     """
 
     db: str = "./loopwatch.duckdb"
@@ -139,6 +165,11 @@ class StoreConfig:
     query_timeout_seconds: float = 5.0
     max_rows: int = 10_000
     retention_days: float = 0.0
+    # Memory budgets: the defaults fit a sidecar in 300 MiB at half capacity
+    # (docs/collector.md, "Memory"; tests/reliability/test_soak.py).
+    memory_limit_mib: int = 48
+    duckdb_threads: int = 1
+    dedup_window_mib: int = 32
 
 
 @dataclass(frozen=True)
@@ -424,6 +455,7 @@ class CollectorConfig:
             )
         if not self.store.db:
             raise ConfigError("store.db", "must name a file")
+        _validate_memory(self.store)
         if not 0.0 <= self.sampling.completed_fraction <= 1.0:
             raise ConfigError("sampling.completed_fraction", "must be between 0 and 1")
         _positive(

@@ -69,7 +69,7 @@ from .rows import (
     MappedBatch,
 )
 from .sample import SamplingConfig
-from .store.writer import CommitResult, CommitStats, Store
+from .store.writer import CommitResult, CommitStats, Store, memory_settings
 from .store.writer import StoreConfig as StoreSettings
 from .workers import DecodePool, RedactedBatch, counts_delta, tune_gc
 
@@ -155,6 +155,7 @@ class Collector:
             if config.lake.enabled
             else 0.0,
             keep_unshipped=config.lake.enabled,
+            **memory_settings(config.store),
         )
         self.store: Store
         self.inflight = InflightLimit(

@@ -12,7 +12,12 @@ Contracts the tests check:
 - the Prometheus data source is the ``${datasource}`` variable (type ``datasource``,
   plugin ``prometheus``); no data source uid is written anywhere;
 - queries use only the metric names and labels of DESIGN section 7 (the collector's
-  ``collector/metrics.py``) and the recording rules of ``grafana/alerts/loopwatch.rules.yml``.
+  ``collector/metrics.py``) and the recording rules of ``grafana/alerts/loopwatch.rules.yml``;
+- fleet mode (DESIGN section 5): every collector serves its own ``/metrics``, so every
+  dashboard has an ``instance`` variable, every query selects ``instance=~"$instance"``,
+  and panels that aggregate sum over instances (no ``instance`` in their ``by``);
+- series by stop reason get the colours of :data:`loopwatch.dashboard.palette.REASON_COLORS`
+  as field overrides, so Streamlit and Grafana colour each reason alike.
 
 Usage::
 
@@ -37,22 +42,45 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models import prometheus as pm
+from loopwatch.dashboard.palette import REASON_COLORS
+from loopwatch.instrumentation.outcomes import StopReason
 
-__all__ = ["DASHBOARDS", "DATASOURCE", "build_all", "main", "render"]
+__all__ = [
+    "ABNORMAL_REASONS",
+    "DASHBOARDS",
+    "DATASOURCE",
+    "INSTANCE_VALUES",
+    "build_all",
+    "main",
+    "reason_overrides",
+    "render",
+]
 
 DASHBOARDS_DIR = Path(__file__).resolve().parent / "dashboards"
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 """Every panel, query and variable points at the ``datasource`` template variable."""
 
 TAGS = ["loopwatch"]
-AGENT = 'agent=~"$agent"'
-AGENT_TOOL = 'agent=~"$agent", tool=~"$tool"'
+INSTANCE = 'instance=~"$instance"'
+AGENT = f'{INSTANCE}, agent=~"$agent"'
+AGENT_TOOL = f'{AGENT}, tool=~"$tool"'
+INSTANCE_VALUES = "label_values(loopwatch_collector_queue_depth, instance)"
+"""The ``instance`` variable's values: every scraped collector (the queue-depth gauge is
+exported from start, so a collector that has received nothing yet is listed too)."""
 TOOL_VALUES = (
     'label_values({__name__=~"loopwatch_tool_calls_total|loopwatch_loop_detections_total", '
-    'agent=~"$agent"}, tool)'
+    f"{AGENT}}}, tool)"
 )
 """The ``tool`` variable's values: tools called, and the ``none`` of detections that name
 no tool (no_progress, repeated_decision), which picking tools would otherwise hide."""
+ABNORMAL_REASONS = tuple(r.value for r in StopReason if r is not StopReason.COMPLETED)
+"""The stop reasons the abnormal-stop ratio counts: every reason but ``completed``
+(``stop_reason!="completed"`` in the rules and panels; the dashboard's overview metric
+"abnormal-stop ratio" counts the same, ``dashboard/data.py``)."""
+ABNORMAL_TEXT = (
+    "Abnormal = every stop reason but completed: " + ", ".join(ABNORMAL_REASONS) + ". "
+    "final_unverified counts (a final answer whose goal check failed), so does cancelled."
+)
 
 
 # ---------------------------------------------------------------- building blocks
@@ -90,13 +118,37 @@ def _label_variable(name: str, label: str, query: str, description: str) -> db.Q
     )
 
 
+def _instance_variable() -> db.QueryVariable:
+    return _label_variable(
+        "instance",
+        "Collector",
+        INSTANCE_VALUES,
+        "Collectors (Prometheus targets of job loopwatch, one per sidecar). Panels sum "
+        "over the selected collectors; All: the whole fleet.",
+    )
+
+
 def _agent_variable(metric: str) -> db.QueryVariable:
     return _label_variable(
         "agent",
         "Agent",
-        f"label_values({metric}, agent)",
+        f"label_values({metric}{{{INSTANCE}}}, agent)",
         "Agent names (past the collector's top-N, agents are counted as _other).",
     )
+
+
+def reason_overrides(panel: Any) -> Any:
+    """Give each stop reason's series (legend ``{{stop_reason}}``) its fixed colour.
+
+    One ``byName`` override per reason of :data:`REASON_COLORS`, the table the Streamlit
+    charts use (``dashboard/palette.py``), so both show one colour per reason.
+    """
+    for reason, colour in REASON_COLORS.items():
+        panel = panel.override_by_name(
+            reason,
+            [dm.DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": colour})],
+        )
+    return panel
 
 
 def _timeseries(
@@ -196,6 +248,7 @@ def overview() -> db.Dashboard:
             "Why agent runs stop: stop reasons, abnormal-stop ratio, steps since progress.",
         )
         .with_variable(_datasource_variable())
+        .with_variable(_instance_variable())
         .with_variable(_agent_variable("loopwatch_agent_stops_total"))
         .with_row(db.Row("Stops"))
         .with_panel(
@@ -208,7 +261,8 @@ def overview() -> db.Dashboard:
         .with_panel(
             _stat(
                 "Abnormal-stop share in range",
-                "Share of stops in the selected range whose reason is not completed.",
+                "Share of stops in the selected range whose reason is not completed. "
+                + ABNORMAL_TEXT,
                 _query(
                     f'sum(increase(loopwatch_agent_stops_total{{{AGENT}, stop_reason!="completed"}}'
                     f"[$__range])) / sum(increase({stops}[$__range]))",
@@ -238,29 +292,35 @@ def overview() -> db.Dashboard:
             )
         )
         .with_panel(
-            _timeseries(
-                "Stop rate by reason",
-                "Stops per second by stop reason (DESIGN section 2). A rise of one reason "
-                "is the first thing to look at when an alert fires.",
-                [
-                    _query(
-                        f"sum by (stop_reason) (rate({stops}[$__rate_interval]))",
-                        "{{stop_reason}}",
-                    )
-                ],
-                unit="suffix: stops/s",
-                stacked=True,
+            reason_overrides(
+                _timeseries(
+                    "Stop rate by reason",
+                    "Stops per second by stop reason (DESIGN section 2). A rise of one reason "
+                    "is the first thing to look at when an alert fires.",
+                    [
+                        _query(
+                            f"sum by (stop_reason) (rate({stops}[$__rate_interval]))",
+                            "{{stop_reason}}",
+                        )
+                    ],
+                    unit="suffix: stops/s",
+                    stacked=True,
+                )
             )
         )
         .with_panel(
             _timeseries(
                 "Abnormal-stop ratio by agent",
-                "Share of stops other than completed over 15 minutes (recording rule "
-                "agent:loopwatch_agent_stops_abnormal:ratio_rate15m, the input of "
-                "LoopWatchAbnormalStopRatioHigh).",
+                "Share of stops other than completed over 15 minutes, summed over the "
+                "selected collectors. " + ABNORMAL_TEXT + " With every collector selected "
+                "this is the recording rule agent:loopwatch_agent_stops_abnormal:"
+                "ratio_rate15m, the input of LoopWatchAbnormalStopRatioHigh.",
                 [
                     _query(
-                        f"agent:loopwatch_agent_stops_abnormal:ratio_rate15m{{{AGENT}}}",
+                        "(sum by (agent) (rate(loopwatch_agent_stops_total"
+                        f'{{{AGENT}, stop_reason!="completed"}}[15m])) '
+                        f"or sum by (agent) (rate({stops}[15m])) * 0) "
+                        f"/ sum by (agent) (rate({stops}[15m]))",
                         "{{agent}}",
                     )
                 ],
@@ -312,16 +372,18 @@ def overview() -> db.Dashboard:
         )
         .with_row(db.Row("Steps per run"))
         .with_panel(
-            _timeseries(
-                "Steps per run by stop reason (p90)",
-                "90th percentile of steps per run, by stop reason.",
-                [
-                    _query(
-                        "histogram_quantile(0.9, sum by (le, stop_reason) "
-                        f"(rate({steps}[$__rate_interval])))",
-                        "{{stop_reason}}",
-                    )
-                ],
+            reason_overrides(
+                _timeseries(
+                    "Steps per run by stop reason (p90)",
+                    "90th percentile of steps per run, by stop reason.",
+                    [
+                        _query(
+                            "histogram_quantile(0.9, sum by (le, stop_reason) "
+                            f"(rate({steps}[$__rate_interval])))",
+                            "{{stop_reason}}",
+                        )
+                    ],
+                )
             )
         )
         .with_panel(
@@ -384,6 +446,7 @@ def tools() -> db.Dashboard:
             "Per-tool loop detections by detector, blocked calls and error rate.",
         )
         .with_variable(_datasource_variable())
+        .with_variable(_instance_variable())
         .with_variable(_agent_variable("loopwatch_tool_calls_total"))
         .with_variable(
             _label_variable(
@@ -534,12 +597,13 @@ def collector() -> db.Dashboard:
             "Collector health: ingest, rejections, queue, commit latency, canary detections.",
         )
         .with_variable(_datasource_variable())
+        .with_variable(_instance_variable())
         .with_row(db.Row("Health"))
         .with_panel(
             _stat(
                 "Collector up",
-                "1 when Prometheus scraped every loopwatch target (job loopwatch).",
-                _query('min(up{job="loopwatch"})', instant=True),
+                "1 when Prometheus scraped every selected loopwatch target (job loopwatch).",
+                _query(f'min(up{{job="loopwatch", {INSTANCE}}})', instant=True),
             )
         )
         .with_panel(
@@ -547,23 +611,28 @@ def collector() -> db.Dashboard:
                 "Canary detections in range",
                 "Planted canary secrets found in received telemetry. Any value above 0 "
                 "is a leak: see LoopWatchCanaryDetected.",
-                _query("sum(increase(loopwatch_canary_detections_total[$__range]))", instant=True),
+                _query(
+                    f"sum(increase(loopwatch_canary_detections_total{{{INSTANCE}}}[$__range]))",
+                    instant=True,
+                ),
             )
         )
         .with_panel(
             _stat(
                 "Queue depth",
                 "Spans waiting for the store writer now (summed over collectors).",
-                _query("sum(loopwatch_collector_queue_depth)", instant=True),
+                _query(f"sum(loopwatch_collector_queue_depth{{{INSTANCE}}})", instant=True),
             )
         )
         .with_panel(
             _stat(
                 "Rejected share (5m)",
-                "Recording rule instance:loopwatch_collector_spans_rejected:ratio_rate5m, "
-                "the input of LoopWatchCollectorRejectingSpans.",
+                "The worst selected collector's share (recording rule "
+                "instance:loopwatch_collector_spans_rejected:ratio_rate5m, the input of "
+                "LoopWatchCollectorRejectingSpans).",
                 _query(
-                    "max(instance:loopwatch_collector_spans_rejected:ratio_rate5m)", instant=True
+                    f"max(instance:loopwatch_collector_spans_rejected:ratio_rate5m{{{INSTANCE}}})",
+                    instant=True,
                 ),
                 unit="percentunit",
             )
@@ -576,7 +645,7 @@ def collector() -> db.Dashboard:
                 [
                     _query(
                         "sum by (transport) "
-                        "(rate(loopwatch_collector_spans_received_total[$__rate_interval]))",
+                        f"(rate(loopwatch_collector_spans_received_total{{{INSTANCE}}}[$__rate_interval]))",
                         "{{transport}}",
                     )
                 ],
@@ -592,7 +661,7 @@ def collector() -> db.Dashboard:
                 [
                     _query(
                         "sum by (reason) "
-                        "(rate(loopwatch_collector_spans_rejected_total[$__rate_interval]))",
+                        f"(rate(loopwatch_collector_spans_rejected_total{{{INSTANCE}}}[$__rate_interval]))",
                         "{{reason}}",
                     )
                 ],
@@ -611,7 +680,7 @@ def collector() -> db.Dashboard:
                 [
                     _query(
                         "sum by (reason) "
-                        "(rate(loopwatch_collector_requests_rejected_total[$__rate_interval]))",
+                        f"(rate(loopwatch_collector_requests_rejected_total{{{INSTANCE}}}[$__rate_interval]))",
                         "{{reason}}",
                     )
                 ],
@@ -623,7 +692,12 @@ def collector() -> db.Dashboard:
             _timeseries(
                 "Queue depth",
                 "Spans waiting for the store writer, per collector.",
-                [_query("loopwatch_collector_queue_depth", "{{instance}}")],
+                [
+                    _query(
+                        f"sum by (instance) (loopwatch_collector_queue_depth{{{INSTANCE}}})",
+                        "{{instance}}",
+                    )
+                ],
             )
         )
         .with_panel(
@@ -633,7 +707,8 @@ def collector() -> db.Dashboard:
                 [
                     _query(
                         f"histogram_quantile({q}, sum by (le) (rate("
-                        "loopwatch_collector_commit_duration_seconds_bucket[$__rate_interval])))",
+                        "loopwatch_collector_commit_duration_seconds_bucket"
+                        f"{{{INSTANCE}}}[$__rate_interval])))",
                         f"p{int(q * 100)}",
                         ref,
                     )
@@ -651,7 +726,7 @@ def collector() -> db.Dashboard:
                 [
                     _query(
                         "sum by (location) "
-                        "(increase(loopwatch_canary_detections_total[$__rate_interval]))",
+                        f"(increase(loopwatch_canary_detections_total{{{INSTANCE}}}[$__rate_interval]))",
                         "{{location}}",
                     )
                 ],
@@ -663,7 +738,8 @@ def collector() -> db.Dashboard:
                 "Values redacted per second, by redaction rule.",
                 [
                     _query(
-                        "sum by (rule) (rate(loopwatch_redactions_total[$__rate_interval]))",
+                        "sum by (rule) (rate(loopwatch_redactions_total"
+                        f"{{{INSTANCE}}}[$__rate_interval]))",
                         "{{rule}}",
                     )
                 ],

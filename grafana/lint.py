@@ -55,6 +55,7 @@ PROMETHEUS_METRICS: Mapping[str, frozenset[str]] = {"up": TARGET_LABELS}
 """Series Prometheus writes itself for each target."""
 
 DEFAULT_VARIABLES: Mapping[str, str] = {
+    "instance": ".*",
     "agent": ".*",
     "tool": ".*",
     "__rate_interval": "1m",

@@ -40,7 +40,14 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DEFAULT_BITS_LOG2", "DEFAULT_HASHES", "RecentKeys", "RunKeyFilter", "span_key"]
+__all__ = [
+    "DEDUP_BYTES_PER_KEY",
+    "DEFAULT_BITS_LOG2",
+    "DEFAULT_HASHES",
+    "RecentKeys",
+    "RunKeyFilter",
+    "span_key",
+]
 
 logger = logging.getLogger("loopwatch.collector.store")
 
@@ -117,6 +124,12 @@ def span_key(trace_id: str, span_id: str) -> tuple[int, int]:
         return int.from_bytes(digest[:8], "big"), int.from_bytes(digest[8:], "big")
 
 
+DEDUP_BYTES_PER_KEY: Final = 24
+"""Memory per key of :class:`RecentKeys`, for sizing it from a budget in bytes: 16 bytes
+in a sealed slice (two ``uint64``), plus the open slice's share (at most 1/16 of the keys,
+as Python ints in a set, about 100 bytes each). Measured: ``tests/unit/test_store_keys.py``."""
+
+
 class RecentKeys:
     """Span keys committed within the dedup window, in slices (writer thread only).
 
@@ -124,6 +137,11 @@ class RecentKeys:
     the retention and 1/16 of ``max_keys``; it is forgotten at the first maintenance
     after its newest key's retention ended, so a key is kept at least ``retention``.
     Past ``max_keys``, slices are dropped oldest first (logged at most once a minute).
+
+    Memory: the open slice is a Python set (fast to add to); a full or past slice is
+    sealed into two sorted ``uint64`` arrays, 16 bytes a key instead of about 100, and
+    looked up with a vectorised binary search. About :data:`DEDUP_BYTES_PER_KEY` bytes a
+    key overall (2 million keys: 48 MiB).
     """
 
     def __init__(self, retention_ns: int, max_keys: int) -> None:
@@ -131,8 +149,10 @@ class RecentKeys:
         self._slice_ns = max(retention_ns // 16, 1)
         self._slice_keys = max(max_keys // 16, 1)
         self._max_keys = max_keys
-        # (slice index, [newest seen_ns], keys)
-        self._slices: deque[tuple[int, list[int], set[int]]] = deque()
+        self._sealed: deque[_Sealed] = deque()
+        self._open: set[int] = set()
+        self._open_index = -1
+        self._open_newest = -1
         self._size = 0
         self._warned = -math.inf
         self.dropped_early = 0
@@ -142,28 +162,32 @@ class RecentKeys:
 
     def unseen(self, keys: Iterable[int]) -> set[int]:
         """The keys not in the window."""
-        fresh = set(keys)
-        for _, _, members in reversed(self._slices):
-            if not fresh:
-                break
-            fresh = fresh.difference(members)
-        return fresh
+        fresh = set(keys).difference(self._open)
+        if not fresh or not self._sealed:
+            return fresh
+        ordered = list(fresh)
+        spans = np.fromiter((k >> 64 for k in ordered), dtype=np.uint64, count=len(ordered))
+        traces = np.fromiter((k & _MASK64 for k in ordered), dtype=np.uint64, count=len(ordered))
+        seen = np.zeros(len(ordered), dtype=bool)
+        for sealed in reversed(self._sealed):
+            seen |= sealed.contains(spans, traces)
+        return {k for k, old in zip(ordered, seen.tolist(), strict=True) if not old}
 
     def add(self, keys: set[int], now_ns: int) -> None:
         """Remember ``keys`` as seen at ``now_ns`` (disjoint from the window)."""
         index = now_ns // self._slice_ns
-        last = self._slices[-1] if self._slices else None
-        if last is not None and last[0] >= index and len(last[2]) < self._slice_keys:
-            last[1][0] = max(last[1][0], now_ns)
-            last[2].update(keys)
-        else:
-            self._slices.append((max(index, last[0]) if last else index, [now_ns], set(keys)))
+        if self._open and (index > self._open_index or len(self._open) >= self._slice_keys):
+            self._seal()
+        if not self._open:
+            self._open_index = max(index, self._open_index)
+        self._open_newest = max(self._open_newest, now_ns)
+        self._open.update(keys)
         self._size += len(keys)
         dropped = 0
-        while self._size > self._max_keys and len(self._slices) > 1:
-            _, _, members = self._slices.popleft()
-            self._size -= len(members)
-            dropped += len(members)
+        while self._size > self._max_keys and self._sealed:
+            oldest = self._sealed.popleft()
+            self._size -= len(oldest)
+            dropped += len(oldest)
         if dropped:
             self.dropped_early += dropped
             if time.monotonic() - self._warned >= 60:
@@ -178,6 +202,62 @@ class RecentKeys:
     def expire(self, now_ns: int) -> None:
         """Forget the slices whose newest key was seen ``retention`` before ``now_ns``."""
         cutoff = now_ns - self._retention_ns
-        while self._slices and self._slices[0][1][0] < cutoff:
-            _, _, members = self._slices.popleft()
-            self._size -= len(members)
+        while self._sealed and self._sealed[0].newest_ns < cutoff:
+            self._size -= len(self._sealed.popleft())
+        if self._open and not self._sealed and self._open_newest < cutoff:
+            self._size -= len(self._open)
+            self._open = set()
+
+    def _seal(self) -> None:
+        self._sealed.append(_Sealed(self._open, self._open_newest))
+        self._open = set()
+
+
+class _Sealed:
+    """One past slice of the window: its keys as two ``uint64`` arrays sorted by
+    ``(mixed, trace)``, where ``mixed = span * odd ^ trace``.
+
+    Sorting by the span key alone would not do: senders reuse span ids across traces (the
+    benchmark's templates do), which makes long runs of equal span keys. Multiplying by an
+    odd constant is a bijection of 64-bit words, so ``(mixed, trace)`` still identifies
+    ``(span, trace)`` exactly, and ``mixed`` is spread even when span ids repeat.
+    """
+
+    __slots__ = ("_mixed", "_traces", "newest_ns")
+
+    def __init__(self, keys: set[int], newest_ns: int) -> None:
+        count = len(keys)
+        spans = np.fromiter((k >> 64 for k in keys), dtype=np.uint64, count=count)
+        traces = np.fromiter((k & _MASK64 for k in keys), dtype=np.uint64, count=count)
+        mixed = _mix(spans, traces)
+        order = np.lexsort((traces, mixed))
+        self._mixed = mixed[order]
+        self._traces = traces[order]
+        self.newest_ns = newest_ns
+
+    def __len__(self) -> int:
+        return len(self._mixed)
+
+    def contains(
+        self, spans: npt.NDArray[np.uint64], traces: npt.NDArray[np.uint64]
+    ) -> npt.NDArray[np.bool_]:
+        """For each ``(span, trace)``: is it in this slice."""
+        mixed = _mix(spans, traces)
+        left = np.searchsorted(self._mixed, mixed, side="left")
+        right = np.searchsorted(self._mixed, mixed, side="right")
+        found = np.zeros(len(spans), dtype=bool)
+        single = (right - left) == 1
+        hit = left[single]
+        found[single] = self._traces[hit] == traces[single]
+        # Equal ``mixed`` values for distinct keys (chance about n / 2**64 a lookup).
+        for i in np.flatnonzero((right - left) > 1).tolist():
+            found[i] = bool((self._traces[left[i] : right[i]] == traces[i]).any())
+        return found
+
+
+_MIX: Final = np.uint64(0x9E3779B97F4A7C15)  # odd: 2**64 / golden ratio (Fibonacci hashing)
+
+
+def _mix(spans: npt.NDArray[np.uint64], traces: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    mixed: npt.NDArray[np.uint64] = (spans * _MIX) ^ traces
+    return mixed

@@ -60,6 +60,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import logging
 import threading
@@ -78,16 +80,44 @@ from ..rows import MappedBatch, StepRow, StopRow
 from ..runs import Group
 from ..sample import Sampler, SamplingConfig, hour_bucket
 from .apply import GroupWriter
-from .keys import RecentKeys, RunKeyFilter
+from .keys import DEDUP_BYTES_PER_KEY, RecentKeys, RunKeyFilter
 from .reader import StoreReader
 from .schema import apply_migrations, key_list
 
-__all__ = ["CommitResult", "CommitStats", "Store", "StoreConfig"]
+__all__ = ["CommitResult", "CommitStats", "Store", "StoreConfig", "memory_settings"]
 
 logger = logging.getLogger("loopwatch.collector.store")
 
 _NS: Final = 1_000_000_000
 _T = TypeVar("_T")
+
+_ALLOCATOR_FLUSH_BYTES: Final = 16 << 20
+"""Freed memory DuckDB's allocator may keep before handing it back to the system. DuckDB's
+defaults (128 MiB, and 512 MiB after a bulk free) sit outside ``memory_limit``, so a
+sidecar's resident memory could exceed its budget by that much."""
+
+
+def _trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``).
+
+    Python frees request buffers, Arrow tables and decoded batches every group, but
+    glibc keeps freed pages of its per-thread arenas resident; trimming once a
+    maintenance (a minute) keeps the collector's RSS to what it holds. A no-op where
+    the C library has no ``malloc_trim`` (musl, macOS).
+    """
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+def _load_libc() -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+_LIBC: Final = _load_libc()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +139,14 @@ class StoreConfig:
             measured best on 2 cores: 109k vs 81k spans/s and half the commit latency,
             because small group writes gain nothing from parallel scans.
         sampling: the sampling rule.
-        dedup_max_keys: span keys held in memory for deduplication (about 80 bytes
-            each). Past this, the oldest keys are dropped before their retention ends, so
-            a retry older than the newest ``dedup_max_keys`` spans would be stored again
-            (logged). The default covers an hour at 550 spans/s, four minutes at 8,000.
+        dedup_max_keys: span keys held in memory for deduplication (about
+            ``DEDUP_BYTES_PER_KEY`` = 24 bytes each: the default, 1.4 million keys, takes
+            32 MiB). Past
+            this, the oldest keys are dropped before their retention ends, so a retry
+            older than the newest ``dedup_max_keys`` spans would be stored again (logged;
+            its steps are written twice, while its run row is merged by run key and its
+            stop is not counted again). The default covers about 40 minutes at 550 spans/s,
+            three minutes at 8,000.
         checkpoint_wal_bytes: write-ahead log size at which the writer checkpoints, once
             the queue is empty and after the group's futures are resolved; at four times
             this size it checkpoints even with batches waiting. DuckDB's own automatic
@@ -126,7 +160,8 @@ class StoreConfig:
             keeps every block it has read or written cached up to that limit, so a
             long-running collector's resident memory grew with its file (measured in the
             soak test: about 2 MB/s at 4,000 spans/s). Past the limit DuckDB evicts
-            cached blocks and spills large reads to ``<db>.tmp``.
+            cached blocks and spills large reads to ``<db>.tmp``. The default, 48 MiB,
+            keeps a sidecar within 300 MiB (``docs/collector.md``, "Memory").
         retention_seconds: how long a decided run is kept after its last span arrived
             (wall time of arrival, not the span's own clock, which a client sets);
             ``0`` keeps runs forever. Past it, the maintenance removes the run with its
@@ -148,9 +183,9 @@ class StoreConfig:
     read_max_rows: int = 10_000
     duckdb_threads: int = 1
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    dedup_max_keys: int = 2_000_000
+    dedup_max_keys: int = (32 << 20) // DEDUP_BYTES_PER_KEY
     checkpoint_wal_bytes: int = 64 * 1024 * 1024
-    memory_limit_bytes: int = 512 * 1024 * 1024
+    memory_limit_bytes: int = 48 * 1024 * 1024
     retention_seconds: float = 0.0
     prune_max_runs: int = 2_000
     shipped_retention_seconds: float = 0.0
@@ -191,6 +226,25 @@ class StoreConfig:
         ):
             raise ValueError("retention_seconds must be a finite number >= 0 (0: keep forever)")
         self.sampling.validate()
+
+
+def memory_settings(store: Any) -> dict[str, int]:
+    """The writer's memory budgets from the collector's ``[store]`` section.
+
+    Args:
+        store: a :class:`loopwatch.collector.config.StoreConfig` (``memory_limit_mib``,
+            ``duckdb_threads``, ``dedup_window_mib``).
+
+    Returns:
+        ``memory_limit_bytes``, ``duckdb_threads`` and ``dedup_max_keys`` (the window's
+        MiB divided by :data:`~loopwatch.collector.store.keys.DEDUP_BYTES_PER_KEY`), as
+        :class:`StoreConfig` keyword arguments.
+    """
+    return {
+        "memory_limit_bytes": int(store.memory_limit_mib) << 20,
+        "duckdb_threads": int(store.duckdb_threads),
+        "dedup_max_keys": max((int(store.dedup_window_mib) << 20) // DEDUP_BYTES_PER_KEY, 1),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +344,12 @@ class Store:
             self._con.execute(
                 f"SET checkpoint_threshold = '{8 * self.config.checkpoint_wal_bytes}B'"
             )
-            self._con.execute(f"SET memory_limit = '{self.config.memory_limit_bytes}B'")
+            self._memory_limit_bytes = -1
+            self._fit_memory_limit()
+            self._con.execute(f"SET allocator_flush_threshold = '{_ALLOCATOR_FLUSH_BYTES}B'")
+            self._con.execute(
+                f"SET allocator_bulk_deallocation_flush_threshold = '{_ALLOCATOR_FLUSH_BYTES}B'"
+            )
             self.schema_version = apply_migrations(self._con)
             self._load_recent_keys()
             self._stored_runs = RunKeyFilter()
@@ -496,6 +555,7 @@ class Store:
         threshold = self.config.checkpoint_wal_bytes
         if wal_bytes < threshold or (self._queue and wal_bytes < 4 * threshold):
             return
+        self._fit_memory_limit()
         try:
             self._con.execute("CHECKPOINT")
         except duckdb.Error:
@@ -583,8 +643,33 @@ class Store:
         for batch in reader:
             self._stored_runs.add_array(batch.column(0).to_numpy(zero_copy_only=False))
 
+    def _fit_memory_limit(self) -> None:
+        """Set DuckDB's limit to the budget plus twice the memory of its key indexes.
+
+        The ``runs`` and ``stops`` primary keys are in-memory indexes (about 45 bytes a
+        run each, between checkpoints) that DuckDB cannot evict, and a checkpoint needs
+        about as much again to write them out. Under a fixed 64 MiB limit a file of a
+        million runs failed its checkpoint with a FATAL error, which invalidates the
+        connection (measured here, DuckDB 1.5). So ``memory_limit_bytes`` budgets the
+        cache and working memory beyond the indexes; the indexes themselves grow with
+        the stored runs (bounded by ``retention_seconds``).
+        """
+        try:
+            row = self._con.execute(
+                "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory() "
+                "WHERE tag = 'ART_INDEX'"
+            ).fetchone()
+            limit = self.config.memory_limit_bytes + 2 * int(row[0] if row else 0)
+            if self._memory_limit_bytes < 0 or abs(limit - self._memory_limit_bytes) >= 1 << 20:
+                self._con.execute(f"SET memory_limit = '{limit}B'")
+                self._memory_limit_bytes = limit
+        except duckdb.Error:
+            logger.exception("store memory limit not updated")
+
     def _maintain(self, requests: list[Future[int]]) -> None:
         self._last_maintenance = time.monotonic()
+        self._fit_memory_limit()
+        _trim_heap()
         now_s = self._clock()
         now_ns = int(now_s * _NS)
         timeout_ns = int(self.config.sampling.undecided_timeout_seconds * _NS)

@@ -18,6 +18,7 @@ with health ``ok``, the core panels return data, and the canary alert fires.
 from __future__ import annotations
 
 import importlib.util
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -392,3 +394,148 @@ def test_canary_alert_fires_and_collector_down_does_not(
     labels = firing[0]["metric"]
     assert labels["severity"] == "critical" and labels["location"] == "attribute", labels
     assert _query(prometheus, 'ALERTS{alertname="LoopWatchCollectorDown"}') == []
+
+
+# ---------------------------------------------------------------- fleet mode
+
+FLEET_AGENT = "grafana-fleet"
+FLEET_CANARY = "lw-canary-8e3a71d2c0f6"
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[list[CollectorProcess], PrometheusProcess]]:
+    """Two collectors (two sidecars), both scraped by one Prometheus as job loopwatch,
+    both receiving runs of the same agent and the same canary."""
+    tmp_path = tmp_path_factory.mktemp("grafana-fleet")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    canaries = tmp_path / "canaries.txt"
+    canaries.write_text(f"{FLEET_CANARY}\n", encoding="utf-8")
+    with (
+        start_collector(tmp_path / "a", "--canaries", str(canaries)) as first,
+        start_collector(tmp_path / "b", "--canaries", str(canaries)) as second,
+        start_prometheus(
+            tmp_path, first.metrics_url, interval="1s", rule_files=[RULES]
+        ) as prometheus,
+    ):
+        # start_prometheus scrapes one target: add the second and reload (SIGHUP).
+        config = prometheus.config_path.read_text(encoding="utf-8")
+        one = f'"{urlsplit(first.metrics_url).netloc}"'
+        assert config.count(one) == 1, config
+        both = f'{one}, "{urlsplit(second.metrics_url).netloc}"'
+        prometheus.config_path.write_text(config.replace(one, both), encoding="utf-8")
+        prometheus.proc.send_signal(signal.SIGHUP)
+        prometheus.wait_for('up{job="loopwatch"} == 1', lambda r: len(r) == 2, timeout_seconds=20)
+        # Two waves: a series first seen at N has no rate yet, the second wave gives one.
+        for wave in (1, 2):
+            for index, collector in enumerate((first, second)):
+                emit_loopwatch_runs(
+                    collector.otlp_url,
+                    ["repeated_action", "completed", "completed"][: index + 2],
+                    agent=FLEET_AGENT,
+                    run_id_prefix=f"fleet{wave}-{index}",
+                )
+                if wave == 2:
+                    _post_spans(
+                        collector.otlp_url,
+                        [_span(0xF1EE7 + index, "chat", {"gen_ai.prompt": f"k {FLEET_CANARY}"})],
+                    )
+            stops = sum(
+                c.metrics().total("loopwatch_agent_stops_total", agent=FLEET_AGENT)
+                for c in (first, second)
+            )
+            assert stops == 5 * wave
+            prometheus.wait_for(
+                f'sum(loopwatch_agent_stops_total{{agent="{FLEET_AGENT}"}})',
+                lambda r, n=stops: len(r) == 1 and float(r[0]["value"][1]) == n,
+                timeout_seconds=20,
+            )
+        yield [first, second], prometheus
+
+
+def test_fleet_dashboards_sum_over_instances_and_filter_by_one(
+    fleet: tuple[list[CollectorProcess], PrometheusProcess],
+) -> None:
+    """Proves fleet mode on a real Prometheus scraping two collectors: the ``instance``
+    variable lists both; with All, *Stop rate by reason* draws one series per reason
+    (summed over the collectors, not one per collector); with one collector selected, only
+    that collector's stops; the recording rules hold one series per (agent, reason)."""
+    collectors, prometheus = fleet
+    instances = sorted(urlsplit(c.metrics_url).netloc for c in collectors)
+    (variable,) = [q for q in lint.folder_queries() if q.source.endswith("variable instance")][:1]
+    values = httpx.get(
+        f"{prometheus.url}/api/v1/label/instance/values",
+        params={"match[]": lint.substitute(variable.expr)},
+        timeout=10.0,
+    ).json()["data"]
+    assert sorted(values) == instances
+    (stop_rate,) = [
+        q
+        for q in lint.folder_queries()
+        if q.kind == "panel" and "panel 'Stop rate by reason' target A" in q.source
+    ]
+    all_collectors = _query(
+        prometheus,
+        lint.substitute(stop_rate.expr, {**lint.DEFAULT_VARIABLES, "agent": FLEET_AGENT}),
+    )
+    # Every reason of a seen agent is exported (at 0 before its first stop): once each.
+    reasons = [s["metric"]["stop_reason"] for s in all_collectors]
+    assert sorted(reasons) == sorted(ALL_STOP_REASONS), reasons
+    assert {s["metric"]["stop_reason"] for s in all_collectors if _values([s])[0] > 0} == {
+        "completed",
+        "repeated_action",
+    }
+    assert all("instance" not in s["metric"] for s in all_collectors)
+    only_first = _query(
+        prometheus,
+        lint.substitute(
+            stop_rate.expr,
+            {**lint.DEFAULT_VARIABLES, "agent": FLEET_AGENT, "instance": instances[0]},
+        ),
+    )
+    assert len(only_first) == len(ALL_STOP_REASONS), only_first
+    # One collector's rate is below the fleet's: the other's stops are left out (each
+    # completed runs in every wave).
+    fleet_rate = {s["metric"]["stop_reason"]: _values([s])[0] for s in all_collectors}
+    first_rate = {s["metric"]["stop_reason"]: _values([s])[0] for s in only_first}
+    assert 0 < first_rate["completed"] < fleet_rate["completed"], (first_rate, fleet_rate)
+    recorded = prometheus.wait_for(
+        f'agent_stop_reason:loopwatch_agent_stops:increase15m{{agent="{FLEET_AGENT}"}} > 0',
+        lambda r: len(r) == 2,
+        timeout_seconds=20,
+    )
+    assert {s["metric"]["stop_reason"] for s in recorded} == {"completed", "repeated_action"}
+    assert all("instance" not in s["metric"] for s in recorded)
+
+
+def test_fleet_canary_pages_once_naming_both_collectors(
+    fleet: tuple[list[CollectorProcess], PrometheusProcess],
+) -> None:
+    """Proves a canary leaked to two collectors fires LoopWatchCanaryDetected once (one
+    alert, not one per collector), with both collectors in its ``instances`` annotation."""
+    collectors, prometheus = fleet
+    names = [urlsplit(c.metrics_url).netloc for c in collectors]
+
+    def canary_alerts() -> list[dict[str, Any]]:
+        body = httpx.get(f"{prometheus.url}/api/v1/alerts", timeout=10.0).json()
+        return [
+            a
+            for a in body["data"]["alerts"]
+            if a["labels"]["alertname"] == "LoopWatchCanaryDetected" and a["state"] == "firing"
+        ]
+
+    # On a loaded machine scrapes and rule evaluations lag: poll until the alert fires
+    # and its annotation has seen both collectors' counters.
+    deadline = time.monotonic() + 60
+    alerts = canary_alerts()
+    while time.monotonic() < deadline and not (
+        alerts and all(n in alerts[0]["annotations"].get("instances", "") for n in names)
+    ):
+        time.sleep(1.0)
+        alerts = canary_alerts()
+    assert len(alerts) == 1, alerts
+    listed = alerts[0]["annotations"]["instances"]
+    for name in names:
+        assert name in listed, listed

@@ -167,7 +167,12 @@ def test_uids_fixed_unique_and_no_numeric_ids() -> None:
     for name, model in dashboards.items():
         assert model["uid"] == UIDS[name]
         assert len(model["uid"]) <= 40  # Grafana's uid limit
-        ids = [path for path, _ in _walk(model) if path.endswith(".id")]
+        # Override matchers and properties name Grafana plugins by a string ``id``.
+        ids = [
+            path
+            for path, _ in _walk(model)
+            if path.endswith(".id") and ".fieldConfig.overrides[" not in path
+        ]
         assert ids == [], f"{name}: hard-coded ids at {ids}"
 
 
@@ -192,13 +197,14 @@ def test_every_datasource_is_the_datasource_variable() -> None:
 
 
 def test_template_variables() -> None:
-    """Proves the overview has ``agent``, the tools dashboard ``agent`` and ``tool`` (from
-    ``label_values``), each multi-valued with All as ``.*``."""
+    """Proves every dashboard has ``instance`` (fleet mode: one per collector), the
+    overview ``agent``, the tools dashboard ``agent`` and ``tool`` (from ``label_values``),
+    each multi-valued with All as ``.*``."""
     dashboards = _dashboards()
     expected = {
-        "loopwatch-overview.json": {"datasource", "agent"},
-        "loopwatch-tools.json": {"datasource", "agent", "tool"},
-        "loopwatch-collector.json": {"datasource"},
+        "loopwatch-overview.json": {"datasource", "instance", "agent"},
+        "loopwatch-tools.json": {"datasource", "instance", "agent", "tool"},
+        "loopwatch-collector.json": {"datasource", "instance"},
     }
     for name, names in expected.items():
         variables = {v["name"]: v for v in dashboards[name]["templating"]["list"]}
@@ -209,6 +215,14 @@ def test_template_variables() -> None:
             assert v["allValue"] == ".*"
             assert lint.label_values_query(v["query"]) is not None, v["query"]
             assert lint.label_values_query(v["query"])[1] == var
+    for name, model in dashboards.items():
+        instance = {v["name"]: v for v in model["templating"]["list"]}["instance"]
+        selector, _ = lint.label_values_query(instance["query"])
+        assert selector.startswith("loopwatch_"), (name, selector)
+        # The other variables list the values of the selected collectors only.
+        for variable in model["templating"]["list"]:
+            if variable["name"] not in ("datasource", "instance"):
+                assert '$instance"' in variable["query"], (name, variable["name"])
     tool = {v["name"]: v for v in dashboards["loopwatch-tools.json"]["templating"]["list"]}
     # The tool none (no_progress, repeated_decision detections) is only in the detections
     # metric: from tool calls alone, picking tools hid every no_progress detection.
@@ -225,6 +239,73 @@ def test_tools_panels_follow_the_agent_and_tool_variables() -> None:
         for target in panel.get("targets", []):
             assert "$agent" in target["expr"], panel["title"]
             assert "$tool" in target["expr"], panel["title"]
+
+
+def test_every_query_follows_the_instance_variable_and_sums_over_instances() -> None:
+    """Proves fleet mode on every dashboard: each panel query selects
+    ``instance=~"$instance"`` on every series it reads, and only the per-collector panels
+    (queue depth) keep ``instance`` in an aggregation's ``by``."""
+    per_collector = {"Queue depth"}
+    for name, model in _dashboards().items():
+        for panel in _panels(model):
+            for target in panel.get("targets", []):
+                expr = target["expr"]
+                selectors = re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\{[^}]*\}", expr)
+                assert selectors, (name, panel["title"], expr)
+                for selector in selectors:
+                    assert 'instance=~"$instance"' in selector, (name, panel["title"], selector)
+                if panel["type"] != "row" and panel["title"] not in per_collector:
+                    assert not re.search(r"by \([^)]*instance", expr), (name, panel["title"])
+
+
+def _colour_overrides(panel: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for override in panel.get("fieldConfig", {}).get("overrides", []):
+        (prop,) = [p for p in override["properties"] if p["id"] == "color"]
+        assert override["matcher"]["id"] == "byName", override
+        assert prop["value"]["mode"] == "fixed", override
+        out[override["matcher"]["options"]] = prop["value"]["fixedColor"]
+    return out
+
+
+def test_stop_reason_series_use_the_dashboard_palette() -> None:
+    """Proves every panel that draws series by stop reason (legend ``{{stop_reason}}``)
+    colours each of the eleven reasons exactly as the Streamlit dashboard does
+    (``dashboard/palette.py``), and no other panel carries colour overrides."""
+    from loopwatch.dashboard.palette import REASON_COLORS
+    from loopwatch.instrumentation.outcomes import StopReason
+
+    assert set(REASON_COLORS) == {r.value for r in StopReason}
+    by_reason = 0
+    for name, model in _dashboards().items():
+        for panel in _panels(model):
+            legends = {t.get("legendFormat") for t in panel.get("targets", [])}
+            if "{{stop_reason}}" in legends:
+                by_reason += 1
+                assert _colour_overrides(panel) == REASON_COLORS, (name, panel["title"])
+            else:
+                assert _colour_overrides(panel) == {}, (name, panel["title"])
+    assert by_reason >= 2
+
+
+def test_abnormal_ratio_names_the_reasons_it_counts() -> None:
+    """Proves the abnormal-stop panels and grafana/README.md list every reason the ratio
+    counts (all but completed), and the queries count exactly those."""
+    from loopwatch.instrumentation.outcomes import StopReason
+
+    counted = [r.value for r in StopReason if r is not StopReason.COMPLETED]
+    assert list(generate.ABNORMAL_REASONS) == counted
+    readme = (GRAFANA / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## The abnormal-stop ratio", 1)[1].split("\n## ", 1)[0]
+    panels = {p["title"]: p for p in _panels(_dashboards()["loopwatch-overview.json"])}
+    for title in ("Abnormal-stop share in range", "Abnormal-stop ratio by agent"):
+        panel = panels[title]
+        for reason in counted:
+            assert reason in panel["description"], (title, reason)
+        assert 'stop_reason!="completed"' in panel["targets"][0]["expr"], title
+    for reason in counted:
+        assert f"`{reason}`" in section, reason
+    assert "`completed`" in section
 
 
 def test_required_panels_exist() -> None:
@@ -426,7 +507,14 @@ MUTANTS = [
     ("increase15m >= 20", "increase15m > 20"),
     ('"budget_exhausted"} > 0.25', '"budget_exhausted"} >= 0.25'),
     ('"no_progress"} >= 5', '"no_progress"} > 5'),
-    ("ratio_rate5m > 0.01", "ratio_rate5m >= 0.01"),
+    ("ratio_rate5m) > 0.01", "ratio_rate5m) >= 0.01"),
+    ("\n          ) > 0.05", "\n          ) > 0.2"),
+    ("count without (instance) (up", "count by (instance) (up"),
+    (
+        "sum by (agent, stop_reason) (increase(",
+        "sum by (instance, agent, stop_reason) (increase(",
+    ),
+    ("sum by (location) (increase(", "sum by (instance, location) (increase("),
     ("increase15m >= 10", "increase15m > 10"),
     ("> 2 * (", "> 0 * ("),
     (' or absent(up{job="loopwatch"})', ""),
@@ -508,8 +596,10 @@ def test_recording_rule_names_follow_the_convention() -> None:
     for name in records:
         assert re.fullmatch(r"[a-z_]+:loopwatch_[a-z_]+:[a-z0-9_]+", name), name
         assert name in used, f"recording rule {name} is used by no alert, rule or panel"
+    # The per-collector share is read by a panel; the per-agent ratios have no instance
+    # label, so the panels compute them from the counters for the selected collectors.
     shared = [q.expr for q in lint.folder_queries() if q.kind == "panel" and ":" in q.expr]
-    assert any("ratio_rate15m" in e for e in shared) and any("ratio_rate5m" in e for e in shared)
+    assert any("ratio_rate5m" in e for e in shared)
 
 
 # ---------------------------------------------------------------- provisioning

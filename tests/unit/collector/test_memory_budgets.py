@@ -1,0 +1,95 @@
+"""The memory budgets of ``[store]``: validated, read from file and environment, and
+applied to the real DuckDB connection and dedup window (docs/collector.md, "Memory")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from loopwatch.collector.config import load_config
+from loopwatch.collector.errors import ConfigError
+from loopwatch.collector.store.keys import DEDUP_BYTES_PER_KEY
+from loopwatch.collector.store.writer import Store, StoreConfig, memory_settings
+
+
+def test_defaults_fit_the_sidecar_budget() -> None:
+    """Proves the defaults the soak test measured (DuckDB 48 MiB, window 32 MiB, one
+    thread), and that the writer's own defaults are the same figures."""
+    store = load_config(environ={}).store
+    assert (store.memory_limit_mib, store.duckdb_threads, store.dedup_window_mib) == (48, 1, 32)
+    settings = memory_settings(store)
+    assert settings == {
+        "memory_limit_bytes": 48 << 20,
+        "duckdb_threads": 1,
+        "dedup_max_keys": (32 << 20) // DEDUP_BYTES_PER_KEY,
+    }
+    writer = StoreConfig()
+    assert writer.memory_limit_bytes == settings["memory_limit_bytes"]
+    assert writer.dedup_max_keys == settings["dedup_max_keys"]
+
+
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        ({"LOOPWATCH_STORE_MEMORY_LIMIT_MIB": "16"}, "store.memory_limit_mib"),
+        ({"LOOPWATCH_STORE_MEMORY_LIMIT_MIB": "lots"}, "store.memory_limit_mib"),
+        ({"LOOPWATCH_STORE_DUCKDB_THREADS": "0"}, "store.duckdb_threads"),
+        ({"LOOPWATCH_STORE_DEDUP_WINDOW_MIB": "0"}, "store.dedup_window_mib"),
+        ({"LOOPWATCH_STORE_DEDUP_WINDOW_MIB": "1.5"}, "store.dedup_window_mib"),
+    ],
+)
+def test_bad_budgets_fail_fast_naming_the_setting(env: dict[str, str], field: str) -> None:
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config(environ=env)
+
+
+def test_file_and_environment_set_the_budgets(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[store]\nmemory_limit_mib = 256\ndedup_window_mib = 8\n", encoding="utf-8")
+    cfg = load_config(path, environ={"LOOPWATCH_STORE_DUCKDB_THREADS": "2"})
+    assert (cfg.store.memory_limit_mib, cfg.store.dedup_window_mib) == (256, 8)
+    assert cfg.store.duckdb_threads == 2
+
+
+def test_store_applies_the_budgets_to_duckdb(tmp_path: Path) -> None:
+    """Proves the real connection runs with the configured limit and threads."""
+    settings = memory_settings(
+        load_config(
+            environ={
+                "LOOPWATCH_STORE_MEMORY_LIMIT_MIB": "48",
+                "LOOPWATCH_STORE_DUCKDB_THREADS": "2",
+            }
+        ).store
+    )
+    with Store(tmp_path / "m.duckdb", config=StoreConfig(**settings)) as store:
+        limit, threads = store._con.execute(
+            "SELECT current_setting('memory_limit'), current_setting('threads')"
+        ).fetchone()
+    assert threads == 2
+    # DuckDB prints the limit in its own units (48 MiB = 50.3 MB).
+    assert limit in ("48.0 MiB", "50.3 MB"), limit
+
+
+def test_duckdb_limit_grows_with_the_key_indexes(tmp_path: Path) -> None:
+    """Proves the writer keeps DuckDB's limit at the budget plus twice its in-memory key
+    indexes (a fixed limit failed a checkpoint with a FATAL error at a million runs), so
+    the budget bounds the cache, never the indexes a growing file needs."""
+    budget = 32 << 20
+    with Store(tmp_path / "i.duckdb", config=StoreConfig(memory_limit_bytes=budget)) as store:
+        con = store._con
+        assert con.execute("SELECT current_setting('memory_limit')").fetchone() in (
+            ("32.0 MiB",),
+            ("33.5 MB",),
+        )
+        con.execute("CREATE TABLE keys_only (k UBIGINT PRIMARY KEY)")
+        con.execute("INSERT INTO keys_only SELECT range::UBIGINT * 7919 FROM range(400000)")
+        (index_bytes,) = con.execute(
+            "SELECT sum(memory_usage_bytes) FROM duckdb_memory() WHERE tag = 'ART_INDEX'"
+        ).fetchone()
+        assert index_bytes > 4 << 20
+        store.run_maintenance().result(timeout=30)
+        (limit_bytes,) = con.execute(
+            "SELECT value FROM duckdb_settings() WHERE name = 'memory_limit'"
+        ).fetchone()
+        assert store._memory_limit_bytes == budget + 2 * index_bytes
+        assert limit_bytes != "32.0 MiB"
