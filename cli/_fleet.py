@@ -33,6 +33,9 @@ from typing import Any, Final
 
 import click
 
+from ._demo import demo_canary_file, send_demo
+from ._options import http_ok
+
 __all__ = ["run_fleet"]
 
 _SCRIPTS: Final = Path(__file__).resolve().parents[1] / "scripts"
@@ -64,17 +67,6 @@ def _wait(what: str, ready: Any, proc: subprocess.Popen[bytes], log: Path) -> No
         if time.monotonic() > deadline:
             raise FleetError(f"{what} did not start within {_START_SECONDS:g} s (log: {log})")
         time.sleep(0.3)
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 @dataclass
@@ -199,17 +191,6 @@ def run_fleet(
     return code
 
 
-def demo_canary_file(folder: Path) -> Path:
-    """A canary file in ``folder`` holding the canary the demo plants, so the collectors
-    flag the demo's canary runs (replay/demo.py ``DEMO_CANARY``)."""
-    from loopwatch.replay.demo import DEMO_CANARY
-
-    path = folder / "demo-canaries.txt"
-    if not path.exists():
-        path.write_text(f"# planted by loopwatch demo\n{DEMO_CANARY}\n", encoding="utf-8")
-    return path
-
-
 def _start_collectors(
     fleet: _Fleet, members: int, catalog: str, data_path: str
 ) -> list[tuple[str, str, str]]:
@@ -243,9 +224,9 @@ def _start_collectors(
         if index == 1:
             # The first attach creates the DuckLake catalog; two first attaches at once
             # race on PostgreSQL's CREATE TABLE and one fails. The others start after it.
-            _wait(f"collector {name}", lambda u=http_url: _http_ok(f"{u}/healthz"), proc, log)
+            _wait(f"collector {name}", lambda u=http_url: http_ok(f"{u}/healthz"), proc, log)
     for name, http_url, _, proc, log in started:
-        _wait(f"collector {name}", lambda u=http_url: _http_ok(f"{u}/healthz"), proc, log)
+        _wait(f"collector {name}", lambda u=http_url: http_ok(f"{u}/healthz"), proc, log)
     return [(name, http_url, otlp_url) for name, http_url, otlp_url, _, _ in started]
 
 
@@ -254,20 +235,18 @@ def _start_dashboard(fleet: _Fleet, port: int, lake: tuple[str, str]) -> str:
     argv = [*_loopwatch(), "dashboard", "--port", str(port), "--lake", lake[0]]
     proc, log = fleet.spawn("dashboard", [*argv, "--lake-data", lake[1]])
     url = f"http://127.0.0.1:{port}"
-    _wait("the dashboard", lambda: _http_ok(f"{url}/_stcore/health"), proc, log)
+    _wait("the dashboard", lambda: http_ok(f"{url}/_stcore/health"), proc, log)
     return url
 
 
 def _demo(
     collectors: list[tuple[str, str, str]], options: dict[str, Any], stop: threading.Event
 ) -> None:
-    from ._run import _send_demo
-
     for name, _, otlp_url in collectors:
         if stop.is_set():
             return
         click.echo(f"loopwatch up: replaying recorded agent runs into {name}")
-        _send_demo(
+        send_demo(
             otlp_url=otlp_url,
             token=None,
             stop=stop,

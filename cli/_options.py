@@ -168,3 +168,15 @@ def collector_api(what: str, extra: str) -> CollectorApi:
 def start_failure(exc: Exception) -> str:
     """Why the collector could not start: an OS error's own words, else the message."""
     return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def http_ok(url: str) -> bool:
+    """Whether GET ``url`` answers 200 within 1 s (a service's health probe)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

@@ -23,98 +23,25 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import click
 
-from ._options import collector_api, collector_options, collector_overrides, start_failure
+from ._demo import demo_canary_file, read_token, send_demo
+from ._options import (
+    collector_api,
+    collector_options,
+    collector_overrides,
+    http_ok,
+    start_failure,
+)
 
 __all__ = ["demo", "up"]
 
-_MAX_PROBLEM_LINES: Final = 5
 _DASHBOARD_START_SECONDS: Final = 90.0
 _DASHBOARD_STOP_SECONDS: Final = 10.0
-
-
-def _read_token(token_file: str | None) -> str | None:
-    if not token_file:
-        return None
-    try:
-        text = Path(token_file).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise click.ClickException(
-            f"cannot read --token-file {token_file}: {exc.strerror}"
-        ) from None
-    if not text:
-        raise click.ClickException(f"--token-file {token_file} is empty")
-    return text
-
-
-class _ProblemPrinter:
-    """Prints the first few import problems to stderr, then counts the rest."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.count = 0
-
-    def __call__(self, line: str) -> None:
-        self.count += 1
-        if self.count <= _MAX_PROBLEM_LINES:
-            click.echo(f"{self.prefix}: skipped: {line}", err=True)
-
-    def close(self) -> None:
-        if self.count > _MAX_PROBLEM_LINES:
-            click.echo(
-                f"{self.prefix}: ... and {self.count - _MAX_PROBLEM_LINES} more skipped records",
-                err=True,
-            )
-
-
-def _send_demo(
-    *,
-    corpus: tuple[str, ...],
-    verbose: bool,
-    prefix: str = "loopwatch demo",
-    **options: Any,
-) -> int:
-    """Run the demo and print its summary; returns the exit code (0, 1 or 2).
-
-    ``options`` are :func:`loopwatch.replay.demo.run_demo`'s keyword arguments.
-    """
-    try:
-        from loopwatch.instrumentation import PolicyError
-        from loopwatch.replay.demo import CollectorUnreachable, run_demo
-    except ImportError as exc:  # pragma: no cover - base install without the replay package
-        click.echo(f"{prefix}: {exc}", err=True)
-        return 2
-    problems = _ProblemPrinter(prefix)
-    try:
-        report = run_demo(list(corpus) or None, on_problem=problems, **options)
-    except PolicyError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else "invalid policy"
-        click.echo(f"{prefix}: invalid policy: {first}", err=True)
-        return 2
-    except (CollectorUnreachable, ImportError, ValueError) as exc:
-        click.echo(f"{prefix}: {exc}", err=True)
-        return 2 if isinstance(exc, ImportError) else 1
-    finally:
-        problems.close()
-    if verbose:
-        for run in report.runs:
-            click.echo(f"  {run.stop_reason:<18} {run.run_id}")
-    click.echo(report.summary())
-    if not report.ok:
-        lost = report.spans_ended - report.spans_exported
-        click.echo(
-            f"{prefix}: {lost} of {report.spans_ended} spans were not accepted by the collector",
-            err=True,
-        )
-        return 1
-    return 0
 
 
 _CORPUS_HELP = (
@@ -174,7 +101,7 @@ def demo(token_file: str | None, window_hours: float, **options: Any) -> None:
     exported.
     """
     raise SystemExit(
-        _send_demo(token=_read_token(token_file), window_seconds=window_hours * 3600.0, **options)
+        send_demo(token=read_token(token_file), window_seconds=window_hours * 3600.0, **options)
     )
 
 
@@ -208,14 +135,6 @@ class _Dashboard:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 def _start_dashboard(
@@ -280,7 +199,7 @@ def _companion(
             dashboard = None
     if demo_options is not None and not closing.is_set():
         click.echo("loopwatch up: collector ready; replaying recorded agent runs into it")
-        _send_demo(
+        send_demo(
             otlp_url=otlp_url,
             token=token,
             stop=closing,
@@ -290,7 +209,7 @@ def _companion(
         )
     if dashboard is not None:
         deadline = time.monotonic() + _DASHBOARD_START_SECONDS
-        while not closing.is_set() and not _http_ok(f"{dashboard_url}/_stcore/health"):
+        while not closing.is_set() and not http_ok(f"{dashboard_url}/_stcore/health"):
             proc = dashboard.proc
             if proc is not None and proc.poll() is not None:
                 click.echo(
@@ -431,8 +350,6 @@ def up(
         raise SystemExit(2)
     if with_demo and not config.redaction.canaries_file:
         # The demo plants a canary in a few runs: flag them, so the canary panel has data.
-        from ._fleet import demo_canary_file
-
         params["canaries"] = str(demo_canary_file(Path(tempfile.mkdtemp(prefix="lw-up-"))))
         config = api.load_config(config_file, overrides=collector_overrides(params))
     if with_demo and Path(config.store.db).exists():
