@@ -55,7 +55,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict, fields
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from loopwatch.instrumentation import StopReason
 from starlette.applications import Starlette
@@ -73,7 +73,10 @@ from .store import reader as queries
 from .store.reader import RunDetail, RunsPage, StoreReader
 from .store.schema import RUN_ORDERS
 
-__all__ = ["ApiError", "create_api_app", "error_response", "serve_lake_api"]
+if TYPE_CHECKING:
+    import uvicorn
+
+__all__ = ["ApiError", "create_api_app", "error_response", "http_server", "serve_lake_api"]
 
 _NS: Final = 1_000_000_000
 _DAY_NS: Final = 86_400 * _NS
@@ -383,8 +386,6 @@ def serve_lake_api(
     """
     import socket
 
-    import uvicorn
-
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -401,7 +402,25 @@ def serve_lake_api(
         token=token,
         max_rows=reader.max_rows,
     )
-    # As the collector's server (service._server): the parser and loop named, not "auto".
+    if announce:
+        bound = sock.getsockname()
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        print(f"loopwatch api: {describe}, API http://{shown}:{bound[1]}/api/v1/runs", flush=True)
+    try:
+        http_server(app).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def http_server(app: Any) -> uvicorn.Server:
+    """A uvicorn server for ``app``, as every loopwatch HTTP endpoint runs (not started).
+
+    The HTTP parser and event loop are named, not "auto": uvicorn would otherwise pick
+    httptools and uvloop whenever some other package installed them, and the collector
+    would parse hostile input differently depending on the environment.
+    """
+    import uvicorn
+
     config = uvicorn.Config(
         app,
         loop="asyncio",
@@ -409,13 +428,8 @@ def serve_lake_api(
         log_level="warning",
         access_log=False,
         lifespan="off",
+        timeout_graceful_shutdown=10,
         server_header=False,
+        date_header=False,
     )
-    if announce:
-        bound = sock.getsockname()
-        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        print(f"loopwatch api: {describe}, API http://{shown}:{bound[1]}/api/v1/runs", flush=True)
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    finally:
-        sock.close()
+    return uvicorn.Server(config)

@@ -47,11 +47,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-import uvicorn
 from loopwatch.instrumentation.redaction import canaries_from_env, load_canaries
 from prometheus_client import CollectorRegistry
 
-from .api import create_api_app
+from .api import create_api_app, http_server
 from .config import CollectorConfig, parse_hostport
 from .detect import DetectStage, loop_detector, loop_tool
 from .errors import ConfigError, QueueFull
@@ -472,24 +471,6 @@ def _bind(hostport: str, what: str) -> socket.socket:
     return sock
 
 
-def _server(app: Any) -> uvicorn.Server:
-    # The HTTP parser and event loop are named, not "auto": uvicorn would otherwise pick
-    # httptools and uvloop whenever some other package installed them, and the collector
-    # would parse hostile input differently depending on the environment.
-    config = uvicorn.Config(
-        app,
-        loop="asyncio",
-        http="h11",
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-        timeout_graceful_shutdown=10,
-        server_header=False,
-        date_header=False,
-    )
-    return uvicorn.Server(config)
-
-
 def _hostport(host: str, port: int) -> str:
     """``host:port``, ``[host]:port`` for an IPv6 host."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -502,7 +483,7 @@ async def _serve(
     announce: bool,
     pending: list[int] | None = None,
 ) -> None:
-    servers = [_server(collector.otlp_app()), _server(collector.api_app())]
+    servers = [http_server(collector.otlp_app()), http_server(collector.api_app())]
     grpc_server = await collector.start_grpc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
