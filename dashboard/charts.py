@@ -260,19 +260,46 @@ def loops_text(loops: pd.DataFrame) -> str:
 # ------------------------------------------------------------------ run view
 
 
+PROGRESS_CHART_POINTS: Final = 1_000
+"""Most points the steps-since-progress curve carries: about one per pixel of a wide
+chart. A 10,000-step run's spec with every step took longer to serialise and draw than
+the rest of the run view (issue 28, Speed)."""
+
+
+def chart_points(series: pd.DataFrame, limit: int = PROGRESS_CHART_POINTS) -> pd.DataFrame:
+    """``series`` (``step``, ``steps_since_progress``, in step order) with at most about
+    ``limit`` rows: consecutive rows in equal buckets, each drawn at its first step with
+    its highest value (a peak is never hidden), and the last row kept as it is (the curve
+    ends on the stop's figure). Unchanged when it already fits."""
+    if len(series) <= limit:
+        return series
+    width = -(-len(series) // limit)  # ceil
+    bucket = pd.RangeIndex(len(series)) // width
+    points = series.groupby(bucket, sort=True).agg(
+        step=("step", "first"), steps_since_progress=("steps_since_progress", "max")
+    )
+    last = series.iloc[[-1]]
+    if int(points["step"].iloc[-1]) == int(last["step"].iloc[0]):
+        points = points.iloc[:-1]
+    return pd.concat([points, last], ignore_index=True)
+
+
 def progress_chart(
     series: pd.DataFrame, *, ceased_step: int | None = None, stop_step: int | None = None
 ) -> alt.LayerChart:
     """Steps since progress per step, with rules at the ceased and stop steps.
 
     Args:
-        series: ``step``, ``steps_since_progress``.
+        series: ``step``, ``steps_since_progress``; past :data:`PROGRESS_CHART_POINTS`
+            rows the curve is drawn from :func:`chart_points` (its description still
+            speaks of every row).
         ceased_step: where progress ceased (dashed rule).
         stop_step: where the run stopped (solid rule).
     """
+    points = chart_points(series)
     line = (
-        alt.Chart(series)
-        .mark_line(point=len(series) <= 60, interpolate="step-after")
+        alt.Chart(points)
+        .mark_line(point=len(points) <= 60, interpolate="step-after")
         .encode(
             x=alt.X("step:Q", title="step", axis=_WHOLE),
             y=alt.Y("steps_since_progress:Q", title="steps since progress", axis=_WHOLE),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -211,6 +212,13 @@ def _missing(value: Any) -> bool:
     """None, NaN or pandas NA (a stored NULL in either data source)."""
     if value is None:
         return True
+    # Fast paths for the stored types: pd.isna per cell was a third of build_steps on a
+    # 10,000-step run (issue 28, Speed). Of the floats only NaN is missing.
+    kind = type(value)
+    if kind is str or kind is int or kind is bool:
+        return False
+    if kind is float:
+        return math.isnan(value)
     try:
         return bool(pd.isna(value))
     except (TypeError, ValueError):
@@ -227,6 +235,8 @@ def _int(value: Any) -> int | None:
 
 
 def _str(value: Any) -> str | None:
+    if type(value) is str:
+        return value
     return None if _missing(value) else str(value)
 
 

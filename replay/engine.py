@@ -137,6 +137,8 @@ def _usable_time(timestamp: float | None) -> bool:
     ``1e15``) would otherwise jump the clock and stop the run ``deadline_exceeded``;
     such values are ignored, as a missing timestamp is.
     """
+    if type(timestamp) is float:  # the common case, checked per event per policy
+        return math.isfinite(timestamp) and 0 <= timestamp < _MAX_UNIX_SECONDS
     return (
         timestamp is not None
         and not too_large(timestamp)

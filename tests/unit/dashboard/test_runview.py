@@ -523,3 +523,21 @@ def test_a_lone_surrogate_in_a_captured_value_is_shown_as_a_replacement(stored: 
     at = AppTest.from_function(page, args=(stored,)).run(timeout=30)
     assert not at.exception
     assert [m.value for m in at.markdown] == ["after the code block"]
+
+
+def test_a_long_curve_is_charted_from_at_most_a_thousand_points() -> None:
+    """A 10,000-step run's curve is bucketed (issue 28, Speed): no peak hidden, the last
+    point kept, the description still about every step; a short one is unchanged."""
+    values = [i % 37 for i in range(10_000)]
+    values[4_321] = 500  # a lone peak inside a bucket
+    series = pd.DataFrame({"step": range(1, 10_001), "steps_since_progress": values})
+    points = charts.chart_points(series)
+    assert len(points) <= charts.PROGRESS_CHART_POINTS + 1
+    assert points["steps_since_progress"].max() == 500
+    assert points.iloc[-1].tolist() == [10_000, values[-1]]
+    assert points["step"].is_monotonic_increasing
+    spec = charts.progress_chart(series, stop_step=10_000).to_dict()
+    assert spec["description"] == charts.progress_text(series, stop_step=10_000)
+    assert "peak 500" in spec["description"]
+    short = series.iloc[:50]
+    assert charts.chart_points(short) is short
