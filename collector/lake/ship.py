@@ -54,6 +54,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import random
 import threading
 import time
 import uuid
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
     import duckdb
 
 __all__ = [
+    "ATTACH_LOCK_KEY",
     "FAILURE_REASONS",
     "PAUSE_ENV",
     "SHIP_LOCK_KEY",
@@ -96,6 +98,15 @@ SHIP_LOCK_KEY: Final = int.from_bytes(
 )
 """The PostgreSQL advisory lock (``pg_advisory_lock(bigint)``) every shipper of a lake
 holds around its check-insert-commit."""
+
+ATTACH_LOCK_KEY: Final = int.from_bytes(
+    hashlib.blake2b(b"loopwatch.lake.attach", digest_size=8).digest(), "big", signed=True
+)
+"""The PostgreSQL advisory lock held around attaching the lake and creating its tables:
+the first ATTACH of a fresh catalog makes DuckLake's metadata tables, and two processes
+doing that at once collide in PostgreSQL's own catalog (``duplicate key value violates
+unique constraint "pg_type_typname_nsp_index"``: ``CREATE TABLE IF NOT EXISTS`` is not
+atomic against a concurrent creator)."""
 
 FAILURE_REASONS: Final = ("conflict", "catalog", "data_path", "local", "other")
 """Values of the ``reason`` label of ``loopwatch_lake_ship_failures_total``:
@@ -419,7 +430,8 @@ class LakeSession:
         if self.target.is_postgres and self.lock_con is None:
             self.lock_con = _pg_connect(self.target)
         if self.con is None:
-            self.con = connect_lake(self.target, memory_limit="256MB", threads=1)
+            with self._locked(ATTACH_LOCK_KEY):
+                self.con = connect_lake(self.target, memory_limit="256MB", threads=1)
 
     def close(self) -> None:
         """Close both connections (idempotent); the next :meth:`connect` opens new ones."""
@@ -433,16 +445,16 @@ class LakeSession:
             self.lock_con = None
 
     @contextlib.contextmanager
-    def _locked(self) -> Any:
+    def _locked(self, key: int = SHIP_LOCK_KEY) -> Any:
         if self.lock_con is None:
             yield
             return
-        self.lock_con.execute("SELECT pg_advisory_lock(%s)", (SHIP_LOCK_KEY,))
+        self.lock_con.execute("SELECT pg_advisory_lock(%s)", (key,))
         try:
             yield
         finally:
             with contextlib.suppress(Exception):  # a dead session released it already
-                self.lock_con.execute("SELECT pg_advisory_unlock(%s)", (SHIP_LOCK_KEY,))
+                self.lock_con.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
     def publish(self, batch: LakeBatch, collector_id: str) -> ShipOutcome:
         """Insert the batch's runs not yet in the lake, in one lake transaction.
@@ -556,7 +568,10 @@ def open_lake(target: LakeTarget) -> LakeSession:
         assert session.con is not None
         for attempt in range(_SCHEMA_ATTEMPTS):
             try:
-                ensure_lake_schema(session.con)
+                # Under the attach lock: one collector creates the tables, the others
+                # then find them (DuckLake conflicts on concurrent CREATE TABLE).
+                with session._locked(ATTACH_LOCK_KEY):
+                    ensure_lake_schema(session.con)
                 break
             except LakeUnavailable:
                 raise
@@ -567,7 +582,9 @@ def open_lake(target: LakeTarget) -> LakeSession:
                         f"cannot create the lake's tables in {target.describe()}: "
                         f"{_first_line(exc)}",
                     ) from None
-                time.sleep(0.2 * (attempt + 1))
+                # Jitter: collectors that failed together retry apart (a local catalog
+                # file, or a catalog some other tool is creating, has no lock here).
+                time.sleep((0.2 + random.random() * 0.3) * (attempt + 1))
     except BaseException:
         session.close()
         raise
