@@ -476,13 +476,8 @@ class LakeSession:
             shipped_ns = time.time_ns()
             con.execute("BEGIN TRANSACTION")
             try:
-                existing = con.execute(
-                    f"SELECT run_key, collector_id FROM {ALIAS}.runs "
-                    f"WHERE run_key IN ({key_list(keys)})"
-                ).fetchall()
-                new, mine, skipped = split_existing(
-                    keys, ((int(k), str(c)) for k, c in existing), collector_id
-                )
+                existing = _existing(con, batch)
+                new, mine, skipped = split_existing(keys, existing, collector_id)
                 folded: list[int] = []
                 if new:
                     # Usually every run is new: filter only when some are not.
@@ -501,6 +496,45 @@ class LakeSession:
                 raise
             commit_ns = time.time_ns()
         return ShipOutcome(new, mine, [*skipped, *folded], commit_ns)
+
+
+_CHECK_WINDOW_NS: Final = 86_400 * _NS
+"""How far before a batch's earliest ``first_seen_unix_nano`` the exactly-once check looks
+for copies already in the lake (by ``shipped_unix_nano``)."""
+
+
+def _existing(con: duckdb.DuckDBPyConnection, batch: LakeBatch) -> list[tuple[int, str]]:
+    """``(run_key, collector_id)`` of the batch's runs already in ``lake.runs``.
+
+    Two costs kept off the check, which runs on every pass: the keys are joined from the
+    batch's registered Arrow table (a literal ``IN`` list of 2,000 UBIGINTs cost more to
+    plan than the whole insert), and only lake rows shipped at most a day before the
+    batch's earliest first span are read: DuckLake skips the data files whose
+    ``shipped_unix_nano`` range ends earlier, so the check no longer grows with the
+    lake. A copy is shipped after its run's first span reached its collector, so it is
+    in the window unless the same run's spans reached two collectors more than a day
+    apart (docs/lake.md, "Exactly once").
+    """
+    import pyarrow.compute as pc
+
+    runs = batch.tables["runs"]
+    earliest = pc.min(runs.column("first_seen_unix_nano")).as_py()
+    now_ns = time.time_ns()
+    # shipped_unix_nano is this host's wall clock; first_seen the store's (a test's may
+    # run ahead): the earlier of the two.
+    floor = min(now_ns, int(earliest) if earliest is not None else now_ns) - _CHECK_WINDOW_NS
+    con.register("ship_check_runs", runs.select(["run_key"]))
+    try:
+        return [
+            (int(key), str(owner))
+            for key, owner in con.execute(
+                f"SELECT l.run_key, l.collector_id FROM {ALIAS}.runs l "
+                "SEMI JOIN ship_check_runs b ON l.run_key = b.run_key "
+                f"WHERE l.shipped_unix_nano >= {floor}"
+            ).fetchall()
+        ]
+    finally:
+        con.unregister("ship_check_runs")
 
 
 _FRAGMENT: Final = (
