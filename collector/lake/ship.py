@@ -26,7 +26,10 @@ later copy is never inserted. A crash between 3 and 4 re-ships the batch at the 
 start: the anti-join of step 3 finds the keys (with this ``collector_id``) and step 4
 marks them. A copy of a run that another collector already committed (a trace whose
 spans reached two collectors) is skipped, marked ``skipped`` locally, and counted in
-``loopwatch_lake_runs_skipped_total``. DuckLake does not conflict on concurrent inserts
+``loopwatch_lake_runs_skipped_total``. A trace-level fragment of a trace split over two
+collectors (run id = trace id, no stop, no run span) is folded into its trace's run,
+whichever ships first (:func:`fold_fragments`): the lake holds one run per trace. DuckLake
+does not conflict on concurrent inserts
 into one table (both commit), so the check and the insert of concurrent shippers are
 serialized by a PostgreSQL advisory lock (:data:`SHIP_LOCK_KEY`) held on a session
 connection to the catalog database for the length of the lake transaction. A local
@@ -54,6 +57,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import random
 import threading
 import time
 import uuid
@@ -66,12 +70,14 @@ from typing import TYPE_CHECKING, Any, Final
 from ..errors import LakeUnavailable
 from ..store.schema import STOP_ORDER, key_list
 from .connect import ALIAS, LakeTarget, connect_lake, mask_catalog
+from .fold import fold_fragments
 from .schema import LAKE_TABLES, ensure_lake_schema, lake_columns
 
 if TYPE_CHECKING:
     import duckdb
 
 __all__ = [
+    "ATTACH_LOCK_KEY",
     "FAILURE_REASONS",
     "PAUSE_ENV",
     "SHIP_LOCK_KEY",
@@ -81,6 +87,7 @@ __all__ = [
     "ShipSettings",
     "Shipper",
     "classify_failure",
+    "fold_fragments",
     "mark_shipped",
     "open_lake",
     "read_batch",
@@ -96,6 +103,15 @@ SHIP_LOCK_KEY: Final = int.from_bytes(
 )
 """The PostgreSQL advisory lock (``pg_advisory_lock(bigint)``) every shipper of a lake
 holds around its check-insert-commit."""
+
+ATTACH_LOCK_KEY: Final = int.from_bytes(
+    hashlib.blake2b(b"loopwatch.lake.attach", digest_size=8).digest(), "big", signed=True
+)
+"""The PostgreSQL advisory lock held around attaching the lake and creating its tables:
+the first ATTACH of a fresh catalog makes DuckLake's metadata tables, and two processes
+doing that at once collide in PostgreSQL's own catalog (``duplicate key value violates
+unique constraint "pg_type_typname_nsp_index"``: ``CREATE TABLE IF NOT EXISTS`` is not
+atomic against a concurrent creator)."""
 
 FAILURE_REASONS: Final = ("conflict", "catalog", "data_path", "local", "other")
 """Values of the ``reason`` label of ``loopwatch_lake_ship_failures_total``:
@@ -419,7 +435,8 @@ class LakeSession:
         if self.target.is_postgres and self.lock_con is None:
             self.lock_con = _pg_connect(self.target)
         if self.con is None:
-            self.con = connect_lake(self.target, memory_limit="256MB", threads=1)
+            with self._locked(ATTACH_LOCK_KEY):
+                self.con = connect_lake(self.target, memory_limit="256MB", threads=1)
 
     def close(self) -> None:
         """Close both connections (idempotent); the next :meth:`connect` opens new ones."""
@@ -433,16 +450,16 @@ class LakeSession:
             self.lock_con = None
 
     @contextlib.contextmanager
-    def _locked(self) -> Any:
+    def _locked(self, key: int = SHIP_LOCK_KEY) -> Any:
         if self.lock_con is None:
             yield
             return
-        self.lock_con.execute("SELECT pg_advisory_lock(%s)", (SHIP_LOCK_KEY,))
+        self.lock_con.execute("SELECT pg_advisory_lock(%s)", (key,))
         try:
             yield
         finally:
             with contextlib.suppress(Exception):  # a dead session released it already
-                self.lock_con.execute("SELECT pg_advisory_unlock(%s)", (SHIP_LOCK_KEY,))
+                self.lock_con.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
     def publish(self, batch: LakeBatch, collector_id: str) -> ShipOutcome:
         """Insert the batch's runs not yet in the lake, in one lake transaction.
@@ -460,24 +477,65 @@ class LakeSession:
             shipped_ns = time.time_ns()
             con.execute("BEGIN TRANSACTION")
             try:
-                existing = con.execute(
-                    f"SELECT run_key, collector_id FROM {ALIAS}.runs "
-                    f"WHERE run_key IN ({key_list(keys)})"
-                ).fetchall()
-                new, mine, skipped = split_existing(
-                    keys, ((int(k), str(c)) for k, c in existing), collector_id
-                )
+                existing = _existing(con, batch)
+                new, mine, skipped = split_existing(keys, existing, collector_id)
+                folded: list[int] = []
                 if new:
                     # Usually every run is new: filter only when some are not.
                     tables = batch.tables if len(new) == len(keys) else _only(batch.tables, new)
-                    _insert(con, tables, collector_id, shipped_ns)
+                    folded = fold_fragments(con, tables, collector_id, shipped_ns)
+                    if folded:
+                        gone = set(folded)
+                        new = [k for k in new if k not in gone]
+                    if new:
+                        _insert(con, _only(tables, new) if folded else tables, collector_id,
+                                shipped_ns)  # fmt: skip
                 con.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(Exception):
                     con.execute("ROLLBACK")
                 raise
             commit_ns = time.time_ns()
-        return ShipOutcome(new, mine, skipped, commit_ns)
+        return ShipOutcome(new, mine, [*skipped, *folded], commit_ns)
+
+
+_CHECK_WINDOW_NS: Final = 86_400 * _NS
+"""How far before a batch's earliest ``first_seen_unix_nano`` the exactly-once check looks
+for copies already in the lake (by ``shipped_unix_nano``)."""
+
+
+def _existing(con: duckdb.DuckDBPyConnection, batch: LakeBatch) -> list[tuple[int, str]]:
+    """``(run_key, collector_id)`` of the batch's runs already in ``lake.runs``.
+
+    Two costs kept off the check, which runs on every pass: the keys are joined from the
+    batch's registered Arrow table (a literal ``IN`` list of 2,000 UBIGINTs cost more to
+    plan than the whole insert), and only lake rows shipped at most a day before the
+    batch's earliest first span are read: DuckLake skips the data files whose
+    ``shipped_unix_nano`` range ends earlier, so the check no longer grows with the
+    lake. A copy is shipped after its run's first span reached its collector, so it is
+    in the window unless the same run's spans reached two collectors more than a day
+    apart (docs/lake.md, "Exactly once").
+    """
+    import pyarrow.compute as pc
+
+    runs = batch.tables["runs"]
+    earliest = pc.min(runs.column("first_seen_unix_nano")).as_py()
+    now_ns = time.time_ns()
+    # shipped_unix_nano is this host's wall clock; first_seen the store's (a test's may
+    # run ahead): the earlier of the two.
+    floor = min(now_ns, int(earliest) if earliest is not None else now_ns) - _CHECK_WINDOW_NS
+    con.register("ship_check_runs", runs.select(["run_key"]))
+    try:
+        return [
+            (int(key), str(owner))
+            for key, owner in con.execute(
+                f"SELECT l.run_key, l.collector_id FROM {ALIAS}.runs l "
+                "SEMI JOIN ship_check_runs b ON l.run_key = b.run_key "
+                f"WHERE l.shipped_unix_nano >= {floor}"
+            ).fetchall()
+        ]
+    finally:
+        con.unregister("ship_check_runs")
 
 
 def _only(tables: dict[str, Any], keys: Sequence[int]) -> dict[str, Any]:
@@ -509,8 +567,15 @@ def _insert(
         con.register(view, tables[table])
         try:
             columns = ", ".join(name for name, _ in lake_columns(table))
+            # One flag row per run: a folded fragment may have brought the run's flag.
+            only_new = (
+                f" WHERE run_id NOT IN (SELECT run_id FROM {ALIAS}.canary_flags)"
+                if table == "canary_flags"
+                else ""
+            )
             con.execute(
-                f"INSERT INTO {ALIAS}.{table} ({columns}) SELECT {_own(table)}, ?, ? FROM {view}",
+                f"INSERT INTO {ALIAS}.{table} ({columns}) SELECT {_own(table)}, ?, ? "
+                f"FROM {view}{only_new}",
                 [collector_id, shipped_ns],
             )
         finally:
@@ -556,7 +621,10 @@ def open_lake(target: LakeTarget) -> LakeSession:
         assert session.con is not None
         for attempt in range(_SCHEMA_ATTEMPTS):
             try:
-                ensure_lake_schema(session.con)
+                # Under the attach lock: one collector creates the tables, the others
+                # then find them (DuckLake conflicts on concurrent CREATE TABLE).
+                with session._locked(ATTACH_LOCK_KEY):
+                    ensure_lake_schema(session.con)
                 break
             except LakeUnavailable:
                 raise
@@ -567,7 +635,9 @@ def open_lake(target: LakeTarget) -> LakeSession:
                         f"cannot create the lake's tables in {target.describe()}: "
                         f"{_first_line(exc)}",
                     ) from None
-                time.sleep(0.2 * (attempt + 1))
+                # Jitter: collectors that failed together retry apart (a local catalog
+                # file, or a catalog some other tool is creating, has no lock here).
+                time.sleep((0.2 + random.random() * 0.3) * (attempt + 1))
     except BaseException:
         session.close()
         raise

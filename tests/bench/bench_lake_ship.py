@@ -292,7 +292,8 @@ def report(f: dict[str, Any]) -> str:
             f"  capacity, lake    : {lk['phase_spans_per_s']:9.0f} spans/s "
             f"{lk['us_per_span']:7.1f} us CPU/span (until the backlog drained; "
             f"{lk['shipped_runs']:.0f} runs shipped)",
-            f"  CPU overhead      : {f['cpu_overhead'] * 100:+.1f} % (target <= 10 %); the "
+            f"  CPU added by shipping at capacity: {f['cpu_overhead'] * 100:+.1f} % "
+            "(whole process, lake / no lake - 1; target <= 10 %); the "
             f"shipping thread alone: {lk['ship_thread_us_per_span']:.1f} us/span, "
             f"{f['ship_thread_overhead'] * 100:.1f} % of the rest",
             f"  half capacity     : {pc['offered_spans_per_s']:9.0f} spans/s offered, "

@@ -5,8 +5,9 @@ PostgreSQL catalog.
   OTLP/HTTP to three collectors at once; every run of a request answered 200 (each
   sender's log) is in the lake exactly once, with its stop, shipped by the collector
   that acknowledged it; lake housekeeping runs meanwhile, on one collector only.
-- **Routing**: one third-party trace whose spans reach two collectors; what the lake holds
-  for it (docs/lake.md, "Routing third-party spans", states the rule and its limit).
+- **Routing**: one third-party trace whose spans reach two collectors, in both orders:
+  the lake holds one run with one stop (docs/lake.md, "Routing third-party spans",
+  states the rules and their limit).
 """
 
 from __future__ import annotations
@@ -284,79 +285,108 @@ def split_trace(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return body(spans[:half]), body(spans[half:])
 
 
+def _trace_runs(target: LakeTarget, trace_id: str) -> list[tuple[Any, ...]]:
+    return lake_rows(
+        target,
+        "SELECT run_id, collector_id, stop_reason FROM lake.runs "
+        f"WHERE trace_id = '{trace_id}' ORDER BY collector_id",
+    )
+
+
+def _release_held_trace(collector: CollectorProcess) -> None:
+    """A collector holds a trace's spans waiting for its agent span; after the idle
+    timeout, any later request lets the trace go, to its trace-level run."""
+    time.sleep(3)
+    later = loopwatch_run(f"later-{time.time_ns()}", 0xABC, "completed", "fleet")
+    body = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": later}]}]}
+    assert httpx.post(collector.otlp_url, json=body, timeout=30).status_code == 200
+
+
+def _handled(collector: CollectorProcess, runs: int) -> bool:
+    metrics = collector.metrics()
+    done = metrics.total("loopwatch_lake_runs_shipped_total") + metrics.total(
+        "loopwatch_lake_runs_skipped_total"
+    )
+    return done >= runs and metrics.value("loopwatch_lake_backlog_runs") == 0
+
+
 @pytest.mark.parametrize(
-    ("fixture", "runs_in_lake"),
+    ("fixture", "order"),
     [
         # No agent span of its own: the run id is the trace id on both collectors.
-        ("langgraph-openinference-runaway", 1),
-        # An invoke_agent root: the half without it becomes a stopless trace-level run.
-        ("pydantic_ai-native-runaway", 2),
+        ("langgraph-openinference-runaway", "run_first"),
+        # An invoke_agent root: the half without it becomes a stopless trace-level
+        # fragment, folded into the agent's run whichever ships first.
+        ("pydantic_ai-native-runaway", "run_first"),
+        ("pydantic_ai-native-runaway", "fragment_first"),
     ],
 )
 def test_a_trace_split_over_two_collectors(
-    pg: PostgresProcess, tmp_path: Path, fixture: str, runs_in_lake: int
+    pg: PostgresProcess, tmp_path: Path, fixture: str, order: str
 ) -> None:
     """What the lake holds when one trace's spans reach two collectors (no trace-ID
-    routing): never a stop counted twice, because the lake keeps the first copy of a run
-    key only; but one trace can leave two runs when one collector saw the agent span and
-    the other only its children (docs/lake.md, "Routing third-party spans")."""
-    target = new_lake(pg, tmp_path, f"routing_{fixture.split('-', maxsplit=1)[0]}")
+    routing): ONE run, with one stop, whichever half ships first: the lake keeps the
+    first copy of a run key only, and a trace-level fragment is folded into its trace's
+    run (docs/lake.md, "Routing third-party spans")."""
+    name = f"routing_{fixture.split('-', maxsplit=1)[0]}_{order}"
+    target = new_lake(pg, tmp_path, name)
     env = fleet_env(LOOPWATCH_SAMPLING_STOP_TIMEOUT_SECONDS="2")
     left, right = (start_member(tmp_path, target, name, env) for name in ("left", "right"))
     try:
         head, tail = split_trace(FRAMEWORKS / f"{fixture}.json")
         trace_id = head["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"]
-        for collector, body in ((left, head), (right, tail)):
+        spans = {
+            s["spanId"]
+            for body in (head, tail)
+            for scope in body["resourceSpans"][0]["scopeSpans"]
+            for s in scope["spans"]
+        }
+        halves = ((right, tail), (left, head))
+        for collector, body in halves if order == "run_first" else halves[::-1]:
             answer = httpx.post(collector.otlp_url, json=body, timeout=30)
             assert answer.status_code == 200, answer.text
-        # The right half holds the root span: its run ends and ships.
-        poll_until(
-            lambda: (
-                lake_rows(target, f"SELECT count(*) FROM lake.runs WHERE trace_id = '{trace_id}'")[
-                    0
-                ][0]
-                >= 1
-            ),
-            timeout_seconds=90,
-            what="the right collector's run in the lake",
-        )
-        # The left half waits for an agent span that never comes; after the idle timeout,
-        # any later request lets the trace go, to its trace-level run (run id = trace id).
-        time.sleep(3)
-        later = loopwatch_run("later", 0xABC, "completed", "fleet")
-        body = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": later}]}]}
-        assert httpx.post(left.otlp_url, json=body, timeout=30).status_code == 200
-
-        def left_done() -> bool:
-            metrics = left.metrics()
-            done = metrics.total("loopwatch_lake_runs_shipped_total") + metrics.total(
-                "loopwatch_lake_runs_skipped_total"
-            )
-            return done >= 2 and metrics.value("loopwatch_lake_backlog_runs") == 0
-
-        poll_until(left_done, timeout_seconds=90, what="the left collector's copy handled")
-        runs = lake_rows(
-            target,
-            "SELECT run_id, collector_id, stop_reason FROM lake.runs "
-            f"WHERE trace_id = '{trace_id}' ORDER BY collector_id",
-        )
+            if collector is right:
+                # The right half holds the root span: its run ends and ships.
+                poll_until(
+                    lambda: any(c == "right" for _, c, _ in _trace_runs(target, trace_id)),
+                    timeout_seconds=90,
+                    what="the right collector's run in the lake",
+                )
+            else:
+                _release_held_trace(left)
+                poll_until(lambda: _handled(left, 2), timeout_seconds=90, what="left's half")
+                if order == "fragment_first":
+                    assert _trace_runs(target, trace_id) == [(trace_id, "left", None)]
+        poll_until(lambda: _handled(right, 1), timeout_seconds=90, what="right's run handled")
+        runs = _trace_runs(target, trace_id)
         stops = lake_rows(
             target,
             "SELECT s.run_id, s.collector_id FROM lake.stops s JOIN lake.runs r "
             f"USING (run_id) WHERE r.trace_id = '{trace_id}'",
         )
-        print(f"\n{fixture}: lake runs {runs}; stops {stops}")
-        assert len(runs) == runs_in_lake, runs
-        # Exactly one stop for the trace, on the run shipped by the collector that saw the
-        # root span; every other copy or fragment carries none.
+        steps = lake_rows(
+            target,
+            "SELECT count(*), count(DISTINCT span_id), count(DISTINCT run_id), "
+            f"list(DISTINCT collector_id ORDER BY collector_id) FROM lake.steps "
+            f"WHERE trace_id = '{trace_id}'",
+        )[0]
+        print(f"\n{fixture} {order}: lake runs {runs}; stops {stops}; steps {steps}")
+        # One run for the trace, with its stop, shipped by the collector that saw the root.
+        assert len(runs) == 1, runs
         assert [c for _, c in stops] == ["right"], stops
-        stopped = [r for r in runs if r[2] is not None]
-        assert [(r[0], r[1]) for r in stopped] == [(stops[0][0], "right")]
-        if runs_in_lake == 1:
+        assert (runs[0][0], runs[0][1]) == (stops[0][0], "right")
+        assert runs[0][2] is not None
+        # Every step of the trace is in the lake once, under that run.
+        assert steps[0] == steps[1] and steps[2] == 1, steps
+        assert set(steps[3]) <= {"left", "right"} and steps[1] <= len(spans), steps
+        if fixture.startswith("langgraph"):
             assert left.metrics().total("loopwatch_lake_runs_skipped_total") == 1
         else:
-            fragment = next(r for r in runs if r[2] is None)
-            assert fragment[:2] == (trace_id, "left"), fragment
+            # The fragment's half is kept: its steps (left's) joined the run's (right's).
+            assert steps[3] == ["left", "right"], steps
+            assert left.metrics().total("loopwatch_lake_runs_skipped_total") == (
+                1 if order == "run_first" else 0
+            )
         # Lake-wide: one stop row per run at most, and as many stops as stopped runs.
         per_run = lake_rows(
             target, "SELECT max(n) FROM (SELECT count(*) n FROM lake.stops GROUP BY run_id)"
@@ -368,6 +398,11 @@ def test_a_trace_split_over_two_collectors(
             "(SELECT count(DISTINCT run_id) FROM lake.runs WHERE stop_reason IS NOT NULL)",
         )[0]
         assert total[0] == total[1], total
+        orphans = lake_rows(
+            target,
+            "SELECT count(*) FROM lake.steps WHERE run_key NOT IN (SELECT run_key FROM lake.runs)",
+        )
+        assert orphans == [(0,)]
     finally:
         left.stop(timeout_seconds=60)
         right.stop(timeout_seconds=60)

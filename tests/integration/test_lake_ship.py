@@ -357,3 +357,39 @@ def test_concurrent_publishers_insert_one_copy(pg: PostgresProcess, tmp_path: Pa
     assert lake_rows(target, "SELECT count(DISTINCT run_key), count(*) FROM lake.stops") == [
         (200, 200)
     ]
+
+
+def test_three_collectors_start_at_once_on_a_fresh_catalog(
+    pg: PostgresProcess, tmp_path: Path
+) -> None:
+    """Three collectors started at the same instant on a new catalog: the first ATTACH
+    creates DuckLake's metadata tables, which races in PostgreSQL (``duplicate key value
+    violates unique constraint "pg_type_typname_nsp_index"``) without the attach lock.
+    All three start, and all three ship."""
+    target = lake_target(pg, tmp_path)
+    barrier = threading.Barrier(3)
+    started: list[CollectorProcess | BaseException | None] = [None, None, None]
+
+    def start(index: int) -> None:
+        barrier.wait()
+        try:
+            started[index] = start_shipping(tmp_path, target, f"c{index}")
+        except BaseException as exc:  # reported below, with the collector's stderr
+            started[index] = exc
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    collectors = [c for c in started if isinstance(c, CollectorProcess)]
+    try:
+        assert len(collectors) == 3, [str(c)[:2000] for c in started]
+        expected: dict[str, str] = {}
+        for index, collector in enumerate(collectors):
+            expected |= send(collector, 6, f"fresh{index}")
+        wait_shipped(target, set(expected))
+    finally:
+        for collector in collectors:
+            collector.stop()
+    assert_exactly_once(target, expected)
