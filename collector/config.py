@@ -157,7 +157,7 @@ class StoreConfig:
         duckdb_threads: DuckDB worker threads (each may hold its own working memory).
         dedup_window_mib: memory for the span keys of the dedup window (retried requests
             are recognised in memory, ``collector/store/keys.py``): 24 bytes a key, so
-            the default 32 MiB holds about 1.4 million keys.
+            the default 16 MiB holds about 0.7 million keys.
     """
 
     db: str = "./loopwatch.duckdb"
@@ -167,9 +167,9 @@ class StoreConfig:
     retention_days: float = 0.0
     # Memory budgets: the defaults fit a sidecar in 300 MiB at half capacity
     # (docs/collector.md, "Memory"; tests/reliability/test_soak.py).
-    memory_limit_mib: int = 48
+    memory_limit_mib: int = 32
     duckdb_threads: int = 1
-    dedup_window_mib: int = 32
+    dedup_window_mib: int = 16
 
 
 @dataclass(frozen=True)

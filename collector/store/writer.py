@@ -84,7 +84,14 @@ from .keys import DEDUP_BYTES_PER_KEY, RecentKeys, RunKeyFilter
 from .reader import StoreReader
 from .schema import apply_migrations, key_list
 
-__all__ = ["CommitResult", "CommitStats", "Store", "StoreConfig", "memory_settings"]
+__all__ = [
+    "CommitResult",
+    "CommitStats",
+    "Store",
+    "StoreConfig",
+    "limit_heap_arenas",
+    "memory_settings",
+]
 
 logger = logging.getLogger("loopwatch.collector.store")
 
@@ -118,6 +125,26 @@ def _load_libc() -> Any:
 
 
 _LIBC: Final = _load_libc()
+
+_M_ARENA_MAX: Final = -8
+"""glibc's ``mallopt`` parameter number for the arena cap (``malloc.h``)."""
+
+HEAP_ARENAS: Final = 2
+"""C heap arenas the collector process may use. glibc gives each thread that allocates
+its own arena, up to eight per core; the event loop, the writer, DuckDB's and gRPC's
+threads then each keep their own freed, fragmented pages, which ``malloc_trim`` returns
+only in part. Two keep contention low on the writer's path."""
+
+
+def limit_heap_arenas(arenas: int = HEAP_ARENAS) -> None:
+    """Cap the C heap's arenas (glibc ``mallopt(M_ARENA_MAX)``), before threads start.
+
+    Args:
+        arenas: the cap, >= 1. A no-op where the C library has no ``mallopt``.
+    """
+    mallopt = getattr(_LIBC, "mallopt", None)
+    if mallopt is not None:
+        mallopt(_M_ARENA_MAX, max(int(arenas), 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +210,9 @@ class StoreConfig:
     read_max_rows: int = 10_000
     duckdb_threads: int = 1
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    dedup_max_keys: int = (32 << 20) // DEDUP_BYTES_PER_KEY
+    dedup_max_keys: int = (16 << 20) // DEDUP_BYTES_PER_KEY
     checkpoint_wal_bytes: int = 64 * 1024 * 1024
-    memory_limit_bytes: int = 48 * 1024 * 1024
+    memory_limit_bytes: int = 32 * 1024 * 1024
     retention_seconds: float = 0.0
     prune_max_runs: int = 2_000
     shipped_retention_seconds: float = 0.0
@@ -666,10 +693,31 @@ class Store:
         except duckdb.Error:
             logger.exception("store memory limit not updated")
 
+    def _log_memory(self) -> None:
+        """One debug line: DuckDB's memory by tag, its limit and the dedup window's keys,
+        to see which budget grows (``log.level = "debug"``; the soak test reads it)."""
+        if not logger.isEnabledFor(logging.DEBUG):
+            return
+        try:
+            rows = self._con.execute(
+                "SELECT tag, memory_usage_bytes FROM duckdb_memory() "
+                "WHERE memory_usage_bytes > 0 ORDER BY tag"
+            ).fetchall()
+        except duckdb.Error:
+            return
+        tags = " ".join(f"{tag}={int(used) >> 20}" for tag, used in rows)
+        logger.debug(
+            "store memory MiB: duckdb %s limit=%d; dedup_keys=%d",
+            tags or "none",
+            self._memory_limit_bytes >> 20,
+            len(self._recent),
+        )
+
     def _maintain(self, requests: list[Future[int]]) -> None:
         self._last_maintenance = time.monotonic()
         self._fit_memory_limit()
         _trim_heap()
+        self._log_memory()
         now_s = self._clock()
         now_ns = int(now_s * _NS)
         timeout_ns = int(self.config.sampling.undecided_timeout_seconds * _NS)

@@ -277,7 +277,12 @@ def _rss_curve(samples: list[_Sample]) -> str:
 def test_soak_half_capacity(tmp_path: Path) -> None:
     templates = [build_template(seed, capture_fraction=0.25) for seed in range(1, TEMPLATES + 1)]
     db = tmp_path / "soak.duckdb"
-    collector = launch_collector(tmp_path, db_path=db, canaries=CANARIES)
+    # LOOPWATCH_SOAK_LOG_LEVEL=debug: the writer logs its memory by component each minute
+    # (printed at the end), to see which budget grows.
+    log_level = os.environ.get("LOOPWATCH_SOAK_LOG_LEVEL", "warning")
+    collector = launch_collector(
+        tmp_path, db_path=db, canaries=CANARIES, env={"LOOPWATCH_LOG_LEVEL": log_level}
+    )
     host, port_text = collector.otlp_address.rsplit(":", 1)
     port = int(port_text)
     bodies = _Bodies(templates, seed=7)
@@ -330,6 +335,15 @@ def test_soak_half_capacity(tmp_path: Path) -> None:
         f" {queue_last:.0f}, max {max(s.queue_spans for s in soak.samples)}"
     )
 
+    if log_level == "debug":
+        memory_lines = [
+            line
+            for line in collector.stderr_path.read_text(
+                encoding="utf-8", errors="replace"
+            ).splitlines()
+            if "store memory MiB" in line
+        ]
+        print("\n".join(["store memory by component:", *memory_lines]))
     assert exit_code == 0, collector.stderr_text()
     assert not refused, f"{len(refused)} requests refused at half capacity: {refused[:3]}"
     assert received == len(acked) * BATCH_SPANS
