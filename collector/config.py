@@ -153,7 +153,7 @@ class StoreConfig:
             stops included (counter totals stay); ``0`` keeps everything.
         memory_limit_mib: DuckDB's memory limit (``SET memory_limit``): its block cache
             and working memory; past it DuckDB evicts cached blocks and spills to
-            ``<db>.tmp``. It must hold the ``runs`` and ``stops`` key indexes.
+            ``<db>.tmp``. The ``runs`` key index comes on top.
         duckdb_threads: DuckDB worker threads (each may hold its own working memory).
         dedup_window_mib: memory for the span keys of the dedup window (retried requests
             are recognised in memory, ``collector/store/keys.py``): 24 bytes a key, so

@@ -15,10 +15,11 @@ that owns the write connection and a bounded queue in front of it:
   ``kill -9`` of the process (``tests/integration/test_store_crash.py``). The writer
   checkpoints between groups, after the futures are resolved (see
   ``StoreConfig.checkpoint_wal_bytes``), not inside a group's ``COMMIT``.
-- Cost per group stays flat as tables grow: runs and stops are keyed by a 64-bit hash of
-  the run id (``run_key``) and touched through literal key lists, which DuckDB answers with
-  primary-key index lookups; rows are appended from Arrow tables; the group's touched runs
-  are read once, merged in Python, then deleted and re-inserted (DuckDB's
+- Cost per group stays flat as tables grow: runs are keyed by a 64-bit hash of the run id
+  (``run_key``) and touched through literal key lists, which DuckDB answers with
+  primary-key index lookups (stop reports are only appended, so they carry no index);
+  rows are appended from Arrow tables; the group's touched runs are read once, merged in
+  Python, then deleted and re-inserted (DuckDB's
   ``ON CONFLICT DO UPDATE`` and join-based ``UPDATE`` cost 10-80 ms per statement here).
   Only keys that :class:`~loopwatch.collector.store.keys.RunKeyFilter` (a Bloom filter of
   every stored run key, refilled at open) may hold are read: a group of new runs costs
@@ -673,9 +674,9 @@ class Store:
     def _fit_memory_limit(self) -> None:
         """Set DuckDB's limit to the budget plus twice the memory of its key indexes.
 
-        The ``runs`` and ``stops`` primary keys are in-memory indexes (about 45 bytes a
-        run each, between checkpoints) that DuckDB cannot evict, and a checkpoint needs
-        about as much again to write them out. Under a fixed 64 MiB limit a file of a
+        The ``runs`` primary key (and, before schema 20, the ``stop_reports`` key) is an
+        in-memory index that DuckDB cannot evict, and a checkpoint needs about as much
+        again to write it out. Under a fixed 64 MiB limit a file of a
         million runs failed its checkpoint with a FATAL error, which invalidates the
         connection (measured here, DuckDB 1.5). So ``memory_limit_bytes`` budgets the
         cache and working memory beyond the indexes; the indexes themselves grow with
