@@ -3,7 +3,7 @@
 Free of pyarrow and of a runtime DuckDB import, so the dashboard (duckdb and pandas only)
 and the pure ``runs`` stage can import the column names.
 
-Schema (``SCHEMA_VERSION`` = 19; numbered migrations in :data:`MIGRATIONS` are applied in
+Schema (``SCHEMA_VERSION`` = 20; numbered migrations in :data:`MIGRATIONS` are applied in
 order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
 
 - ``runs``: one row per run (key ``run_key``), kept until retention removes it: counts,
@@ -18,7 +18,8 @@ order at open; times are integers in ns since the Unix epoch unless named ``_uni
   StepRow` field values in order) and its span's parent id; append-only, a row leaves
   in the transaction that stores its final step.
 - ``stop_reports``: every stop that was its run's primary when stored, at most one per
-  (``run_key``, ``origin``), append-only (``counted``: whether ``/metrics`` counted it;
+  (``run_key``, ``origin``) (by the runs stage's rule; no key index since schema 20: an
+  ART index stays in DuckDB's memory), append-only (``counted``: whether ``/metrics`` counted it;
   ``loop_tool``: the tool label its loop detection was counted under,
   :func:`~loopwatch.collector.detect.loop_tool`); ``stop_duplicates``: duplicate stops.
   Readers read two views: ``stops`` (one per run, the strongest report by the runs
@@ -435,6 +436,40 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             # anti-join; retention deletes a run's mark with the run.
             "CREATE TABLE shipped_runs (run_key UBIGINT NOT NULL, "
             "shipped_unix_nano BIGINT NOT NULL, skipped BOOLEAN NOT NULL)",
+        ),
+    ),
+    Migration(
+        20,
+        "stop_reports without its (run_key, origin) key index: DuckDB keeps a key's ART "
+        "index in memory, and this one grew a collector's memory with every stored stop",
+        (
+            # Index-free, like spans_seen: the runs stage appends at most one report per
+            # (run, origin) (its primary-stop rule, collector/runs.py), and readers scan
+            # through the views. The composite key's index took about twice the memory of
+            # the runs key's (measured in the soak, tests/reliability/test_soak.py).
+            "DROP VIEW stop_anomalies",
+            "DROP VIEW stops",
+            "CREATE TABLE stop_reports_v20 AS SELECT * FROM stop_reports",
+            "DROP TABLE stop_reports",
+            "ALTER TABLE stop_reports_v20 RENAME TO stop_reports",
+            # CREATE TABLE AS copies columns, not constraints: the NOT NULLs of schema 17.
+            *(
+                f"ALTER TABLE stop_reports ALTER COLUMN {column} SET NOT NULL"
+                for column in (
+                    "run_key",
+                    "run_id",
+                    "trace_id",
+                    "span_id",
+                    "source",
+                    "origin",
+                    "stop_inferred",
+                    "reason",
+                    "time_unix_nano",
+                    "received_unix_nano",
+                    "counted",
+                )
+            ),
+            *_STOP_VIEWS,
         ),
     ),
 )

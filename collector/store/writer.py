@@ -15,10 +15,11 @@ that owns the write connection and a bounded queue in front of it:
   ``kill -9`` of the process (``tests/integration/test_store_crash.py``). The writer
   checkpoints between groups, after the futures are resolved (see
   ``StoreConfig.checkpoint_wal_bytes``), not inside a group's ``COMMIT``.
-- Cost per group stays flat as tables grow: runs and stops are keyed by a 64-bit hash of
-  the run id (``run_key``) and touched through literal key lists, which DuckDB answers with
-  primary-key index lookups; rows are appended from Arrow tables; the group's touched runs
-  are read once, merged in Python, then deleted and re-inserted (DuckDB's
+- Cost per group stays flat as tables grow: runs are keyed by a 64-bit hash of the run id
+  (``run_key``) and touched through literal key lists, which DuckDB answers with
+  primary-key index lookups (stop reports are only appended, so they carry no index);
+  rows are appended from Arrow tables; the group's touched runs are read once, merged in
+  Python, then deleted and re-inserted (DuckDB's
   ``ON CONFLICT DO UPDATE`` and join-based ``UPDATE`` cost 10-80 ms per statement here).
   Only keys that :class:`~loopwatch.collector.store.keys.RunKeyFilter` (a Bloom filter of
   every stored run key, refilled at open) may hold are read: a group of new runs costs
@@ -84,7 +85,14 @@ from .keys import DEDUP_BYTES_PER_KEY, RecentKeys, RunKeyFilter
 from .reader import StoreReader
 from .schema import apply_migrations, key_list
 
-__all__ = ["CommitResult", "CommitStats", "Store", "StoreConfig", "memory_settings"]
+__all__ = [
+    "CommitResult",
+    "CommitStats",
+    "Store",
+    "StoreConfig",
+    "limit_heap_arenas",
+    "memory_settings",
+]
 
 logger = logging.getLogger("loopwatch.collector.store")
 
@@ -118,6 +126,26 @@ def _load_libc() -> Any:
 
 
 _LIBC: Final = _load_libc()
+
+_M_ARENA_MAX: Final = -8
+"""glibc's ``mallopt`` parameter number for the arena cap (``malloc.h``)."""
+
+HEAP_ARENAS: Final = 2
+"""C heap arenas the collector process may use. glibc gives each thread that allocates
+its own arena, up to eight per core; the event loop, the writer, DuckDB's and gRPC's
+threads then each keep their own freed, fragmented pages, which ``malloc_trim`` returns
+only in part. Two keep contention low on the writer's path."""
+
+
+def limit_heap_arenas(arenas: int = HEAP_ARENAS) -> None:
+    """Cap the C heap's arenas (glibc ``mallopt(M_ARENA_MAX)``), before threads start.
+
+    Args:
+        arenas: the cap, >= 1. A no-op where the C library has no ``mallopt``.
+    """
+    mallopt = getattr(_LIBC, "mallopt", None)
+    if mallopt is not None:
+        mallopt(_M_ARENA_MAX, max(int(arenas), 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +211,7 @@ class StoreConfig:
     read_max_rows: int = 10_000
     duckdb_threads: int = 1
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    dedup_max_keys: int = (32 << 20) // DEDUP_BYTES_PER_KEY
+    dedup_max_keys: int = (16 << 20) // DEDUP_BYTES_PER_KEY
     checkpoint_wal_bytes: int = 64 * 1024 * 1024
     memory_limit_bytes: int = 48 * 1024 * 1024
     retention_seconds: float = 0.0
@@ -646,9 +674,9 @@ class Store:
     def _fit_memory_limit(self) -> None:
         """Set DuckDB's limit to the budget plus twice the memory of its key indexes.
 
-        The ``runs`` and ``stops`` primary keys are in-memory indexes (about 45 bytes a
-        run each, between checkpoints) that DuckDB cannot evict, and a checkpoint needs
-        about as much again to write them out. Under a fixed 64 MiB limit a file of a
+        The ``runs`` primary key (and, before schema 20, the ``stop_reports`` key) is an
+        in-memory index that DuckDB cannot evict, and a checkpoint needs about as much
+        again to write it out. Under a fixed 64 MiB limit a file of a
         million runs failed its checkpoint with a FATAL error, which invalidates the
         connection (measured here, DuckDB 1.5). So ``memory_limit_bytes`` budgets the
         cache and working memory beyond the indexes; the indexes themselves grow with
@@ -666,10 +694,31 @@ class Store:
         except duckdb.Error:
             logger.exception("store memory limit not updated")
 
+    def _log_memory(self) -> None:
+        """One debug line: DuckDB's memory by tag, its limit and the dedup window's keys,
+        to see which budget grows (``log.level = "debug"``; the soak test reads it)."""
+        if not logger.isEnabledFor(logging.DEBUG):
+            return
+        try:
+            rows = self._con.execute(
+                "SELECT tag, memory_usage_bytes FROM duckdb_memory() "
+                "WHERE memory_usage_bytes > 0 ORDER BY tag"
+            ).fetchall()
+        except duckdb.Error:
+            return
+        tags = " ".join(f"{tag}={int(used) >> 20}" for tag, used in rows)
+        logger.debug(
+            "store memory MiB: duckdb %s limit=%d; dedup_keys=%d",
+            tags or "none",
+            self._memory_limit_bytes >> 20,
+            len(self._recent),
+        )
+
     def _maintain(self, requests: list[Future[int]]) -> None:
         self._last_maintenance = time.monotonic()
         self._fit_memory_limit()
         _trim_heap()
+        self._log_memory()
         now_s = self._clock()
         now_ns = int(now_s * _NS)
         timeout_ns = int(self.config.sampling.undecided_timeout_seconds * _NS)

@@ -823,7 +823,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con.execute("INSERT INTO run_tools VALUES (?, 'search', 'ok', 2)", [_run_key("old")])
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 19
+        assert store.schema_version == SCHEMA_VERSION == 20
         # A v1 count row has no agent of its own: it is restored under the run's.
         assert tool_call_totals(store) == {("legacy", "search", "ok"): 2}
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))

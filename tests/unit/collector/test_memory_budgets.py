@@ -13,15 +13,15 @@ from loopwatch.collector.store.writer import Store, StoreConfig, memory_settings
 
 
 def test_defaults_fit_the_sidecar_budget() -> None:
-    """Proves the defaults the soak test measured (DuckDB 48 MiB, window 32 MiB, one
+    """Proves the defaults the soak test measured (DuckDB 48 MiB, window 16 MiB, one
     thread), and that the writer's own defaults are the same figures."""
     store = load_config(environ={}).store
-    assert (store.memory_limit_mib, store.duckdb_threads, store.dedup_window_mib) == (48, 1, 32)
+    assert (store.memory_limit_mib, store.duckdb_threads, store.dedup_window_mib) == (48, 1, 16)
     settings = memory_settings(store)
     assert settings == {
         "memory_limit_bytes": 48 << 20,
         "duckdb_threads": 1,
-        "dedup_max_keys": (32 << 20) // DEDUP_BYTES_PER_KEY,
+        "dedup_max_keys": (16 << 20) // DEDUP_BYTES_PER_KEY,
     }
     writer = StoreConfig()
     assert writer.memory_limit_bytes == settings["memory_limit_bytes"]
