@@ -75,7 +75,7 @@ def parse_hostport(value: str, *, what: str) -> tuple[str, int]:
     return host, port
 
 
-_MIN_MEMORY_LIMIT_MIB: Final = 32
+_MIN_MEMORY_LIMIT_MIB: Final = 64
 _MAX_DUCKDB_THREADS: Final = 64
 
 
@@ -167,7 +167,7 @@ class StoreConfig:
     retention_days: float = 0.0
     # Memory budgets (docs/collector.md, "Memory"; tests/reliability/test_soak.py): the
     # goal is 300 MiB at half capacity. 32 MiB for DuckDB failed a checkpoint under load.
-    memory_limit_mib: int = 48
+    memory_limit_mib: int = 96
     duckdb_threads: int = 1
     dedup_window_mib: int = 16
 

@@ -213,7 +213,7 @@ class StoreConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     dedup_max_keys: int = (16 << 20) // DEDUP_BYTES_PER_KEY
     checkpoint_wal_bytes: int = 64 * 1024 * 1024
-    memory_limit_bytes: int = 48 * 1024 * 1024
+    memory_limit_bytes: int = 96 * 1024 * 1024
     retention_seconds: float = 0.0
     prune_max_runs: int = 2_000
     shipped_retention_seconds: float = 0.0
