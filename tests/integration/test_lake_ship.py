@@ -122,10 +122,16 @@ def test_acknowledged_runs_reach_the_lake_once(pg: PostgresProcess, tmp_path: Pa
     with start_shipping(tmp_path, target, "c1") as collector:
         expected = send(collector, 30, "ack")
         wait_shipped(target, set(expected))
+        # The lake shows the runs when its transaction commits; the local marks and the
+        # backlog gauge follow at the end of that pass.
+        poll_until(
+            lambda: collector.metrics().value("loopwatch_lake_backlog_runs") == 0,
+            timeout_seconds=30,
+            what="the backlog gauge at 0",
+        )
         metrics = collector.metrics()
         assert metrics.total("loopwatch_lake_runs_shipped_total") == 30
         assert metrics.total("loopwatch_lake_runs_skipped_total") == 0
-        assert metrics.value("loopwatch_lake_backlog_runs") == 0
         # The lake's copy matches the local one, row for row.
         local = {r["run_id"]: r for r in collector.runs()}
         steps = lake_rows(
