@@ -207,8 +207,9 @@ class RunData:
 
     Attributes:
         run: the run row (``runs`` list fields).
-        steps: one row per stored decision or tool result, in step order (empty when
-            the run was not sampled).
+        step_rows: one row (a dict of the stored step fields, ``None`` for NULL) per
+            stored decision or tool result, in step order (empty when the run was not
+            sampled); :attr:`steps` is the same as a DataFrame.
         steps_truncated: only the last steps were returned (the row cap).
         stop: the primary stop row, or ``None`` (run still open or stop lost).
         evidence: the stop's parsed evidence (``{}`` when none).
@@ -224,7 +225,7 @@ class RunData:
     """
 
     run: dict[str, Any]
-    steps: pd.DataFrame
+    step_rows: tuple[dict[str, Any], ...]
     steps_truncated: bool
     stop: dict[str, Any] | None
     evidence: dict[str, Any]
@@ -236,15 +237,20 @@ class RunData:
     nudges: tuple[dict[str, Any], ...] = ()
     nudges_dropped: int = 0
 
-    def step_records(self) -> list[dict[str, Any]]:
-        """:attr:`steps` as one dict per row (Python values; missing numbers are NaN).
+    @property
+    def steps(self) -> pd.DataFrame:
+        """:attr:`step_rows` as a DataFrame (built on each access: the run view reads the
+        rows; a 10,000-row frame took 100 ms to build and 60 ms to read back)."""
+        return pd.DataFrame(list(self.step_rows))
 
-        Same values as ``steps.to_dict("records")``, built column by column: 60 ms
-        instead of 380 ms for 10,000 rows.
-        """
-        columns = list(self.steps.columns)
-        values = [self.steps[c].tolist() for c in columns]
-        return [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
+    @property
+    def has_steps(self) -> bool:
+        """Some step of the run was stored."""
+        return bool(self.step_rows)
+
+    def step_records(self) -> list[dict[str, Any]]:
+        """:attr:`step_rows` as a list (missing values ``None``)."""
+        return list(self.step_rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,7 +420,7 @@ def steps_of_runs(source: DataSource, run_ids: Sequence[str]) -> dict[str, list[
 
     def read(run_id: str) -> tuple[str, list[dict[str, Any]]]:
         detail = source.run(run_id)
-        if detail is None or detail.steps.empty:
+        if detail is None or not detail.has_steps:
             return run_id, []
         return run_id, detail.step_records()
 

@@ -171,7 +171,6 @@ def parse_evidence(raw: Any) -> dict[str, Any]:
 
 def run_data(detail: Mapping[str, Any], limits: Any) -> RunData:
     """A run detail (the read API's ``/api/v1/runs/{id}`` body shape) as :class:`RunData`."""
-    steps = pd.DataFrame(list(detail.get("steps") or []))
     tools = pd.DataFrame(list(detail.get("tools") or []), columns=["tool", "outcome", "calls"])
     stop = detail.get("stop")
     evidence = detail.get("evidence")
@@ -179,7 +178,7 @@ def run_data(detail: Mapping[str, Any], limits: Any) -> RunData:
         evidence = stop.get("evidence")
     return RunData(
         run=dict(detail.get("run") or {}),
-        steps=steps,
+        step_rows=tuple(detail.get("steps") or ()),
         steps_truncated=bool(detail.get("steps_truncated")),
         stop=dict(stop) if stop else None,
         evidence=parse_evidence(evidence),

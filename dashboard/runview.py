@@ -226,6 +226,8 @@ def _missing(value: Any) -> bool:
 
 
 def _int(value: Any) -> int | None:
+    if type(value) is int:  # the stored type: skips _missing on 30,000 cells a long run
+        return value
     if _missing(value):
         return None
     try:
@@ -241,6 +243,8 @@ def _str(value: Any) -> str | None:
 
 
 def _bool(value: Any) -> bool | None:
+    if type(value) is bool:
+        return value
     return None if _missing(value) else bool(value)
 
 

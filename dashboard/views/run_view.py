@@ -104,7 +104,12 @@ st.caption(
 )
 
 
-export_body = {"run": run, "steps": detail.steps, "stop": stop, "evidence": detail.evidence}
+export_body: dict[str, object] = {
+    "run": run,
+    "steps": detail.step_rows,
+    "stop": stop,
+    "evidence": detail.evidence,
+}
 
 
 def _export(body: dict[str, object] = export_body) -> bytes:
@@ -125,11 +130,11 @@ with export_col:
         file_name=f"{re.sub(r'[^A-Za-z0-9._-]+', '_', run_id)[:120]}.otlp.json",
         mime="application/json",
         on_click="ignore",
-        disabled=detail.steps.empty,
+        disabled=not detail.has_steps,
         help="The stored run as an OTLP/JSON file: attach it to the ticket, then "
         "`loopwatch replay FILE` gives the same stop under the same policy "
         "(docs/policy.md, From incident to test)."
-        + (" No steps were kept for this run: nothing to replay." if detail.steps.empty else ""),
+        + (" No steps were kept for this run: nothing to replay." if not detail.has_steps else ""),
     )
 
 # ------------------------------------------------------------ stop card | steps
@@ -255,7 +260,7 @@ if usage:
     for column, (label, value) in zip(st.columns(len(usage)), usage, strict=True):
         column.metric(label, value, help=runview.USAGE_HELP.get(label))
 
-notice = runview.sampling_notice(run, len(detail.steps))
+notice = runview.sampling_notice(run, len(detail.step_rows))
 if notice:
     st.warning(notice)
 

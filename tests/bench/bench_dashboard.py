@@ -287,7 +287,7 @@ def run_view_transform(detail: Any) -> dict[str, Any]:
         card.step if card is not None and card.step else (steps[-1].step if steps else None)
     )
     usage = runview.usage_counters(detail.stop, detail.run)
-    notice = runview.sampling_notice(detail.run, len(detail.steps))
+    notice = runview.sampling_notice(detail.run, len(detail.step_rows))
     ceased = runview.progress_ceased(steps, detail.evidence)
     groups = runview.mark_groups(runview.collapse(steps), ceased, stopped_at)
     shown = runview.last_steps(groups, runview.DEFAULT_LAST_STEPS, stop_step=stopped_at)
