@@ -294,3 +294,16 @@ def empty_database(path: Path) -> Path:
     apply_migrations(con)
     con.close()
     return path
+
+
+def open_expanders(at: Any) -> Any:
+    """Open every tracked expander of the page an ``AppTest`` ran (the run view's step
+    rows and chart send their content only once opened) and run it again; returns it.
+
+    A tracked expander's widget id ends with its key (``$$ID-<hash>-<key>``): setting that
+    key in Session State opens it, as a click does.
+    """
+    closed = [e.proto.id.split("-", 2)[2] for e in at.expander if e.proto.id.startswith("$$ID-")]
+    for key in closed:
+        at.session_state[key] = True
+    return at.run() if closed else at

@@ -33,7 +33,7 @@ from .hostile import MD as _MD
 from .hostile import WJ as _WJ
 from .hostile import markdown_tokens as _tokens
 from .hostile import rendered
-from .scenarios import PAGES
+from .scenarios import PAGES, open_expanders
 
 _BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 _BIDI = re.compile(r"[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -137,6 +137,9 @@ def _render(api: str, monkeypatch: pytest.MonkeyPatch, name: str, **query: str) 
     for key, value in query.items():
         at.query_params[key] = value
     at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    # Every row's details and chart too (the run view sends them once opened).
+    open_expanders(at)
     assert not at.exception, [e.value for e in at.exception]
     return at
 
