@@ -87,6 +87,7 @@ def _validate_memory(store: StoreConfig) -> None:
     """
     for name, value, low, high in (
         ("store.memory_limit_mib", store.memory_limit_mib, _MIN_MEMORY_LIMIT_MIB, 1 << 20),
+        ("store.checkpoint_wal_mib", store.checkpoint_wal_mib, 1, 1 << 20),
         ("store.duckdb_threads", store.duckdb_threads, 1, _MAX_DUCKDB_THREADS),
         ("store.dedup_window_mib", store.dedup_window_mib, 1, 1 << 20),
     ):
@@ -154,6 +155,10 @@ class StoreConfig:
         memory_limit_mib: DuckDB's memory limit (``SET memory_limit``): its block cache
             and working memory; past it DuckDB evicts cached blocks and spills to
             ``<db>.tmp``. The ``runs`` key index comes on top.
+        checkpoint_wal_mib: write-ahead log size at which the writer checkpoints. Rows
+            not yet checkpointed stay in DuckDB's memory, so a smaller log keeps the
+            sidecar smaller; each checkpoint blocks the writer for a time that grows with
+            the file, not the log.
         duckdb_threads: DuckDB worker threads (each may hold its own working memory).
         dedup_window_mib: memory for the span keys of the dedup window (retried requests
             are recognised in memory, ``collector/store/keys.py``): 24 bytes a key, so
@@ -167,7 +172,8 @@ class StoreConfig:
     retention_days: float = 0.0
     # Memory budgets (docs/collector.md, "Memory"; tests/reliability/test_soak.py): the
     # goal is 300 MiB at half capacity. 32 MiB for DuckDB failed a checkpoint under load.
-    memory_limit_mib: int = 96
+    memory_limit_mib: int = 64
+    checkpoint_wal_mib: int = 16
     duckdb_threads: int = 1
     dedup_window_mib: int = 16
 

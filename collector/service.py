@@ -68,7 +68,7 @@ from .rows import (
     MappedBatch,
 )
 from .sample import SamplingConfig
-from .store.writer import CommitResult, CommitStats, Store, limit_heap_arenas, memory_settings
+from .store.writer import CommitResult, CommitStats, Store, memory_settings, tune_allocators
 from .store.writer import StoreConfig as StoreSettings
 from .workers import DecodePool, RedactedBatch, counts_delta, tune_gc
 
@@ -541,8 +541,9 @@ def serve_forever(
         LakeUnavailable: ``[lake]`` is set and the catalog, the data path, the
             extensions or the lake's version are not usable.
     """
-    # Before any thread of the collector allocates: see HEAP_ARENAS.
-    limit_heap_arenas()
+    # Before any thread of the collector allocates: see HEAP_ARENAS and
+    # HEAP_MMAP_THRESHOLD_BYTES.
+    tune_allocators()
     logging.basicConfig(
         level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -92,6 +92,7 @@ __all__ = [
     "StoreConfig",
     "limit_heap_arenas",
     "memory_settings",
+    "tune_allocators",
 ]
 
 logger = logging.getLogger("loopwatch.collector.store")
@@ -137,6 +138,19 @@ threads then each keep their own freed, fragmented pages, which ``malloc_trim`` 
 only in part. Two keep contention low on the writer's path."""
 
 
+_M_MMAP_THRESHOLD: Final = -3
+"""glibc's ``mallopt`` parameter number for the mmap threshold (``malloc.h``)."""
+
+HEAP_MMAP_THRESHOLD_BYTES: Final = 128 * 1024
+"""Allocations at least this large get their own ``mmap``, returned to the system when
+freed. 128 KiB is glibc's starting value, but glibc raises it (up to 32 MiB) each time a
+large block is freed, after which request buffers, decoded batches and Arrow columns
+come from the arenas and stay resident as fragments. Setting it fixes it there. In a
+5-minute soak at half capacity, this with the Arrow system pool, DuckDB at 64 MiB and a
+16 MiB checkpoint kept the collector at 300 MiB where the earlier defaults reached 334 MiB
+(docs/collector.md, "Memory")."""
+
+
 def limit_heap_arenas(arenas: int = HEAP_ARENAS) -> None:
     """Cap the C heap's arenas (glibc ``mallopt(M_ARENA_MAX)``), before threads start.
 
@@ -146,6 +160,33 @@ def limit_heap_arenas(arenas: int = HEAP_ARENAS) -> None:
     mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is not None:
         mallopt(_M_ARENA_MAX, max(int(arenas), 1))
+
+
+def tune_allocators(
+    arenas: int = HEAP_ARENAS, mmap_threshold_bytes: int = HEAP_MMAP_THRESHOLD_BYTES
+) -> None:
+    """Keep the collector's freed memory from staying resident; call before threads start.
+
+    Three settings, each measured in the soak (docs/collector.md, "Memory"):
+    the C heap's arena cap (:func:`limit_heap_arenas`), a fixed mmap threshold
+    (glibc ``mallopt(M_MMAP_THRESHOLD)``, :data:`HEAP_MMAP_THRESHOLD_BYTES`), and
+    pyarrow's system allocator instead of its bundled jemalloc or mimalloc pool, which
+    keeps freed pages for reuse outside the C heap that :func:`_trim_heap` trims.
+
+    Args:
+        arenas: the arena cap, >= 1.
+        mmap_threshold_bytes: the mmap threshold in bytes, >= 4096.
+
+    A no-op for each part the platform lacks (no ``mallopt``; pyarrow always has the
+    system pool).
+    """
+    limit_heap_arenas(arenas)
+    mallopt = getattr(_LIBC, "mallopt", None)
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, max(int(mmap_threshold_bytes), 4096))
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.system_memory_pool())
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,14 +223,18 @@ class StoreConfig:
             acknowledgement) is pushed to eight times this size. A checkpoint blocks the
             writer for a time that grows with the ``runs`` and ``stops`` tables, not with
             the log (200-500 ms at 30-40k runs after 4 MiB and after 64 MiB alike), so
-            fewer, larger ones stall less; a larger log takes longer to replay at open.
+            fewer, larger ones stall less; but rows not yet checkpointed stay in DuckDB's
+            memory, and a larger log takes longer to replay at open. The default, 16 MiB,
+            kept the soak's resident memory flat where 64 MiB let it climb
+            (``docs/collector.md``, "Memory").
         memory_limit_bytes: DuckDB's buffer pool limit for the file (``SET
             memory_limit``). DuckDB's own default is 80 % of the machine's memory, and it
             keeps every block it has read or written cached up to that limit, so a
             long-running collector's resident memory grew with its file (measured in the
             soak test: about 2 MB/s at 4,000 spans/s). Past the limit DuckDB evicts
-            cached blocks and spills large reads to ``<db>.tmp``. The default, 48 MiB,
-            keeps a sidecar within 300 MiB (``docs/collector.md``, "Memory").
+            cached blocks and spills large reads to ``<db>.tmp``. The default, 64 MiB
+            (with the 16 MiB checkpoint), keeps a sidecar within 300 MiB
+            (``docs/collector.md``, "Memory").
         retention_seconds: how long a decided run is kept after its last span arrived
             (wall time of arrival, not the span's own clock, which a client sets);
             ``0`` keeps runs forever. Past it, the maintenance removes the run with its
@@ -212,8 +257,8 @@ class StoreConfig:
     duckdb_threads: int = 1
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     dedup_max_keys: int = (16 << 20) // DEDUP_BYTES_PER_KEY
-    checkpoint_wal_bytes: int = 64 * 1024 * 1024
-    memory_limit_bytes: int = 96 * 1024 * 1024
+    checkpoint_wal_bytes: int = 16 * 1024 * 1024
+    memory_limit_bytes: int = 64 * 1024 * 1024
     retention_seconds: float = 0.0
     prune_max_runs: int = 2_000
     shipped_retention_seconds: float = 0.0
@@ -261,15 +306,17 @@ def memory_settings(store: Any) -> dict[str, int]:
 
     Args:
         store: a :class:`loopwatch.collector.config.StoreConfig` (``memory_limit_mib``,
-            ``duckdb_threads``, ``dedup_window_mib``).
+            ``checkpoint_wal_mib``, ``duckdb_threads``, ``dedup_window_mib``).
 
     Returns:
-        ``memory_limit_bytes``, ``duckdb_threads`` and ``dedup_max_keys`` (the window's
-        MiB divided by :data:`~loopwatch.collector.store.keys.DEDUP_BYTES_PER_KEY`), as
+        ``memory_limit_bytes``, ``checkpoint_wal_bytes``, ``duckdb_threads`` and
+        ``dedup_max_keys`` (the window's MiB divided by
+        :data:`~loopwatch.collector.store.keys.DEDUP_BYTES_PER_KEY`), as
         :class:`StoreConfig` keyword arguments.
     """
     return {
         "memory_limit_bytes": int(store.memory_limit_mib) << 20,
+        "checkpoint_wal_bytes": int(store.checkpoint_wal_mib) << 20,
         "duckdb_threads": int(store.duckdb_threads),
         "dedup_max_keys": max((int(store.dedup_window_mib) << 20) // DEDUP_BYTES_PER_KEY, 1),
     }

@@ -13,19 +13,27 @@ from loopwatch.collector.store.writer import Store, StoreConfig, memory_settings
 
 
 def test_defaults_fit_the_sidecar_budget() -> None:
-    """Proves the defaults (DuckDB 96 MiB, window 16 MiB, one thread), and that the
-    writer's own defaults are the same figures. 48 MiB made small reads of the API fail
-    with DuckDB's out-of-memory error while the writer held its uncheckpointed rows."""
+    """Proves the defaults (DuckDB 64 MiB, checkpoint at a 16 MiB log, window 16 MiB, one
+    thread), and that the writer's own defaults are the same figures. 48 MiB with a
+    64 MiB log made small reads of the API fail with DuckDB's out-of-memory error while
+    the writer held its uncheckpointed rows; the smaller log holds fewer."""
     store = load_config(environ={}).store
-    assert (store.memory_limit_mib, store.duckdb_threads, store.dedup_window_mib) == (96, 1, 16)
+    assert (
+        store.memory_limit_mib,
+        store.checkpoint_wal_mib,
+        store.duckdb_threads,
+        store.dedup_window_mib,
+    ) == (64, 16, 1, 16)
     settings = memory_settings(store)
     assert settings == {
-        "memory_limit_bytes": 96 << 20,
+        "memory_limit_bytes": 64 << 20,
+        "checkpoint_wal_bytes": 16 << 20,
         "duckdb_threads": 1,
         "dedup_max_keys": (16 << 20) // DEDUP_BYTES_PER_KEY,
     }
     writer = StoreConfig()
     assert writer.memory_limit_bytes == settings["memory_limit_bytes"]
+    assert writer.checkpoint_wal_bytes == settings["checkpoint_wal_bytes"]
     assert writer.dedup_max_keys == settings["dedup_max_keys"]
 
 
@@ -37,6 +45,8 @@ def test_defaults_fit_the_sidecar_budget() -> None:
         ({"LOOPWATCH_STORE_DUCKDB_THREADS": "0"}, "store.duckdb_threads"),
         ({"LOOPWATCH_STORE_DEDUP_WINDOW_MIB": "0"}, "store.dedup_window_mib"),
         ({"LOOPWATCH_STORE_DEDUP_WINDOW_MIB": "1.5"}, "store.dedup_window_mib"),
+        ({"LOOPWATCH_STORE_CHECKPOINT_WAL_MIB": "0"}, "store.checkpoint_wal_mib"),
+        ({"LOOPWATCH_STORE_CHECKPOINT_WAL_MIB": "big"}, "store.checkpoint_wal_mib"),
     ],
 )
 def test_bad_budgets_fail_fast_naming_the_setting(env: dict[str, str], field: str) -> None:
@@ -46,10 +56,18 @@ def test_bad_budgets_fail_fast_naming_the_setting(env: dict[str, str], field: st
 
 def test_file_and_environment_set_the_budgets(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
-    path.write_text("[store]\nmemory_limit_mib = 256\ndedup_window_mib = 8\n", encoding="utf-8")
-    cfg = load_config(path, environ={"LOOPWATCH_STORE_DUCKDB_THREADS": "2"})
+    path.write_text(
+        "[store]\nmemory_limit_mib = 256\ndedup_window_mib = 8\ncheckpoint_wal_mib = 32\n",
+        encoding="utf-8",
+    )
+    cfg = load_config(
+        path,
+        environ={"LOOPWATCH_STORE_DUCKDB_THREADS": "2", "LOOPWATCH_STORE_CHECKPOINT_WAL_MIB": "8"},
+    )
     assert (cfg.store.memory_limit_mib, cfg.store.dedup_window_mib) == (256, 8)
     assert cfg.store.duckdb_threads == 2
+    assert cfg.store.checkpoint_wal_mib == 8  # the environment wins over the file
+    assert memory_settings(cfg.store)["checkpoint_wal_bytes"] == 8 << 20
 
 
 def test_store_applies_the_budgets_to_duckdb(tmp_path: Path) -> None:
@@ -94,3 +112,47 @@ def test_duckdb_limit_grows_with_the_key_indexes(tmp_path: Path) -> None:
         ).fetchone()
         assert store._memory_limit_bytes == budget + 2 * index_bytes
         assert limit_bytes != "32.0 MiB"
+
+
+def test_allocator_tuning_takes_effect_in_a_fresh_process(tmp_path: Path) -> None:
+    """Proves ``tune_allocators`` switches pyarrow to the system allocator (its bundled
+    pool kept freed pages the heap trim cannot return) and that glibc accepts the fixed
+    mmap threshold: a 256 KiB block allocated afterwards is its own mapping, so freeing
+    it lowers the process's mapped memory at once. Run in a child process: the settings
+    are process-wide."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import ctypes, ctypes.util
+        import pyarrow as pa
+        from loopwatch.collector.store.writer import tune_allocators, _LIBC
+
+        tune_allocators(mmap_threshold_bytes=128 * 1024)
+        assert pa.default_memory_pool().backend_name == "system", pa.default_memory_pool()
+        if _LIBC is not None and hasattr(_LIBC, "mallinfo2"):
+            class Info(ctypes.Structure):
+                _fields_ = [(n, ctypes.c_size_t) for n in (
+                    "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                    "fsmblks", "uordblks", "fordblks", "keepcost")]
+            _LIBC.mallinfo2.restype = Info
+            _LIBC.malloc.restype = ctypes.c_void_p
+            _LIBC.free.argtypes = [ctypes.c_void_p]
+            # Free one large block first: unfixed, glibc would raise its threshold here.
+            _LIBC.free(_LIBC.malloc(4 << 20))
+            before = _LIBC.mallinfo2().hblkhd
+            block = _LIBC.malloc(256 * 1024)
+            during = _LIBC.mallinfo2().hblkhd
+            _LIBC.free(block)
+            after = _LIBC.mallinfo2().hblkhd
+            assert during - before >= 256 * 1024, (before, during)
+            assert after == before, (before, after)
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
