@@ -13,6 +13,6 @@ echo "== mypy"
 bash scripts/typecheck.sh
 echo "== pytest"
 mkdir -p test-artifacts
-LOOPWATCH_BENCH=${LOOPWATCH_BENCH:-smoke} python -m pytest "$@"
+LOOPWATCH_BENCH=${LOOPWATCH_BENCH:-smoke} python -m pytest --durations=20 "$@"
 echo "== frameworks"
 bash scripts/frameworks.sh
