@@ -50,6 +50,7 @@ def collector(config_file: str | None, **params: Any) -> None:
     Bad configuration prints one line and exits 2.
     """
     api = collector_api("the collector needs its extra", "collector")
+    api.keep_pandas_unloaded()
     try:
         api.serve_forever(api.load_config(config_file, overrides=collector_overrides(params)))
     except api.ConfigError as exc:

@@ -145,13 +145,18 @@ def exit_missing_extra(what: str, extra: str, exc: ImportError | None = None) ->
 
 @dataclass(frozen=True, slots=True)
 class CollectorApi:
-    """The collector entry points the commands use (imported on demand)."""
+    """The collector entry points the commands use (imported on demand).
+
+    ``keep_pandas_unloaded`` is for commands whose process is the collector's own
+    (``collector``, ``up``): it saves the memory DuckDB would spend importing pandas.
+    """
 
     load_config: Callable[..., Any]
     serve_forever: Callable[..., Any]
     ConfigError: type[Exception]
     StoreUnavailable: type[Exception]
     LakeUnavailable: type[Exception]
+    keep_pandas_unloaded: Callable[[], bool]
 
 
 def collector_api(what: str, extra: str) -> CollectorApi:
@@ -160,9 +165,17 @@ def collector_api(what: str, extra: str) -> CollectorApi:
         from loopwatch.collector.config import load_config
         from loopwatch.collector.errors import ConfigError, LakeUnavailable, StoreUnavailable
         from loopwatch.collector.service import serve_forever
+        from loopwatch.collector.store.writer import keep_pandas_unloaded
     except ImportError as exc:
         exit_missing_extra(what, extra, exc)
-    return CollectorApi(load_config, serve_forever, ConfigError, StoreUnavailable, LakeUnavailable)
+    return CollectorApi(
+        load_config,
+        serve_forever,
+        ConfigError,
+        StoreUnavailable,
+        LakeUnavailable,
+        keep_pandas_unloaded,
+    )
 
 
 def start_failure(exc: Exception) -> str:

@@ -394,6 +394,8 @@ def up(
         },
     )
     code = 0
+    # This process is the collector's (the dashboard is a child): see keep_pandas_unloaded.
+    api.keep_pandas_unloaded()
     companion.start()
     try:
         # The companion prints the URLs once everything is up (dashboard last).

@@ -146,6 +146,13 @@ def test_python_sdk_runs_reach_the_api_metrics_and_duckdb(collector: CollectorPr
 
     _check_metrics(collector.metrics(), spans, runs)
 
+    # All of the above bound parameters in DuckDB, which imports pandas on the first one
+    # (53 MiB of a sidecar's memory) unless the command marked it absent
+    # (keep_pandas_unloaded): no pandas library is mapped in the collector's process.
+    maps = Path(f"/proc/{collector.proc.pid}/maps")
+    if maps.exists():
+        assert "/pandas/" not in maps.read_text(), "the collector process loaded pandas"
+
     assert collector.stop() == 0, collector.stderr_text()
 
     con = duckdb.connect(str(collector.db_path), read_only=True)

@@ -159,3 +159,42 @@ def test_allocator_tuning_takes_effect_in_a_fresh_process(tmp_path: Path) -> Non
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_pandas_stays_unloaded_while_duckdb_binds_parameters(tmp_path: Path) -> None:
+    """Proves ``keep_pandas_unloaded``: in a fresh process with numpy and pyarrow loaded,
+    a real store opens, its migrations bind parameters, and reads with parameters
+    answer, yet pandas is never imported (without the call DuckDB imports it on the first
+    bound parameter), nor by pyarrow; ``import pandas`` itself says why it failed."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from loopwatch.collector.store.writer import Store, keep_pandas_unloaded
+
+        assert keep_pandas_unloaded() is True
+        with Store({str(tmp_path / "p.duckdb")!r}) as store:
+            row = store._con.execute("SELECT ?::VARCHAR || ?", ["run-", 7]).fetchone()
+            assert row == ("run-7",), row
+            # pyarrow asks whether a list is a pandas object: no import either.
+            import pyarrow as pa
+
+            assert pa.array([1, 2], pa.uint64()).to_pylist() == [1, 2]
+        assert "pandas" not in sys.modules, "pandas was imported"
+        assert keep_pandas_unloaded() is False  # once is enough
+        try:
+            import pandas
+        except ImportError as exc:
+            assert "keep_pandas_unloaded" in str(exc), exc
+        else:
+            raise AssertionError("pandas imported")
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
