@@ -150,7 +150,8 @@ freed. 128 KiB is glibc's starting value, but glibc raises it (up to 32 MiB) eac
 large block is freed, after which request buffers, decoded batches and Arrow columns
 come from the arenas and stay resident as fragments. Setting it fixes it there. In a
 5-minute soak at half capacity, this with the Arrow system pool, DuckDB at 64 MiB and a
-16 MiB checkpoint kept the collector at 300 MiB where the earlier defaults reached 334 MiB
+16 MiB checkpoint kept the collector at 300 MiB where the earlier defaults reached 334 MiB;
+over 30 minutes it still reached 370-418 MiB as the stored runs' key index grew
 (docs/collector.md, "Memory")."""
 
 
@@ -277,7 +278,8 @@ class StoreConfig:
             long-running collector's resident memory grew with its file (measured in the
             soak test: about 2 MB/s at 4,000 spans/s). Past the limit DuckDB evicts
             cached blocks and spills large reads to ``<db>.tmp``. The default, 64 MiB
-            (with the 16 MiB checkpoint), keeps a sidecar within 300 MiB
+            (with the 16 MiB checkpoint), is the least measured safe under load; the
+            30-minute soak at half capacity still exceeded the 300 MiB goal
             (``docs/collector.md``, "Memory").
         retention_seconds: how long a decided run is kept after its last span arrived
             (wall time of arrival, not the span's own clock, which a client sets);

@@ -25,7 +25,8 @@ Checks, comparing the first and the last quarter of the soak:
   bounded cache that fills for its first hour by design;
 - acknowledge time stable: the last quarter's p99 is at most twice the first quarter's
   plus :data:`P99_SLACK_MS`. The slack is one DuckDB checkpoint, which can fall into
-  either quarter: the writer checkpoints when the log passes 64 MiB, and a checkpoint
+  either quarter: the writer checkpoints when the log passes ``store.checkpoint_wal_mib``
+  (16 MiB), and a checkpoint
   holds the writer for a time that grows with the ``runs`` primary-key index (and, before
   schema 20, the ``stop_reports`` one) (measured: 0.1 s at 2,000 runs, 0.25 s at 12,000, 0.54 s at 33,000). Growth
   past the slack over the 30-minute run is what this check exists to catch.
@@ -72,6 +73,11 @@ RSS_RATIO_MARGIN = 1.25
 RSS_SLACK_BYTES = 64 * 1024 * 1024
 DEDUP_MAX_KEYS = StoreConfig().dedup_max_keys
 P99_SLACK_MS = 1000.0
+
+# LOOPWATCH_SOAK_RETENTION_MINUTES=N: the collector removes runs N minutes after their
+# last span (store.retention_days), as a sidecar shipping to a lake with
+# --local-retention does; 0 (the default) keeps every run, so the runs key index grows.
+RETENTION_MINUTES = float(os.environ.get("LOOPWATCH_SOAK_RETENTION_MINUTES", "0"))
 
 SAMPLE_PRINT_SECONDS = 30.0
 # Open loop: on a busy machine the paced phase can run past SOAK_SECONDS (requests due
@@ -280,9 +286,12 @@ def test_soak_half_capacity(tmp_path: Path) -> None:
     # LOOPWATCH_SOAK_LOG_LEVEL=debug: the writer logs its memory by component each minute
     # (printed at the end), to see which budget grows.
     log_level = os.environ.get("LOOPWATCH_SOAK_LOG_LEVEL", "warning")
-    collector = launch_collector(
-        tmp_path, db_path=db, canaries=CANARIES, env={"LOOPWATCH_LOG_LEVEL": log_level}
-    )
+    env = {"LOOPWATCH_LOG_LEVEL": log_level}
+    if RETENTION_MINUTES > 0:
+        # What a fleet sidecar's --local-retention does to its local file: runs leave it
+        # minutes after they were stored, so the runs key index stops growing.
+        env["LOOPWATCH_STORE_RETENTION_DAYS"] = repr(RETENTION_MINUTES / (24 * 60))
+    collector = launch_collector(tmp_path, db_path=db, canaries=CANARIES, env=env)
     host, port_text = collector.otlp_address.rsplit(":", 1)
     port = int(port_text)
     bodies = _Bodies(templates, seed=7)
@@ -325,6 +334,7 @@ def test_soak_half_capacity(tmp_path: Path) -> None:
     p99_first, p99_last = _p99(first), _p99(last)
     print(
         f"\nsoak: {SOAK_SECONDS:.0f} s at {rate:,.0f} spans/s (half of {capacity:,.0f} measured),"
+        f" retention {f'{RETENTION_MINUTES:g} min' if RETENTION_MINUTES > 0 else 'none'},"
         f" {len(soak.requests)} requests of {BATCH_SPANS} spans, {len(refused)} refused;"
         f"\n  ack p50/p99 ms: first quarter {statistics.median(first):.1f}/{p99_first:.1f},"
         f" last quarter {statistics.median(last):.1f}/{p99_last:.1f}"
