@@ -164,8 +164,8 @@ def collector_api(what: str, extra: str) -> CollectorApi:
     try:
         from loopwatch.collector.config import load_config
         from loopwatch.collector.errors import ConfigError, LakeUnavailable, StoreUnavailable
+        from loopwatch.collector.process_memory import keep_pandas_unloaded
         from loopwatch.collector.service import serve_forever
-        from loopwatch.collector.store.writer import keep_pandas_unloaded
     except ImportError as exc:
         exit_missing_extra(what, extra, exc)
     return CollectorApi(

@@ -58,6 +58,7 @@ from .map import MapStage
 from .metrics import LoopwatchMetrics
 from .nudges import nudge_results
 from .pipeline import Pipeline
+from .process_memory import tune_allocators
 from .receive import InflightLimit
 from .receive_http import create_otlp_app
 from .records import SpanBatch
@@ -68,7 +69,7 @@ from .rows import (
     MappedBatch,
 )
 from .sample import SamplingConfig
-from .store.writer import CommitResult, CommitStats, Store, memory_settings, tune_allocators
+from .store.writer import CommitResult, CommitStats, Store, memory_settings
 from .store.writer import StoreConfig as StoreSettings
 from .workers import DecodePool, RedactedBatch, counts_delta, tune_gc
 

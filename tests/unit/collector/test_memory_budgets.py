@@ -131,7 +131,7 @@ def test_allocator_tuning_takes_effect_in_a_fresh_process(tmp_path: Path) -> Non
         """
         import ctypes, ctypes.util
         import pyarrow as pa
-        from loopwatch.collector.store.writer import tune_allocators, _LIBC
+        from loopwatch.collector.process_memory import tune_allocators, _LIBC
 
         tune_allocators(mmap_threshold_bytes=128 * 1024)
         assert pa.default_memory_pool().backend_name == "system", pa.default_memory_pool()
@@ -173,7 +173,8 @@ def test_pandas_stays_unloaded_while_duckdb_binds_parameters(tmp_path: Path) -> 
     script = textwrap.dedent(
         f"""
         import sys
-        from loopwatch.collector.store.writer import Store, keep_pandas_unloaded
+        from loopwatch.collector.process_memory import keep_pandas_unloaded
+        from loopwatch.collector.store.writer import Store
 
         assert keep_pandas_unloaded() is True
         with Store({str(tmp_path / "p.duckdb")!r}) as store:
