@@ -3,8 +3,8 @@ is one run in the lake (docs/lake.md, "Routing third-party spans").
 
 Called by the shipper (:mod:`loopwatch.collector.lake.ship`) inside its locked lake
 transaction, before a batch is inserted. It rewrites lake rows (UPDATE, DELETE), which
-DuckLake conflicts with a concurrent INSERT into the same table: every lake writer holds
-the ship lock.
+DuckLake conflicts with a concurrent INSERT into the same table, and which a concurrent
+file merge undoes: every lake writer, housekeeping's merge included, holds the ship lock.
 """
 
 from __future__ import annotations

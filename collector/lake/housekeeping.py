@@ -89,7 +89,7 @@ _CONFLICT_ATTEMPTS: Final = 5
 """Tries of one retention DELETE. DuckLake refuses a delete that commits after another
 transaction inserted into the same table (checked with duckdb 1.5.5): a busy fleet's
 shippers insert every few seconds, and a retry a moment later usually wins."""
-_WITH_SHIPPERS_HELD: Final = frozenset({"retention", "flush"})
+_WITH_SHIPPERS_HELD: Final = frozenset({"retention", "flush", "merge"})
 _SHIP_LOCK_TIMEOUT: Final = "30s"
 _CHILD_TABLES: Final = tuple(table for table in LAKE_TABLES if table != "runs")
 
@@ -395,9 +395,12 @@ class Housekeeper:
 
         A DuckLake DELETE refuses to commit after a concurrent INSERT into its table, and
         makes a concurrent INSERT fail (checked with duckdb 1.5.5); every shipper takes
-        this lock around its lake transaction, so under it retention and the flush of
-        inlined rows meet no shipper. Both are short; merges and cleanup do not conflict
-        with inserts and run without it.
+        this lock around its lake transaction, so under it retention, the flush of
+        inlined rows and the merge meet no shipper. The merge needs it because a shipper
+        also rewrites lake rows (a fragment folded into its trace's run: UPDATE, DELETE,
+        :mod:`.fold`): a merge that committed during a fold put the folded fragment's
+        run row back and its steps twice (seen in ``tests/integration/test_fleet.py``,
+        2026-12-04). Expiry and cleanup touch no live row and run without it.
 
         Raises:
             psycopg.Error: the catalog did not answer, or the lock did not come within

@@ -343,3 +343,30 @@ def test_housekeeping_settings_from_the_environment_and_their_checks() -> None:
     for name, bad in (("INTERVAL_SECONDS", "0"), ("RETENTION_DAYS", "-1")):
         with pytest.raises(ConfigError, match="lake_housekeeping"):
             load_config(environ={**env, f"LOOPWATCH_LAKE_HOUSEKEEPING_{name}": bad})
+
+
+def test_merge_waits_for_the_shippers_lock(
+    target: LakeTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A merge rewrites files a shipper's fold may be rewriting (UPDATE, DELETE of a
+    folded fragment): committed in between, it put the fragment back (docs/lake.md,
+    "Housekeeping"). So while a shipper holds the lock, the merge does not run."""
+    import psycopg
+    from loopwatch.collector.lake import housekeeping
+    from loopwatch.collector.lake.ship import SHIP_LOCK_KEY
+
+    now = time.time_ns()
+    for batch in range(3):
+        _insert_runs(target, [f"held-{batch}-{i}" for i in range(40)], now)
+    before = _file_count(target, "steps")
+    monkeypatch.setattr(housekeeping, "_SHIP_LOCK_TIMEOUT", "1s")
+    with psycopg.connect(target.postgres_dsn, autocommit=True) as shipper:
+        shipper.execute("SELECT pg_advisory_lock(%s)", (SHIP_LOCK_KEY,))
+        keeper = Housekeeper(target, "waiting", interval_seconds=60)
+        report = keeper.run_once()
+    assert any(error.startswith("merge:") for error in report.errors), report
+    assert report.files_merged == 0
+    assert _file_count(target, "steps") == before
+    report = keeper.run_once()  # the lock released: the same holder's next round merges
+    assert report.worked and not report.errors, report
+    assert report.files_merged >= 3, report
