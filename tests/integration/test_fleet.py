@@ -468,8 +468,16 @@ def test_a_killed_housekeeping_collector_is_replaced(pg: PostgresProcess, tmp_pa
             timeout_seconds=60,
             what="the heir's run in the lake",
         )
-        log = members[heir].stderr_path.read_text(errors="replace")
-        assert f"RoundReport(worked=True, holder='{heir}/" in log
+        # The round's report is logged when the round ends, which may be after the run
+        # reached the lake: wait for it rather than read the log once.
+        poll_until(
+            lambda: (
+                f"RoundReport(worked=True, holder='{heir}/"
+                in members[heir].stderr_path.read_text(errors="replace")
+            ),
+            timeout_seconds=60,
+            what="the heir's housekeeping round in its log",
+        )
     finally:
         for member in members.values():
             if member.running:
