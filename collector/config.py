@@ -154,7 +154,8 @@ class StoreConfig:
             stops included (counter totals stay); ``0`` keeps everything.
         memory_limit_mib: DuckDB's memory limit (``SET memory_limit``): its block cache
             and working memory; past it DuckDB evicts cached blocks and spills to
-            ``<db>.tmp``. The ``runs`` key index comes on top.
+            ``<db>.tmp``. Key indexes come on top (since schema 21 only
+            ``canary_flags``' is left: a few rows).
         checkpoint_wal_mib: write-ahead log size at which the writer checkpoints. Rows
             not yet checkpointed stay in DuckDB's memory, so a smaller log keeps the
             sidecar smaller; each checkpoint blocks the writer for a time that grows with

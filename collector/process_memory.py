@@ -77,8 +77,8 @@ large block is freed, after which request buffers, decoded batches and Arrow col
 come from the arenas and stay resident as fragments. Setting it fixes it there. In a
 5-minute soak at half capacity, this with the Arrow system pool, DuckDB at 64 MiB and a
 16 MiB checkpoint kept the collector at 300 MiB where the earlier defaults reached 334 MiB;
-over 30 minutes it still reached 370-418 MiB as the stored runs' key index grew
-(docs/collector.md, "Memory")."""
+over 30 minutes it still reached 370-418 MiB as the stored runs' key index grew, until
+schema 21 dropped that index (docs/collector.md, "Memory")."""
 
 
 def limit_heap_arenas(arenas: int = HEAP_ARENAS) -> None:

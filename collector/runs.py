@@ -111,6 +111,9 @@ class Group:
     canaries: set[str]
     merged: dict[str, dict[str, Any]] = field(default_factory=dict)
     existing: set[str] = field(default_factory=set)
+    # The least last_seen_unix_nano among the stored rows of ``existing`` as read: the
+    # bound that lets their DELETE skip older row groups (runs has no key index).
+    stored_since: int | None = None
     tool_deltas: dict[tuple[int, str, str, str | None], int] = field(default_factory=dict)
     step_jobs: list[int] = field(default_factory=list)  # job index of each of ``steps``
     settle: set[str] = field(default_factory=set)

@@ -62,7 +62,14 @@ from .schema import (
     run_key_of,
 )
 
-__all__ = ["GroupWriter"]
+__all__ = ["FETCH_TIERS_SECONDS", "GroupWriter"]
+
+FETCH_TIERS_SECONDS: Final = (120.0, 1800.0)
+"""How far back, in seconds of ``last_seen_unix_nano``, each bounded tier of
+:meth:`GroupWriter.fetch_stored` looks before the unbounded one. Two minutes holds the
+previous span of a run in progress (agent steps are seconds apart; the OpenTelemetry
+SDK's batch processor exports every 5 s); half an hour holds a run decided by the
+stop timeout (``sampling.stop_timeout_seconds``, 900 s by default) and its late spans."""
 
 _NS: Final = 1_000_000_000
 _INT64_MIN: Final = -(2**63)
@@ -173,6 +180,7 @@ class GroupWriter:
         self._sampler = sampler
         self._recent = recent
         self._stored_runs = stored_runs
+        self.whole_table_reads = 0  # fetch_stored's unbounded tier, for the debug log
         self._clock = clock
         # In-memory state to publish once the open transaction commits.
         self.after_commit: list[Callable[[], None]] = []
@@ -374,16 +382,48 @@ class GroupWriter:
         keys = sorted({run_key_of(r) for r in run_ids})
         maybe_stored = self._stored_runs.may_contain(keys)
         keys = [k for k, maybe in zip(keys, maybe_stored, strict=True) if maybe]
-        if not keys:
-            return
-        for row in self.fetch_runs(f"run_key IN ({key_list(keys)})"):
+        for row in self.fetch_stored(keys, group.now_ns):
             self.adopt(group, row)
+
+    def fetch_stored(self, keys: Sequence[int], now_ns: int) -> list[dict[str, Any]]:
+        """The stored rows of the run keys ``keys`` (one each: the writer's rule), read in tiers.
+
+        ``runs`` has no key index (schema 21: an ART index grows in memory with every
+        stored run). Rows are appended in write order and every write of a run sets
+        ``last_seen_unix_nano`` to the writer's clock, so a run written a moment ago sits
+        in the newest row groups. Each tier of :data:`FETCH_TIERS_SECONDS` asks only for the
+        keys not found yet, bounded below by ``now_ns`` minus the tier, and DuckDB's zone
+        maps skip the older row groups; the last tier has no bound, so every stored row is
+        found whatever the clock did. Keys the Bloom filter lets through are mostly runs
+        still in progress, found by the first tier; a key reaches the unbounded scan only
+        when its run was last written over half an hour ago, or when it is one of the
+        filter's false positives.
+        """
+        rows: list[dict[str, Any]] = []
+        remaining = set(keys)
+        for tier in (*FETCH_TIERS_SECONDS, None):
+            if not remaining:
+                break
+            where = f"run_key IN ({key_list(sorted(remaining))})"
+            params: list[Any] = []
+            if tier is not None:
+                where = f"last_seen_unix_nano >= ? AND {where}"
+                params.append(now_ns - int(tier * _NS))
+            else:
+                self.whole_table_reads += 1
+            found = self.fetch_runs(where, params)
+            rows.extend(found)
+            remaining.difference_update(row["run_key"] for row in found)
+        return rows
 
     @staticmethod
     def adopt(group: Group, row: dict[str, Any]) -> None:
         run_id = row["run_id"]
         group.merged[run_id] = row
         group.existing.add(run_id)
+        seen = row["last_seen_unix_nano"]
+        if group.stored_since is None or seen < group.stored_since:
+            group.stored_since = seen
         if row["sampled"] is None:
             group.staged_in_db.add(run_id)
 
@@ -476,8 +516,12 @@ class GroupWriter:
             )
             self.after_commit.append(lambda: self._publish_quota(hour, quota))
         if group.existing:
+            # Bounded by the rows as read (adopt), so zone maps skip older row groups.
             keys = key_list(group.merged[r]["run_key"] for r in group.existing)
-            self._con.execute(f"DELETE FROM runs WHERE run_key IN ({keys})")
+            self._con.execute(
+                f"DELETE FROM runs WHERE last_seen_unix_nano >= ? AND run_key IN ({keys})",
+                [group.stored_since],
+            )
         runs = [[row[c] for c in RUN_COLUMNS] for row in group.merged.values()]
         if runs:
             self._append("runs", _table(RUN_COLUMNS, runs))

@@ -3,10 +3,12 @@
 Free of pyarrow and of a runtime DuckDB import, so the dashboard (duckdb and pandas only)
 and the pure ``runs`` stage can import the column names.
 
-Schema (``SCHEMA_VERSION`` = 20; numbered migrations in :data:`MIGRATIONS` are applied in
+Schema (``SCHEMA_VERSION`` = 21; numbered migrations in :data:`MIGRATIONS` are applied in
 order at open; times are integers in ns since the Unix epoch unless named ``_unix``):
 
-- ``runs``: one row per run (key ``run_key``), kept until retention removes it: counts,
+- ``runs``: one row per run (``run_key``; one row per key is the writer's rule, with no key
+  index since schema 21: an ART index stays in DuckDB's memory and grew with every stored
+  run), kept until retention removes it: counts,
   the primary stop denormalized, the sampling decision (``sampled``, ``sample_rule``,
   ``sample_tool``); ``span_start_unix_nano`` / ``span_end_unix_nano``: the times of its
   run span rows alone.
@@ -186,6 +188,32 @@ _STEP_LATE_DDL: Final = (
     ("loop_response", "VARCHAR"),
     ("loop_rung", "BIGINT"),
     ("loop_detector", "VARCHAR"),
+)
+
+# The runs columns that schema 20 declares NOT NULL, and those with DEFAULT 0 (migration
+# 21 restores both after its CREATE TABLE AS).
+_RUN_NOT_NULL_V20: Final = (
+    "run_key",
+    "run_id",
+    "trace_id",
+    "source",
+    "steps",
+    "decisions",
+    "tool_calls",
+    "tool_errors",
+    "tool_blocked",
+    "tokens",
+    "first_seen_unix_nano",
+    "last_seen_unix_nano",
+)
+_RUN_ZERO_DEFAULT_V20: Final = (
+    "steps",
+    "decisions",
+    "tool_calls",
+    "tool_errors",
+    "tool_blocked",
+    "tokens",
+    "duplicate_stops",
 )
 
 MIGRATIONS: Final[tuple[Migration, ...]] = (
@@ -472,6 +500,30 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             *_STOP_VIEWS,
         ),
     ),
+    Migration(
+        21,
+        "runs without its run_key primary key: its ART index lived in DuckDB's memory and "
+        "grew with every stored run (45 bytes a run, and twice that again at a checkpoint)",
+        (
+            # The writer finds a run by its key in time tiers of last_seen_unix_nano (zone
+            # maps skip old row groups; collector/store/apply.py, GroupWriter.fetch_stored)
+            # and deletes it with the same bound; the Bloom filter of run keys and one row
+            # per key are the writer's rules, tested in tests/unit/test_store.py. Rows are
+            # copied in last_seen order so the tiers skip from the first checkpoint on.
+            "CREATE TABLE runs_v21 AS SELECT * FROM runs ORDER BY last_seen_unix_nano",
+            "DROP TABLE runs",
+            "ALTER TABLE runs_v21 RENAME TO runs",
+            # CREATE TABLE AS copies columns, not constraints or defaults.
+            *(
+                f"ALTER TABLE runs ALTER COLUMN {column} SET NOT NULL"
+                for column in _RUN_NOT_NULL_V20
+            ),
+            *(
+                f"ALTER TABLE runs ALTER COLUMN {column} SET DEFAULT 0"
+                for column in _RUN_ZERO_DEFAULT_V20
+            ),
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
@@ -697,7 +749,7 @@ RUN_ORDERS: Final = ("time", "first_seen")
 
 
 def run_key_of(run_id: str) -> int:
-    """64-bit key of a run id (blake2b); the runs and stops primary key."""
+    """64-bit key of a run id (blake2b): ``run_key`` of every table that names a run."""
     digest = hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big")
 
@@ -705,8 +757,8 @@ def run_key_of(run_id: str) -> int:
 def key_list(keys: Iterable[int]) -> str:
     """Render run keys as a literal SQL list.
 
-    DuckDB answers a literal integer ``IN (...)`` list with primary-key index lookups,
-    while a bound list parameter or a join scans the table: this keeps per-commit cost
-    flat as tables grow. Only ints computed here are rendered, never client text.
+    DuckDB pushes a literal integer ``IN (...)`` list into the table scan as a zone-map
+    filter, which a bound list parameter or a join is not. Only ints computed here are
+    rendered, never client text.
     """
     return ",".join(str(int(k)) for k in keys) or "NULL"

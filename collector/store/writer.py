@@ -15,15 +15,18 @@ that owns the write connection and a bounded queue in front of it:
   ``kill -9`` of the process (``tests/integration/test_store_crash.py``). The writer
   checkpoints between groups, after the futures are resolved (see
   ``StoreConfig.checkpoint_wal_bytes``), not inside a group's ``COMMIT``.
-- Cost per group stays flat as tables grow: runs are keyed by a 64-bit hash of the run id
-  (``run_key``) and touched through literal key lists, which DuckDB answers with
-  primary-key index lookups (stop reports are only appended, so they carry no index);
-  rows are appended from Arrow tables; the group's touched runs are read once, merged in
-  Python, then deleted and re-inserted (DuckDB's
-  ``ON CONFLICT DO UPDATE`` and join-based ``UPDATE`` cost 10-80 ms per statement here).
+- Cost per group does not grow with the stored runs, and neither does memory: runs are
+  keyed by a 64-bit hash of the run id (``run_key``) with no key index (schema 21: an ART
+  index lives in DuckDB's memory, 45 bytes a run, and the soak's collector grew with it).
   Only keys that :class:`~loopwatch.collector.store.keys.RunKeyFilter` (a Bloom filter of
   every stored run key, refilled at open) may hold are read: a group of new runs costs
-  no read at all.
+  no read at all. The others are read in tiers of ``last_seen_unix_nano`` (two minutes,
+  half an hour, then the whole table: :meth:`~loopwatch.collector.store.apply.
+  GroupWriter.fetch_stored`), which DuckDB's zone maps answer from the newest row
+  groups, since every write of a run appends it with the writer's clock. The group's
+  touched runs are read once, merged in Python, then deleted (bounded by the oldest row
+  read) and re-inserted (DuckDB's ``ON CONFLICT DO UPDATE`` and join-based ``UPDATE`` cost
+  10-80 ms per statement here); rows are appended from Arrow tables.
   Span keys are checked in memory and appended to an index-free table: a primary key
   over random 128-bit keys cost 5-12 us per key to insert and made every checkpoint
   rewrite the whole index (150 ms at 400k keys, 1 s at 2.5M, measured here).
@@ -546,10 +549,18 @@ class Store:
         if wal_bytes < threshold or (self._queue and wal_bytes < 4 * threshold):
             return
         self._fit_memory_limit()
+        started = time.perf_counter()
         try:
             self._con.execute("CHECKPOINT")
         except duckdb.Error:
             logger.exception("store checkpoint failed")
+            return
+        logger.debug(
+            "store checkpoint: %.0f ms at a %d MiB log, %d batches waiting",
+            (time.perf_counter() - started) * 1e3,
+            wal_bytes >> 20,
+            len(self._queue),
+        )
 
     def _commit_group(self, jobs: list[_Job]) -> None:
         started = time.perf_counter()
@@ -636,13 +647,13 @@ class Store:
     def _fit_memory_limit(self) -> None:
         """Set DuckDB's limit to the budget plus twice the memory of its key indexes.
 
-        The ``runs`` primary key (and, before schema 20, the ``stop_reports`` key) is an
-        in-memory index that DuckDB cannot evict, and a checkpoint needs about as much
-        again to write it out. Under a fixed 64 MiB limit a file of a
-        million runs failed its checkpoint with a FATAL error, which invalidates the
-        connection (measured here, DuckDB 1.5). So ``memory_limit_bytes`` budgets the
-        cache and working memory beyond the indexes; the indexes themselves grow with
-        the stored runs (bounded by ``retention_seconds``).
+        A key index is an in-memory ART index that DuckDB cannot evict, and a checkpoint
+        needs about as much again to write it out. Under a fixed 64 MiB limit a file of
+        a million runs failed its checkpoint with a FATAL error while ``runs`` had its
+        key, which invalidates the connection (measured here, DuckDB 1.5). Since schema
+        21 the only key left is ``canary_flags``' (one row per flagged run, a few), so
+        the limit stays at ``memory_limit_bytes``; this keeps a file whose flags grow
+        from failing the same way.
         """
         try:
             row = self._con.execute(
@@ -670,10 +681,11 @@ class Store:
             return
         tags = " ".join(f"{tag}={int(used) >> 20}" for tag, used in rows)
         logger.debug(
-            "store memory MiB: duckdb %s limit=%d; dedup_keys=%d",
+            "store memory MiB: duckdb %s limit=%d; dedup_keys=%d; whole-table run reads=%d",
             tags or "none",
             self._memory_limit_bytes >> 20,
             len(self._recent),
+            self._writer.whole_table_reads,
         )
 
     def _maintain(self, requests: list[Future[int]]) -> None:

@@ -78,6 +78,9 @@ P99_SLACK_MS = 1000.0
 # last span (store.retention_days), as a sidecar shipping to a lake with
 # --local-retention does; 0 (the default) keeps every run, so the runs key index grows.
 RETENTION_MINUTES = float(os.environ.get("LOOPWATCH_SOAK_RETENTION_MINUTES", "0"))
+# LOOPWATCH_SOAK_CHECKPOINT_WAL_MIB=N: the collector's store.checkpoint_wal_mib (default:
+# the collector's own default), to compare checkpoint sizes under the same load.
+CHECKPOINT_WAL_MIB = os.environ.get("LOOPWATCH_SOAK_CHECKPOINT_WAL_MIB", "")
 
 SAMPLE_PRINT_SECONDS = 30.0
 # Open loop: on a busy machine the paced phase can run past SOAK_SECONDS (requests due
@@ -291,6 +294,8 @@ def test_soak_half_capacity(tmp_path: Path) -> None:
         # What a fleet sidecar's --local-retention does to its local file: runs leave it
         # minutes after they were stored, so the runs key index stops growing.
         env["LOOPWATCH_STORE_RETENTION_DAYS"] = repr(RETENTION_MINUTES / (24 * 60))
+    if CHECKPOINT_WAL_MIB:
+        env["LOOPWATCH_STORE_CHECKPOINT_WAL_MIB"] = CHECKPOINT_WAL_MIB
     collector = launch_collector(tmp_path, db_path=db, canaries=CANARIES, env=env)
     host, port_text = collector.otlp_address.rsplit(":", 1)
     port = int(port_text)
@@ -351,7 +356,7 @@ def test_soak_half_capacity(tmp_path: Path) -> None:
             for line in collector.stderr_path.read_text(
                 encoding="utf-8", errors="replace"
             ).splitlines()
-            if "store memory MiB" in line
+            if "store memory MiB" in line or "store checkpoint:" in line
         ]
         print("\n".join(["store memory by component:", *memory_lines]))
     assert exit_code == 0, collector.stderr_text()

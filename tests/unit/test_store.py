@@ -823,7 +823,7 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     con.execute("INSERT INTO run_tools VALUES (?, 'search', 'ok', 2)", [_run_key("old")])
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 20
+        assert store.schema_version == SCHEMA_VERSION == 21
         # A v1 count row has no agent of its own: it is restored under the run's.
         assert tool_call_totals(store) == {("legacy", "search", "ok"): 2}
         commit(store, batch(stop_row("old", "completed"), stop_row("old", "error")))
@@ -834,6 +834,87 @@ def test_older_schema_is_migrated_at_open(tmp_path: Path) -> None:
     versions = con.execute("SELECT version FROM schema_version ORDER BY 1").fetchall()
     con.close()
     assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+
+
+def _run_rows(store: Store, *run_ids: str) -> dict[str, int]:
+    rows, _ = store.reader()._query(
+        "SELECT run_id, count(*) AS n FROM runs WHERE run_id IN (SELECT unnest(?)) GROUP BY 1",
+        [list(run_ids)],
+    )
+    return {r["run_id"]: int(r["n"]) for r in rows}
+
+
+@pytest.mark.parametrize(
+    "elapsed_s",
+    [1, 119, 121, 1799, 1801, 7 * 86400, -3600],
+    ids=["1s", "119s", "121s", "1799s", "1801s", "7d", "clock_back_1h"],
+)
+def test_a_later_span_finds_its_run_in_any_tier_and_leaves_one_row(
+    make_store: Any, clock: Clock, elapsed_s: int
+) -> None:
+    """``runs`` has no key index (schema 21): the writer looks a run up in tiers of
+    ``last_seen_unix_nano`` (two minutes, half an hour, then everything) and deletes it
+    bounded by the oldest row it read. Whichever tier holds the run, and when the clock
+    went back, the later span merges into the one row: no duplicate, counts add up. The
+    group also holds a run written just now, so its delete bound is the older row's."""
+    store = make_store()
+    commit(store, batch(run_row("old"), step_row("old", 1)))
+    clock.now += elapsed_s
+    commit(store, batch(run_row("new"), step_row("new", 1)))
+    commit(store, batch(step_row("old", 2), step_row("new", 2), stop_row("old", "completed")))
+    assert _run_rows(store, "old", "new") == {"old": 1, "new": 1}
+    old, new = store.reader().get_run("old"), store.reader().get_run("new")
+    assert old is not None and new is not None
+    assert (old.run["tool_calls"], old.run["stop_reason"]) == (2, "completed")
+    assert new.run["tool_calls"] == 2
+    seen, _ = store.reader()._query(
+        "SELECT last_seen_unix_nano AS t FROM runs WHERE run_id = 'old'", []
+    )
+    assert seen == [{"t": int(clock.now * NS)}]
+
+
+def test_schema_21_drops_the_runs_key_and_keeps_rows_defaults_and_not_nulls(
+    tmp_path: Path,
+) -> None:
+    """Migration 21 rebuilds ``runs`` without its primary key (the ART index grew with
+    every stored run): rows, NOT NULL columns and zero defaults stay; the writer then
+    updates a migrated run in place."""
+    path = tmp_path / "v20.duckdb"
+    con = duckdb.connect(str(path))
+    assert apply_migrations(con, target=20) == 20
+    con.execute(
+        "INSERT INTO runs (run_key, run_id, trace_id, source, first_seen_unix_nano, "
+        "last_seen_unix_nano) VALUES (?, 'a', ?, 'loopwatch', 1, 1)",
+        [_run_key("a"), trace_of("a")],
+    )
+    con.close()
+    with Store(path, config=StoreConfig(sampling=SamplingConfig(completed_fraction=1.0))) as store:
+        assert store.schema_version == 21
+        commit(store, batch(step_row("a", 1), stop_row("a", "completed")))
+        assert _run_rows(store, "a") == {"a": 1}
+        detail = store.reader().get_run("a")
+        assert detail is not None
+        assert (detail.run["tool_calls"], detail.run["stop_reason"]) == (1, "completed")
+    con = duckdb.connect(str(path))
+    keys = con.execute(
+        "SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 'runs' "
+        "AND constraint_type IN ('PRIMARY KEY', 'UNIQUE')"
+    ).fetchall()
+    assert keys == []
+    with pytest.raises(duckdb.ConstraintException):
+        con.execute(
+            "INSERT INTO runs (run_key, run_id, trace_id, source) VALUES (1, 'b', 't', 's')"
+        )
+    con.execute(
+        "INSERT INTO runs (run_key, run_id, trace_id, source, first_seen_unix_nano, "
+        "last_seen_unix_nano) VALUES (1, 'b', 't', 's', 1, 1)"
+    )
+    defaults = con.execute(
+        "SELECT steps, decisions, tool_calls, tool_errors, tool_blocked, tokens, "
+        "duplicate_stops FROM runs WHERE run_id = 'b'"
+    ).fetchall()
+    con.close()
+    assert defaults == [(0, 0, 0, 0, 0, 0, 0)]
 
 
 def test_tool_counts_keep_their_agent_when_the_run_span_comes_later(tmp_path: Path) -> None:

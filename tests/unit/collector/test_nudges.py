@@ -301,7 +301,7 @@ def test_schema_18_adds_the_ladder_columns_to_a_schema_17_file(tmp_path: Path) -
     )
     con.close()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 20
+        assert store.schema_version == SCHEMA_VERSION == 21
         # A stop stored before reads through the rebuilt views, with no nudges.
         detail = store.reader().get_run("old")
         assert detail is not None and detail.stop is not None
