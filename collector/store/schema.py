@@ -192,29 +192,24 @@ _STEP_LATE_DDL: Final = (
 
 # The runs columns that schema 20 declares NOT NULL, and those with DEFAULT 0 (migration
 # 21 restores both after its CREATE TABLE AS).
+_RUN_COUNTS_V20: Final = (
+    "steps",
+    "decisions",
+    "tool_calls",
+    "tool_errors",
+    "tool_blocked",
+    "tokens",
+)
 _RUN_NOT_NULL_V20: Final = (
     "run_key",
     "run_id",
     "trace_id",
     "source",
-    "steps",
-    "decisions",
-    "tool_calls",
-    "tool_errors",
-    "tool_blocked",
-    "tokens",
+    *_RUN_COUNTS_V20,
     "first_seen_unix_nano",
     "last_seen_unix_nano",
 )
-_RUN_ZERO_DEFAULT_V20: Final = (
-    "steps",
-    "decisions",
-    "tool_calls",
-    "tool_errors",
-    "tool_blocked",
-    "tokens",
-    "duplicate_stops",
-)
+_RUN_ZERO_DEFAULT_V20: Final = (*_RUN_COUNTS_V20, "duplicate_stops")
 
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(
