@@ -19,6 +19,9 @@ Contracts the tests check:
 - series by stop reason get the colours of :data:`loopwatch.dashboard.palette.REASON_COLORS`
   as field overrides, so Streamlit and Grafana colour each reason alike.
 
+The building blocks (data source, variables, colour overrides, panel and dashboard
+defaults) are in ``grafana/dashboard_blocks.py``; this file holds the dashboards' panels.
+
 Usage::
 
     .venv/bin/python grafana/generate.py           # rewrite grafana/dashboards/*.json
@@ -30,26 +33,46 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import heatmap, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import heatmap
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
-from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models import prometheus as pm
-from loopwatch.dashboard.palette import REASON_COLORS
-from loopwatch.instrumentation.outcomes import StopReason
+
+# dashboard_blocks.py sits beside this script, which runs as a file (not a package).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dashboard_blocks import (
+    ABNORMAL_REASONS,
+    ABNORMAL_TEXT,
+    AGENT,
+    AGENT_TOOL,
+    DATASOURCE,
+    INSTANCE,
+    INSTANCE_VALUES,
+    TOOL_VALUES,
+    agent_variable,
+    datasource_variable,
+    instance_variable,
+    label_variable,
+    new_dashboard,
+    query,
+    reason_overrides,
+    stat_panel,
+    table_panel,
+    timeseries_panel,
+)
 
 __all__ = [
     "ABNORMAL_REASONS",
     "DASHBOARDS",
     "DATASOURCE",
     "INSTANCE_VALUES",
+    "TOOL_VALUES",
     "build_all",
     "main",
     "reason_overrides",
@@ -57,180 +80,6 @@ __all__ = [
 ]
 
 DASHBOARDS_DIR = Path(__file__).resolve().parent / "dashboards"
-DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-"""Every panel, query and variable points at the ``datasource`` template variable."""
-
-TAGS = ["loopwatch"]
-INSTANCE = 'instance=~"$instance"'
-AGENT = f'{INSTANCE}, agent=~"$agent"'
-AGENT_TOOL = f'{AGENT}, tool=~"$tool"'
-INSTANCE_VALUES = "label_values(loopwatch_collector_queue_depth, instance)"
-"""The ``instance`` variable's values: every scraped collector (the queue-depth gauge is
-exported from start, so a collector that has received nothing yet is listed too)."""
-TOOL_VALUES = (
-    'label_values({__name__=~"loopwatch_tool_calls_total|loopwatch_loop_detections_total", '
-    f"{AGENT}}}, tool)"
-)
-"""The ``tool`` variable's values: tools called, and the ``none`` of detections that name
-no tool (no_progress, repeated_decision), which picking tools would otherwise hide."""
-ABNORMAL_REASONS = tuple(r.value for r in StopReason if r is not StopReason.COMPLETED)
-"""The stop reasons the abnormal-stop ratio counts: every reason but ``completed``
-(``stop_reason!="completed"`` in the rules and panels; the dashboard's overview metric
-"abnormal-stop ratio" counts the same, ``dashboard/data.py``)."""
-ABNORMAL_TEXT = (
-    "Abnormal = every stop reason but completed: " + ", ".join(ABNORMAL_REASONS) + ". "
-    "final_unverified counts (a final answer whose goal check failed), so does cancelled."
-)
-
-
-# ---------------------------------------------------------------- building blocks
-
-
-def _query(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False) -> Any:
-    q = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DATASOURCE)
-    if legend:
-        q = q.legend_format(legend)
-    return q.instant() if instant else q.range()
-
-
-def _datasource_variable() -> db.DatasourceVariable:
-    return (
-        db.DatasourceVariable("datasource")
-        .label("Data source")
-        .type("prometheus")
-        .description("The Prometheus that scrapes the loopwatch collector (job loopwatch).")
-    )
-
-
-def _label_variable(name: str, label: str, query: str, description: str) -> db.QueryVariable:
-    return (
-        db.QueryVariable(name)
-        .label(label)
-        .description(description)
-        .datasource(DATASOURCE)
-        .query(query)
-        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(dm.VariableSort.ALPHABETICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .all_value(".*")
-        .current(dm.VariableOption(selected=True, text="All", value="$__all"))
-    )
-
-
-def _instance_variable() -> db.QueryVariable:
-    return _label_variable(
-        "instance",
-        "Collector",
-        INSTANCE_VALUES,
-        "Collectors (Prometheus targets of job loopwatch, one per sidecar). Panels sum "
-        "over the selected collectors; All: the whole fleet.",
-    )
-
-
-def _agent_variable(metric: str) -> db.QueryVariable:
-    return _label_variable(
-        "agent",
-        "Agent",
-        f"label_values({metric}{{{INSTANCE}}}, agent)",
-        "Agent names (past the collector's top-N, agents are counted as _other).",
-    )
-
-
-def reason_overrides(panel: Any) -> Any:
-    """Give each stop reason's series (legend ``{{stop_reason}}``) its fixed colour.
-
-    One ``byName`` override per reason of :data:`REASON_COLORS`, the table the Streamlit
-    charts use (``dashboard/palette.py``), so both show one colour per reason.
-    """
-    for reason, colour in REASON_COLORS.items():
-        panel = panel.override_by_name(
-            reason,
-            [dm.DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": colour})],
-        )
-    return panel
-
-
-def _timeseries(
-    title: str,
-    description: str,
-    targets: Sequence[Any],
-    *,
-    unit: str = "short",
-    width: int = 12,
-    height: int = 8,
-    stacked: bool = False,
-    max_value: float | None = None,
-) -> timeseries.Panel:
-    panel = (
-        timeseries.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
-        .min(0)
-        .fill_opacity(10)
-        .line_width(1)
-        .show_points(cm.VisibilityMode.NEVER)
-    )
-    if stacked:
-        panel = panel.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL))
-    if max_value is not None:
-        panel = panel.max(max_value)
-    for target in targets:
-        panel = panel.with_target(target)
-    return panel
-
-
-def _stat(
-    title: str, description: str, target: Any, *, unit: str = "short", width: int = 6
-) -> stat.Panel:
-    return (
-        stat.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(4)
-        .with_target(target)
-    )
-
-
-def _table(title: str, description: str, target: Any, *, width: int = 12) -> table.Panel:
-    return (
-        table.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .span(width)
-        .height(8)
-        .with_target(target)
-    )
-
-
-def _dashboard(uid: str, title: str, description: str) -> db.Dashboard:
-    return (
-        db.Dashboard(title)
-        .uid(uid)
-        .description(description)
-        .tags(TAGS)
-        .editable()
-        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
-        .time("now-6h", "now")
-        .refresh("30s")
-        .timezone("browser")
-        .link(
-            db.DashboardLink("loopwatch")
-            .type(dm.DashboardLinkType.DASHBOARDS)
-            .tags(TAGS)
-            .as_dropdown(True)
-            .include_vars(True)
-            .keep_time(True)
-        )
-    )
 
 
 # ------------------------------------------------------------------- dashboards
@@ -242,28 +91,28 @@ def overview() -> db.Dashboard:
     ssp = f"loopwatch_agent_steps_since_progress_bucket{{{AGENT}}}"
     steps = f"loopwatch_agent_steps_bucket{{{AGENT}}}"
     return (
-        _dashboard(
+        new_dashboard(
             "loopwatch-overview",
             "loopwatch / Overview",
             "Why agent runs stop: stop reasons, abnormal-stop ratio, steps since progress.",
         )
-        .with_variable(_datasource_variable())
-        .with_variable(_instance_variable())
-        .with_variable(_agent_variable("loopwatch_agent_stops_total"))
+        .with_variable(datasource_variable())
+        .with_variable(instance_variable())
+        .with_variable(agent_variable("loopwatch_agent_stops_total"))
         .with_row(db.Row("Stops"))
         .with_panel(
-            _stat(
+            stat_panel(
                 "Stops in range",
                 "Runs that stopped in the selected time range (every stop reason).",
-                _query(f"sum(increase({stops}[$__range]))", instant=True),
+                query(f"sum(increase({stops}[$__range]))", instant=True),
             )
         )
         .with_panel(
-            _stat(
+            stat_panel(
                 "Abnormal-stop share in range",
                 "Share of stops in the selected range whose reason is not completed. "
                 + ABNORMAL_TEXT,
-                _query(
+                query(
                     f'sum(increase(loopwatch_agent_stops_total{{{AGENT}, stop_reason!="completed"}}'
                     f"[$__range])) / sum(increase({stops}[$__range]))",
                     instant=True,
@@ -272,20 +121,20 @@ def overview() -> db.Dashboard:
             )
         )
         .with_panel(
-            _stat(
+            stat_panel(
                 "Loop detections in range",
                 "Loop detections (all detectors, all tools) in the selected range.",
-                _query(
+                query(
                     f"sum(increase(loopwatch_loop_detections_total{{{AGENT}}}[$__range]))",
                     instant=True,
                 ),
             )
         )
         .with_panel(
-            _stat(
+            stat_panel(
                 "Median steps since progress at stop",
                 "Half of the runs stopped within this many steps of their last progress.",
-                _query(
+                query(
                     f"histogram_quantile(0.5, sum by (le) (increase({ssp}[$__range])))",
                     instant=True,
                 ),
@@ -293,12 +142,12 @@ def overview() -> db.Dashboard:
         )
         .with_panel(
             reason_overrides(
-                _timeseries(
+                timeseries_panel(
                     "Stop rate by reason",
                     "Stops per second by stop reason (DESIGN section 2). A rise of one reason "
                     "is the first thing to look at when an alert fires.",
                     [
-                        _query(
+                        query(
                             f"sum by (stop_reason) (rate({stops}[$__rate_interval]))",
                             "{{stop_reason}}",
                         )
@@ -309,14 +158,14 @@ def overview() -> db.Dashboard:
             )
         )
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Abnormal-stop ratio by agent",
                 "Share of stops other than completed over 15 minutes, summed over the "
                 "selected collectors. " + ABNORMAL_TEXT + " With every collector selected "
                 "this is the recording rule agent:loopwatch_agent_stops_abnormal:"
                 "ratio_rate15m, the input of LoopWatchAbnormalStopRatioHigh.",
                 [
-                    _query(
+                    query(
                         "(sum by (agent) (rate(loopwatch_agent_stops_total"
                         f'{{{AGENT}, stop_reason!="completed"}}[15m])) '
                         f"or sum by (agent) (rate({stops}[15m])) * 0) "
@@ -330,12 +179,12 @@ def overview() -> db.Dashboard:
         )
         .with_row(db.Row("Steps since progress"))
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Steps since progress at stop (quantiles)",
                 "How many steps a run went on after its last progress evidence, at the "
                 "stop. High values mean runs spin before a limit ends them.",
                 [
-                    _query(
+                    query(
                         f"histogram_quantile({q}, sum by (le) (rate({ssp}[$__rate_interval])))",
                         f"p{int(q * 100)}",
                         ref,
@@ -353,7 +202,7 @@ def overview() -> db.Dashboard:
             .height(8)
             .calculate(False)
             .with_target(
-                _query(f"sum by (le) (increase({ssp}[$__interval]))", "{{le}}").format(
+                query(f"sum by (le) (increase({ssp}[$__interval]))", "{{le}}").format(
                     pm.PromQueryFormat.HEATMAP
                 )
             )
@@ -373,11 +222,11 @@ def overview() -> db.Dashboard:
         .with_row(db.Row("Steps per run"))
         .with_panel(
             reason_overrides(
-                _timeseries(
+                timeseries_panel(
                     "Steps per run by stop reason (p90)",
                     "90th percentile of steps per run, by stop reason.",
                     [
-                        _query(
+                        query(
                             "histogram_quantile(0.9, sum by (le, stop_reason) "
                             f"(rate({steps}[$__rate_interval])))",
                             "{{stop_reason}}",
@@ -387,11 +236,11 @@ def overview() -> db.Dashboard:
             )
         )
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Mean steps per run",
                 "Average steps per stopped run.",
                 [
-                    _query(
+                    query(
                         f"sum(rate(loopwatch_agent_steps_sum{{{AGENT}}}[$__rate_interval])) / "
                         f"sum(rate(loopwatch_agent_steps_count{{{AGENT}}}[$__rate_interval]))",
                         "mean",
@@ -400,11 +249,11 @@ def overview() -> db.Dashboard:
             )
         )
         .with_panel(
-            _table(
+            table_panel(
                 "Stops by agent and reason in range",
                 "Stop counts per (agent, stop reason) over the selected range (pairs with "
                 "stops in it; every reason of a seen agent is exported, at 0 before its first).",
-                _query(
+                query(
                     f"sum by (agent, stop_reason) (increase({stops}[$__range])) > 0",
                     instant=True,
                 ).format(pm.PromQueryFormat.TABLE),
@@ -413,7 +262,7 @@ def overview() -> db.Dashboard:
         )
         .with_row(db.Row("Nudges"))
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Nudge recovery rate by detector (1h)",
                 "Share of nudges followed by a recovery (progress, or a completed stop, "
                 "before any further detection) over 1 hour, by detector, for the selected "
@@ -421,7 +270,7 @@ def overview() -> db.Dashboard:
                 "agent_detector:loopwatch_nudge_results_recovered:ratio_increase1h). A "
                 "result is counted with its run's stop; per tool: the Streamlit Tools page.",
                 [
-                    _query(
+                    query(
                         "sum by (detector) (increase(loopwatch_nudge_results_total"
                         f'{{{AGENT}, result="recovered"}}[1h])) / sum by (detector) '
                         f"(increase(loopwatch_nudge_results_total{{{AGENT}}}[1h]))",
@@ -440,16 +289,16 @@ def tools() -> db.Dashboard:
     calls = f"loopwatch_tool_calls_total{{{AGENT_TOOL}}}"
     detections = f"loopwatch_loop_detections_total{{{AGENT_TOOL}}}"
     return (
-        _dashboard(
+        new_dashboard(
             "loopwatch-tools",
             "loopwatch / Tools",
             "Per-tool loop detections by detector, blocked calls and error rate.",
         )
-        .with_variable(_datasource_variable())
-        .with_variable(_instance_variable())
-        .with_variable(_agent_variable("loopwatch_tool_calls_total"))
+        .with_variable(datasource_variable())
+        .with_variable(instance_variable())
+        .with_variable(agent_variable("loopwatch_tool_calls_total"))
         .with_variable(
-            _label_variable(
+            label_variable(
                 "tool",
                 "Tool",
                 TOOL_VALUES,
@@ -460,14 +309,14 @@ def tools() -> db.Dashboard:
         )
         .with_row(db.Row("Loops"))
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Loop detections by tool and detector",
                 "Loop detections per second by (tool, detector): repeated_action, "
                 "action_cycle, repeated_decision, no_progress. no_progress and "
                 "repeated_decision name no tool: their series have tool none (selected "
                 "with All, or with none in the tool variable).",
                 [
-                    _query(
+                    query(
                         f"sum by (tool, detector) (rate({detections}[$__rate_interval]))",
                         "{{tool}} / {{detector}}",
                     )
@@ -477,26 +326,26 @@ def tools() -> db.Dashboard:
             )
         )
         .with_panel(
-            _table(
+            table_panel(
                 "Loop detections by tool in range",
                 "Loop detections per (tool, detector) over the selected range (tool none: "
                 "no_progress and repeated_decision, which name no tool); pairs with "
                 "detections in it (the series are exported at 0 before the first).",
-                _query(
+                query(
                     f"sum by (tool, detector) (increase({detections}[$__range])) > 0",
                     instant=True,
                 ).format(pm.PromQueryFormat.TABLE),
             )
         )
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Repeated-action detections per tool (15m)",
                 "repeated_action detections per tool over 15 minutes, for the selected "
                 "agents: with all agents, the recording rule "
                 "tool:loopwatch_loop_detections_repeated_action:increase15m, the input of "
                 "LoopWatchRepeatedActionSurge (which counts every agent).",
                 [
-                    _query(
+                    query(
                         "sum by (tool) (increase(loopwatch_loop_detections_total"
                         f'{{{AGENT_TOOL}, detector="repeated_action"}}[15m]))',
                         "{{tool}}",
@@ -507,17 +356,17 @@ def tools() -> db.Dashboard:
         )
         .with_row(db.Row("Nudges"))
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Nudges and warnings by tool",
                 "Tool calls the response ladder answered per second: nudged (not run; "
                 "the model got a nudge as the result) and warned (run, detection recorded).",
                 [
-                    _query(
+                    query(
                         "sum by (tool) (rate(loopwatch_nudges_total"
                         f"{{{AGENT_TOOL}}}[$__rate_interval]))",
                         "{{tool}} nudged",
                     ),
-                    _query(
+                    query(
                         "sum by (tool) (rate(loopwatch_loop_warnings_total"
                         f"{{{AGENT_TOOL}}}[$__rate_interval]))",
                         "{{tool}} warned",
@@ -529,12 +378,12 @@ def tools() -> db.Dashboard:
         )
         .with_row(db.Row("Calls"))
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Blocked calls by tool",
                 "Tool calls the guard refused (outcome blocked) per second: each one is a "
                 "call that never left the process.",
                 [
-                    _query(
+                    query(
                         f"sum by (tool) (rate(loopwatch_tool_calls_total{{{AGENT_TOOL}, "
                         'outcome="blocked"}[$__rate_interval]))',
                         "{{tool}}",
@@ -544,13 +393,13 @@ def tools() -> db.Dashboard:
             )
         )
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Error rate by tool",
                 "Share of a tool's calls that ended with outcome error (0 when none did).",
                 [
                     # A tool without errors has no error series: `or ... * 0` shows it at
                     # 0 rather than leaving the panel on "No data".
-                    _query(
+                    query(
                         f"(sum by (tool) (rate(loopwatch_tool_calls_total{{{AGENT_TOOL}, "
                         'outcome="error"}[$__rate_interval])) '
                         f"or sum by (tool) (rate({calls}[$__rate_interval])) * 0) / "
@@ -563,11 +412,11 @@ def tools() -> db.Dashboard:
             )
         )
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Tool calls by outcome",
                 "Tool calls per second by outcome (ok, error, blocked, nudged).",
                 [
-                    _query(
+                    query(
                         f"sum by (outcome) (rate({calls}[$__rate_interval]))",
                         "{{outcome}}",
                     )
@@ -577,12 +426,12 @@ def tools() -> db.Dashboard:
             )
         )
         .with_panel(
-            _table(
+            table_panel(
                 "Tool calls by tool and outcome in range",
                 "Calls per (tool, outcome) over the selected range.",
-                _query(
-                    f"sum by (tool, outcome) (increase({calls}[$__range]))", instant=True
-                ).format(pm.PromQueryFormat.TABLE),
+                query(f"sum by (tool, outcome) (increase({calls}[$__range]))", instant=True).format(
+                    pm.PromQueryFormat.TABLE
+                ),
             )
         )
     )
@@ -591,46 +440,46 @@ def tools() -> db.Dashboard:
 def collector() -> db.Dashboard:
     """``loopwatch-collector``: the collector's own health."""
     return (
-        _dashboard(
+        new_dashboard(
             "loopwatch-collector",
             "loopwatch / Collector",
             "Collector health: ingest, rejections, queue, commit latency, canary detections.",
         )
-        .with_variable(_datasource_variable())
-        .with_variable(_instance_variable())
+        .with_variable(datasource_variable())
+        .with_variable(instance_variable())
         .with_row(db.Row("Health"))
         .with_panel(
-            _stat(
+            stat_panel(
                 "Collector up",
                 "1 when Prometheus scraped every selected loopwatch target (job loopwatch).",
-                _query(f'min(up{{job="loopwatch", {INSTANCE}}})', instant=True),
+                query(f'min(up{{job="loopwatch", {INSTANCE}}})', instant=True),
             )
         )
         .with_panel(
-            _stat(
+            stat_panel(
                 "Canary detections in range",
                 "Planted canary secrets found in received telemetry. Any value above 0 "
                 "is a leak: see LoopWatchCanaryDetected.",
-                _query(
+                query(
                     f"sum(increase(loopwatch_canary_detections_total{{{INSTANCE}}}[$__range]))",
                     instant=True,
                 ),
             )
         )
         .with_panel(
-            _stat(
+            stat_panel(
                 "Queue depth",
                 "Spans waiting for the store writer now (summed over collectors).",
-                _query(f"sum(loopwatch_collector_queue_depth{{{INSTANCE}}})", instant=True),
+                query(f"sum(loopwatch_collector_queue_depth{{{INSTANCE}}})", instant=True),
             )
         )
         .with_panel(
-            _stat(
+            stat_panel(
                 "Rejected share (5m)",
                 "The worst selected collector's share (recording rule "
                 "instance:loopwatch_collector_spans_rejected:ratio_rate5m, the input of "
                 "LoopWatchCollectorRejectingSpans).",
-                _query(
+                query(
                     f"max(instance:loopwatch_collector_spans_rejected:ratio_rate5m{{{INSTANCE}}})",
                     instant=True,
                 ),
@@ -639,11 +488,11 @@ def collector() -> db.Dashboard:
         )
         .with_row(db.Row("Ingest"))
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Ingest rate by transport",
                 "Spans received per second, by transport.",
                 [
-                    _query(
+                    query(
                         "sum by (transport) "
                         f"(rate(loopwatch_collector_spans_received_total{{{INSTANCE}}}[$__rate_interval]))",
                         "{{transport}}",
@@ -654,12 +503,12 @@ def collector() -> db.Dashboard:
             )
         )
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Rejections by reason",
                 "Spans refused per second, by reason (invalid_span, queue_full, "
                 "submit_failed, pipeline).",
                 [
-                    _query(
+                    query(
                         "sum by (reason) "
                         f"(rate(loopwatch_collector_spans_rejected_total{{{INSTANCE}}}[$__rate_interval]))",
                         "{{reason}}",
@@ -670,7 +519,7 @@ def collector() -> db.Dashboard:
             )
         )
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Requests refused by reason",
                 "Whole OTLP requests refused before their spans could be counted, per "
                 "second, by reason. queue_full (the in-flight bytes limit, answered 429/503 "
@@ -678,7 +527,7 @@ def collector() -> db.Dashboard:
                 "last. decode_error, payload_too_large, unsupported_media_type, "
                 "unauthorized: the sender loses what it sent.",
                 [
-                    _query(
+                    query(
                         "sum by (reason) "
                         f"(rate(loopwatch_collector_requests_rejected_total{{{INSTANCE}}}[$__rate_interval]))",
                         "{{reason}}",
@@ -689,11 +538,11 @@ def collector() -> db.Dashboard:
             )
         )
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Queue depth",
                 "Spans waiting for the store writer, per collector.",
                 [
-                    _query(
+                    query(
                         f"sum by (instance) (loopwatch_collector_queue_depth{{{INSTANCE}}})",
                         "{{instance}}",
                     )
@@ -701,11 +550,11 @@ def collector() -> db.Dashboard:
             )
         )
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Commit latency",
                 "DuckDB group-commit duration quantiles.",
                 [
-                    _query(
+                    query(
                         f"histogram_quantile({q}, sum by (le) (rate("
                         "loopwatch_collector_commit_duration_seconds_bucket"
                         f"{{{INSTANCE}}}[$__rate_interval])))",
@@ -719,12 +568,12 @@ def collector() -> db.Dashboard:
         )
         .with_row(db.Row("Redaction"))
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Canary detections by location",
                 "Canary hits by where they were found (attribute, event, name, status, "
                 "resource). The value is never stored, logged or labelled.",
                 [
-                    _query(
+                    query(
                         "sum by (location) "
                         f"(increase(loopwatch_canary_detections_total{{{INSTANCE}}}[$__rate_interval]))",
                         "{{location}}",
@@ -733,11 +582,11 @@ def collector() -> db.Dashboard:
             )
         )
         .with_panel(
-            _timeseries(
+            timeseries_panel(
                 "Redactions by rule",
                 "Values redacted per second, by redaction rule.",
                 [
-                    _query(
+                    query(
                         "sum by (rule) (rate(loopwatch_redactions_total"
                         f"{{{INSTANCE}}}[$__rate_interval]))",
                         "{{rule}}",

@@ -18,4 +18,4 @@ cd "$tree"
 mypy=("$root/.venv/bin/mypy" --config-file "$root/pyproject.toml" --cache-dir "$root/.mypy_cache")
 MYPYPATH=$tree "${mypy[@]}" -p loopwatch.instrumentation -p loopwatch.collector \
   -p loopwatch.dashboard -p loopwatch.cli -p loopwatch.replay
-"${mypy[@]}" grafana/lint.py grafana/generate.py
+MYPYPATH=$tree/grafana "${mypy[@]}" grafana/lint.py grafana/dashboard_blocks.py grafana/generate.py
