@@ -26,10 +26,13 @@ Checks, comparing the first and the last quarter of the soak:
 - acknowledge time stable: the last quarter's p99 is at most twice the first quarter's
   plus :data:`P99_SLACK_MS`. The slack is one DuckDB checkpoint, which can fall into
   either quarter: the writer checkpoints when the log passes ``store.checkpoint_wal_mib``
-  (16 MiB), and a checkpoint
-  holds the writer for a time that grows with the ``runs`` primary-key index (and, before
-  schema 20, the ``stop_reports`` one) (measured: 0.1 s at 2,000 runs, 0.25 s at 12,000, 0.54 s at 33,000). Growth
-  past the slack over the 30-minute run is what this check exists to catch.
+  (16 MiB), and a checkpoint holds the writer. Until schema 21 that time grew with the
+  ``runs`` primary-key index (0.1 s at 2,000 runs, 0.25 s at 12,000, 0.54 s at 33,000);
+  since then it is bounded but lumpy: DuckDB's vacuum merges the small row groups that
+  checkpoints leave in ``runs`` and ``stop_reports``, and about every five minutes one
+  merge holds the writer for 1.5-6 s, which fails this check in the 30-minute run
+  (``docs/collector.md``, "Memory"; ``tests/bench/bench_checkpoint.py``). Growth past the
+  slack over the 30-minute run is what this check exists to catch.
 
 The figures are printed (run with ``-s``) in the form ``docs/reliability.md`` uses.
 """
