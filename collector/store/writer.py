@@ -14,7 +14,10 @@ that owns the write connection and a bounded queue in front of it:
 - Crash safety: DuckDB's write-ahead log; a resolved future means the rows survive a
   ``kill -9`` of the process (``tests/integration/test_store_crash.py``). The writer
   checkpoints between groups, after the futures are resolved (see
-  ``StoreConfig.checkpoint_wal_bytes``), not inside a group's ``COMMIT``.
+  ``StoreConfig.checkpoint_wal_bytes``), not inside a group's ``COMMIT``. The file is
+  attached with ``ROW_GROUP_SIZE`` (``StoreConfig.row_group_rows``): the vacuum that
+  merges the small row groups checkpoints leave then rewrites at most three of that size
+  at once (:func:`default_row_group_rows`).
 - Cost per group does not grow with the stored runs, and neither does memory: runs are
   keyed by a 64-bit hash of the run id (``run_key``) with no key index (schema 21: an ART
   index lives in DuckDB's memory, 45 bytes a run, and the soak's collector grew with it).
@@ -64,6 +67,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import logging
 import threading
@@ -99,6 +103,48 @@ logger = logging.getLogger("loopwatch.collector.store")
 
 _NS: Final = 1_000_000_000
 _T = TypeVar("_T")
+
+_ALIAS: Final = "store"
+"""The file's name in the writer's DuckDB session (``ATTACH ... AS store``; every cursor
+runs ``USE store``, so the SQL names tables plainly)."""
+
+_VECTOR_ROWS: Final = 2048
+"""DuckDB's vector size: a row group holds a whole number of vectors."""
+
+DUCKDB_ROW_GROUP_ROWS: Final = 122_880
+"""DuckDB's own row group size (60 vectors), the largest the store accepts."""
+
+SMALL_ROW_GROUP_ROWS: Final = 16_384
+"""The store's row group size where DuckDB holds it (:func:`default_row_group_rows`)."""
+
+
+def default_row_group_rows(version: str | None = None) -> int:
+    """The store's default row group size for a DuckDB version (default: the one loaded).
+
+    Each checkpoint leaves what was appended since the last one as a new, small row
+    group, and DuckDB's vacuum merges adjacent row groups that fit in fewer, up to three
+    at once: on the wide ``runs`` and ``stop_reports`` tables a merge of up to
+    3 x 122,880 rows held the writer 1.5-6 s every few minutes in the 30-minute soak.
+    16,384-row groups bound that merge (``tests/bench/bench_checkpoint.py``: longest
+    checkpoint 323 vs 1,804 ms). DuckDB 1.5.5 keeps a 256 KiB block it cannot evict for
+    each row group filled by appends alone, which at that size filled its memory limit
+    within minutes ("failed to pin block", which invalidates the connection); 1.5.6 does
+    not. So: 16,384 from 1.5.6 on, DuckDB's 122,880 before (``docs/collector.md``,
+    "Memory").
+
+    Args:
+        version: a DuckDB version such as ``"1.5.6"``.
+
+    Returns:
+        Rows per row group: :data:`SMALL_ROW_GROUP_ROWS` or :data:`DUCKDB_ROW_GROUP_ROWS`.
+    """
+    text = duckdb.__version__ if version is None else version
+    parts: list[int] = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        parts.append(int(digits) if digits else 0)
+    return SMALL_ROW_GROUP_ROWS if tuple(parts) >= (1, 5, 6) else DUCKDB_ROW_GROUP_ROWS
+
 
 _ALLOCATOR_FLUSH_BYTES: Final = 16 << 20
 """Freed memory DuckDB's allocator may keep before handing it back to the system. DuckDB's
@@ -164,6 +210,8 @@ class StoreConfig:
             each ``DELETE``): 2,000 runs took 0.17 s of 200,000 runs with 2 million
             steps, 20,000 runs 0.87 s (measured here), so the default keeps the pause
             short; that still removes about 17,000 runs/s.
+        row_group_rows: rows per DuckDB row group in what the writer appends (a
+            multiple of 2,048 up to 122,880); default :func:`default_row_group_rows`.
     """
 
     max_queue_spans: int = 100_000
@@ -181,6 +229,7 @@ class StoreConfig:
     prune_max_runs: int = 2_000
     shipped_retention_seconds: float = 0.0
     keep_unshipped: bool = False
+    row_group_rows: int = field(default_factory=default_row_group_rows)
 
     def validate(self) -> None:
         """Check every field.
@@ -211,6 +260,17 @@ class StoreConfig:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0 < value < float("inf")):
                 raise ValueError(f"{name} must be a finite number > 0")
+        rows = self.row_group_rows
+        if (
+            isinstance(rows, bool)
+            or not isinstance(rows, int)
+            or not _VECTOR_ROWS <= rows <= DUCKDB_ROW_GROUP_ROWS
+            or rows % _VECTOR_ROWS
+        ):
+            raise ValueError(
+                f"row_group_rows must be a multiple of {_VECTOR_ROWS} "
+                f"in {_VECTOR_ROWS}..{DUCKDB_ROW_GROUP_ROWS}"
+            )
         retention = self.retention_seconds
         if isinstance(retention, bool) or not (
             isinstance(retention, int | float) and 0 <= retention < float("inf")
@@ -324,10 +384,28 @@ class Store:
         self._clock = clock
         self._on_commit = on_commit
         try:
+            # Attached rather than opened, for ROW_GROUP_SIZE (DuckDB keeps no row group
+            # size in the file: the option applies to what this session writes). The
+            # spill folder is an opened file's default, given at launch: DuckDB drops
+            # blocks whose eviction failed before a late ``SET temp_directory`` from its
+            # eviction queue for good (duckdb/duckdb#25959).
             self._con = duckdb.connect(
-                str(self.path), config={"threads": str(self.config.duckdb_threads)}
+                ":memory:",
+                config={
+                    "threads": str(self.config.duckdb_threads),
+                    "temp_directory": f"{self.path}.tmp",
+                },
             )
         except duckdb.Error as exc:
+            raise StoreUnavailable(str(path), exc) from None
+        try:
+            quoted = str(self.path).replace("'", "''")
+            self._con.execute(
+                f"ATTACH '{quoted}' AS {_ALIAS} (ROW_GROUP_SIZE {self.config.row_group_rows})"
+            )
+            self._con.execute(f"USE {_ALIAS}")
+        except duckdb.Error as exc:
+            self._con.close()
             raise StoreUnavailable(str(path), exc) from None
         self._wal_path = Path(f"{self.path}.wal")
         self._recent = RecentKeys(
@@ -370,7 +448,7 @@ class Store:
             clock=clock,
         )
         self._reader = StoreReader(
-            self._read_root.cursor,
+            self.read_cursor,
             timeout_seconds=self.config.read_timeout_seconds,
             max_rows=self.config.read_max_rows,
         )
@@ -472,7 +550,10 @@ class Store:
     def read_cursor(self) -> duckdb.DuckDBPyConnection:
         """A new cursor on the file for a background reader (its own MVCC snapshot per
         transaction; it never blocks the writer). The caller closes it."""
-        return self._read_root.cursor()
+        cursor = self._read_root.cursor()
+        # USE is per cursor: each is its own client context, whose default is ``memory``.
+        cursor.execute(f"USE {_ALIAS}")
+        return cursor
 
     def close(self, timeout_seconds: float = 30.0) -> None:
         """Commit what is queued, stop the writer, checkpoint and close the file.

@@ -56,6 +56,7 @@ from loopwatch.collector.store import (
     apply_migrations,
 )
 from loopwatch.collector.store.schema import run_key_of as _run_key
+from loopwatch.collector.store.writer import default_row_group_rows
 from loopwatch.instrumentation import _semconv as sc
 
 T0 = 1_800_000_000.0
@@ -915,6 +916,54 @@ def test_schema_21_drops_the_runs_key_and_keeps_rows_defaults_and_not_nulls(
     ).fetchall()
     con.close()
     assert defaults == [(0, 0, 0, 0, 0, 0, 0)]
+
+
+@pytest.mark.parametrize(
+    ("version", "rows"),
+    [("1.5.5", 122_880), ("1.5.6", 16_384), ("1.6.0.dev12", 16_384), ("2.0.1", 16_384)],
+)
+def test_the_row_group_size_is_small_only_where_duckdb_holds_it(version: str, rows: int) -> None:
+    """16,384-row groups bound what one vacuum merge rewrites; DuckDB 1.5.5 kept an
+    unevictable block per row group filled by appends, so it keeps its own 122,880."""
+    assert default_row_group_rows(version) == rows
+
+
+@pytest.mark.parametrize("rows", [0, 1000, 2049, 122_880 + 2048, True, 4096.0])
+def test_a_row_group_size_off_duckdbs_vectors_is_refused(rows: Any) -> None:
+    with pytest.raises(ValueError, match="row_group_rows"):
+        StoreConfig(row_group_rows=rows).validate()
+
+
+def test_the_writer_appends_row_groups_of_its_size_and_spills_beside_the_file(
+    tmp_path: Path,
+) -> None:
+    """The file is attached with ``ROW_GROUP_SIZE``: after a checkpoint, no row group
+    holds more than ``row_group_rows`` rows (the file keeps no size of its own: reopened
+    with DuckDB's default, it reads the same rows). Every cursor reads the file's tables
+    by their plain names, and DuckDB spills to ``<db>.tmp``, an opened file's default."""
+    path = tmp_path / "lw.duckdb"
+    config = StoreConfig(row_group_rows=2048)
+    with Store(path, config=config) as store:
+        for start in range(0, 5000, 1000):
+            commit(store, batch(*(run_row(f"run-{i}") for i in range(start, start + 1000))))
+        cursor = store.read_cursor()
+        try:
+            assert cursor.execute("SELECT count(*) FROM runs").fetchone() == (5000,)
+            assert cursor.execute("SELECT current_setting('temp_directory')").fetchone() == (
+                f"{path}.tmp",
+            )
+        finally:
+            cursor.close()
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        groups = con.execute(
+            "SELECT row_group_id, sum(count) FROM pragma_storage_info('runs') "
+            "WHERE column_path = '[0]' GROUP BY ALL"
+        ).fetchall()
+        assert sum(int(n) for _, n in groups) == 5000
+        assert len(groups) >= 3 and max(int(n) for _, n in groups) <= 2048
+    finally:
+        con.close()
 
 
 def test_tool_counts_keep_their_agent_when_the_run_span_comes_later(tmp_path: Path) -> None:
