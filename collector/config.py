@@ -77,6 +77,8 @@ def parse_hostport(value: str, *, what: str) -> tuple[str, int]:
 
 _MIN_MEMORY_LIMIT_MIB: Final = 64
 _MAX_DUCKDB_THREADS: Final = 64
+_VECTOR_ROWS: Final = 2048  # DuckDB's vector: a row group holds whole vectors
+_MAX_ROW_GROUP_ROWS: Final = 122_880  # DuckDB's own row group size
 
 
 def _validate_memory(store: StoreConfig) -> None:
@@ -93,6 +95,18 @@ def _validate_memory(store: StoreConfig) -> None:
     ):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ConfigError(name, f"must be a whole number in {low}..{high}")
+    rows = store.row_group_rows
+    if (
+        isinstance(rows, bool)
+        or not isinstance(rows, int)
+        or not 0 <= rows <= _MAX_ROW_GROUP_ROWS
+        or rows % _VECTOR_ROWS
+    ):
+        raise ConfigError(
+            "store.row_group_rows",
+            f"must be 0 (by DuckDB version) or a multiple of {_VECTOR_ROWS} "
+            f"up to {_MAX_ROW_GROUP_ROWS}",
+        )
 
 
 def is_loopback(host: str) -> bool:
@@ -164,6 +178,9 @@ class StoreConfig:
         dedup_window_mib: memory for the span keys of the dedup window (retried requests
             are recognised in memory, ``collector/store/keys.py``): 24 bytes a key, so
             the default 16 MiB holds about 0.7 million keys.
+        row_group_rows: rows per DuckDB row group the writer appends; 0 (the default)
+            chooses by DuckDB version: 16,384 from 1.5.6 on, DuckDB's 122,880 before
+            (:func:`loopwatch.collector.store.writer.default_row_group_rows`).
     """
 
     db: str = "./loopwatch.duckdb"
@@ -177,6 +194,7 @@ class StoreConfig:
     checkpoint_wal_mib: int = 16
     duckdb_threads: int = 1
     dedup_window_mib: int = 16
+    row_group_rows: int = 0
 
 
 @dataclass(frozen=True)

@@ -67,9 +67,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import json
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -139,11 +139,44 @@ def default_row_group_rows(version: str | None = None) -> int:
         Rows per row group: :data:`SMALL_ROW_GROUP_ROWS` or :data:`DUCKDB_ROW_GROUP_ROWS`.
     """
     text = duckdb.__version__ if version is None else version
-    parts: list[int] = []
-    for piece in text.split(".")[:3]:
-        digits = "".join(itertools.takewhile(str.isdigit, piece))
-        parts.append(int(digits) if digits else 0)
-    return SMALL_ROW_GROUP_ROWS if tuple(parts) >= (1, 5, 6) else DUCKDB_ROW_GROUP_ROWS
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(.*)", text)
+    if match is None:
+        return DUCKDB_ROW_GROUP_ROWS
+    release = tuple(int(part or 0) for part in match.groups()[:3])
+    # "1.5.6rc1" and "1.5.6.dev3" come before 1.5.6; "1.5.6.post1" after.
+    prerelease = re.match(r"\.?(a|b|rc|dev)", match.group(4)) is not None
+    if release > (1, 5, 6) or (release == (1, 5, 6) and not prerelease):
+        return SMALL_ROW_GROUP_ROWS
+    return DUCKDB_ROW_GROUP_ROWS
+
+
+def open_file(path: Path, config: StoreConfig) -> duckdb.DuckDBPyConnection:
+    """A DuckDB session on the store's file as the writer opens it: the file attached as
+    ``store`` with ``ROW_GROUP_SIZE`` ``config.row_group_rows`` and made the default
+    (``USE store``), ``config.duckdb_threads`` threads, spilling to ``<path>.tmp``.
+
+    Attached rather than opened, for ``ROW_GROUP_SIZE``: DuckDB keeps no row group size
+    in the file, the option applies to what this session writes. The spill folder is an
+    opened file's default, given at launch: DuckDB drops blocks whose eviction failed
+    before a late ``SET temp_directory`` from its eviction queue for good
+    (duckdb/duckdb#25959).
+
+    Raises:
+        duckdb.Error: the file cannot be opened (held by another process, missing folder,
+            not a DuckDB file).
+    """
+    con = duckdb.connect(
+        ":memory:",
+        config={"threads": str(config.duckdb_threads), "temp_directory": f"{path}.tmp"},
+    )
+    try:
+        quoted = str(path).replace("'", "''")
+        con.execute(f"ATTACH '{quoted}' AS {_ALIAS} (ROW_GROUP_SIZE {config.row_group_rows})")
+        con.execute(f"USE {_ALIAS}")
+    except BaseException:
+        con.close()
+        raise
+    return con
 
 
 _ALLOCATOR_FLUSH_BYTES: Final = 16 << 20
@@ -290,13 +323,15 @@ def memory_settings(store: Any) -> dict[str, int]:
         ``memory_limit_bytes``, ``checkpoint_wal_bytes``, ``duckdb_threads`` and
         ``dedup_max_keys`` (the window's MiB divided by
         :data:`~loopwatch.collector.store.keys.DEDUP_BYTES_PER_KEY`), as
-        :class:`StoreConfig` keyword arguments.
+        :class:`StoreConfig` keyword arguments; ``row_group_rows`` too when
+        ``store.row_group_rows`` is set (0 leaves :func:`default_row_group_rows`).
     """
     return {
         "memory_limit_bytes": int(store.memory_limit_mib) << 20,
         "checkpoint_wal_bytes": int(store.checkpoint_wal_mib) << 20,
         "duckdb_threads": int(store.duckdb_threads),
         "dedup_max_keys": max((int(store.dedup_window_mib) << 20) // DEDUP_BYTES_PER_KEY, 1),
+        **({"row_group_rows": int(rows)} if (rows := getattr(store, "row_group_rows", 0)) else {}),
     }
 
 
@@ -384,28 +419,8 @@ class Store:
         self._clock = clock
         self._on_commit = on_commit
         try:
-            # Attached rather than opened, for ROW_GROUP_SIZE (DuckDB keeps no row group
-            # size in the file: the option applies to what this session writes). The
-            # spill folder is an opened file's default, given at launch: DuckDB drops
-            # blocks whose eviction failed before a late ``SET temp_directory`` from its
-            # eviction queue for good (duckdb/duckdb#25959).
-            self._con = duckdb.connect(
-                ":memory:",
-                config={
-                    "threads": str(self.config.duckdb_threads),
-                    "temp_directory": f"{self.path}.tmp",
-                },
-            )
+            self._con = open_file(self.path, self.config)
         except duckdb.Error as exc:
-            raise StoreUnavailable(str(path), exc) from None
-        try:
-            quoted = str(self.path).replace("'", "''")
-            self._con.execute(
-                f"ATTACH '{quoted}' AS {_ALIAS} (ROW_GROUP_SIZE {self.config.row_group_rows})"
-            )
-            self._con.execute(f"USE {_ALIAS}")
-        except duckdb.Error as exc:
-            self._con.close()
             raise StoreUnavailable(str(path), exc) from None
         self._wal_path = Path(f"{self.path}.wal")
         self._recent = RecentKeys(
@@ -551,8 +566,12 @@ class Store:
         """A new cursor on the file for a background reader (its own MVCC snapshot per
         transaction; it never blocks the writer). The caller closes it."""
         cursor = self._read_root.cursor()
-        # USE is per cursor: each is its own client context, whose default is ``memory``.
-        cursor.execute(f"USE {_ALIAS}")
+        try:
+            # USE is per cursor: each is its own client context, whose default is memory.
+            cursor.execute(f"USE {_ALIAS}")
+        except BaseException:
+            cursor.close()
+            raise
         return cursor
 
     def close(self, timeout_seconds: float = 30.0) -> None:

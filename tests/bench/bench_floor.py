@@ -43,7 +43,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 import pytest
 
@@ -55,6 +54,7 @@ from loopwatch.collector.map import MapStage
 from loopwatch.collector.redact import RedactStage
 from loopwatch.collector.rows import MappedBatch
 from loopwatch.collector.store import Store, StoreConfig
+from loopwatch.collector.store.writer import open_file
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.bench import bench_ingest
@@ -189,7 +189,7 @@ def store_floor(
     # counted by process_time, and a 16 MiB automatic checkpoint inside COMMIT) cost
     # 1.6-2.3x more CPU for the same appends, which is no lower bound of the store.
     settings = StoreConfig()
-    con = duckdb.connect(str(path), config={"threads": str(settings.duckdb_threads)})
+    con = open_file(path, settings)
     con.execute(f"SET checkpoint_threshold = '{8 * settings.checkpoint_wal_bytes}B'")
     con.execute(f"SET memory_limit = '{settings.memory_limit_bytes}B'")
     cpu: list[float] = []

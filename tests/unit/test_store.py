@@ -920,7 +920,18 @@ def test_schema_21_drops_the_runs_key_and_keeps_rows_defaults_and_not_nulls(
 
 @pytest.mark.parametrize(
     ("version", "rows"),
-    [("1.5.5", 122_880), ("1.5.6", 16_384), ("1.6.0.dev12", 16_384), ("2.0.1", 16_384)],
+    [
+        ("1.5.5", 122_880),
+        ("1.5.6rc1", 122_880),
+        ("1.5.6.dev3", 122_880),
+        ("1.5", 122_880),
+        ("dev", 122_880),
+        ("1.5.6", 16_384),
+        ("1.5.6.post1", 16_384),
+        ("1.6.0.dev12", 16_384),
+        ("1.10.0", 16_384),
+        ("2.0.1", 16_384),
+    ],
 )
 def test_the_row_group_size_is_small_only_where_duckdb_holds_it(version: str, rows: int) -> None:
     """16,384-row groups bound what one vacuum merge rewrites; DuckDB 1.5.5 kept an
