@@ -40,6 +40,7 @@ from typing import Any, Final
 
 from .errors import ConfigError
 from .lake.connect import mask_catalog
+from .store.settings import DUCKDB_ROW_GROUP_ROWS, VECTOR_ROWS
 
 __all__ = [
     "LOG_LEVELS",
@@ -77,8 +78,6 @@ def parse_hostport(value: str, *, what: str) -> tuple[str, int]:
 
 _MIN_MEMORY_LIMIT_MIB: Final = 64
 _MAX_DUCKDB_THREADS: Final = 64
-_VECTOR_ROWS: Final = 2048  # DuckDB's vector: a row group holds whole vectors
-_MAX_ROW_GROUP_ROWS: Final = 122_880  # DuckDB's own row group size
 
 
 def _validate_memory(store: StoreConfig) -> None:
@@ -99,13 +98,13 @@ def _validate_memory(store: StoreConfig) -> None:
     if (
         isinstance(rows, bool)
         or not isinstance(rows, int)
-        or not 0 <= rows <= _MAX_ROW_GROUP_ROWS
-        or rows % _VECTOR_ROWS
+        or not 0 <= rows <= DUCKDB_ROW_GROUP_ROWS
+        or rows % VECTOR_ROWS
     ):
         raise ConfigError(
             "store.row_group_rows",
-            f"must be 0 (by DuckDB version) or a multiple of {_VECTOR_ROWS} "
-            f"up to {_MAX_ROW_GROUP_ROWS}",
+            f"must be 0 (by DuckDB version) or a multiple of {VECTOR_ROWS} "
+            f"up to {DUCKDB_ROW_GROUP_ROWS}",
         )
 
 

@@ -105,15 +105,12 @@ def _insert_sql(con: Any, table: str) -> str:
 
 def run_variant(workdir: Path, variant: str, *, checkpoints: int, rows: int) -> Figure:
     """Append ``rows`` runs and stops, checkpoint, ``checkpoints`` times; the times."""
-    import duckdb
     from loopwatch.collector.store.schema import apply_migrations
+    from loopwatch.collector.store.settings import StoreConfig, open_file
 
     path = workdir / f"{variant.replace(' ', '_').replace(',', '')}.duckdb"
-    con = duckdb.connect(":memory:", config={"threads": "1", "temp_directory": f"{path}.tmp"})
     row_group = 16_384 if variant == "16,384-row groups" else 122_880
-    quoted = str(path).replace("'", "''")
-    con.execute(f"ATTACH '{quoted}' AS store (ROW_GROUP_SIZE {row_group})")
-    con.execute("USE store")
+    con = open_file(path, StoreConfig(row_group_rows=row_group))
     if variant == "no vacuum":
         con.execute("SET max_vacuum_tasks = 0")
     try:

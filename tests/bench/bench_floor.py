@@ -54,7 +54,7 @@ from loopwatch.collector.map import MapStage
 from loopwatch.collector.redact import RedactStage
 from loopwatch.collector.rows import MappedBatch
 from loopwatch.collector.store import Store, StoreConfig
-from loopwatch.collector.store.writer import open_file
+from loopwatch.collector.store.settings import open_file
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.bench import bench_ingest

@@ -56,7 +56,7 @@ from loopwatch.collector.store import (
     apply_migrations,
 )
 from loopwatch.collector.store.schema import run_key_of as _run_key
-from loopwatch.collector.store.writer import default_row_group_rows
+from loopwatch.collector.store.settings import default_row_group_rows
 from loopwatch.instrumentation import _semconv as sc
 
 T0 = 1_800_000_000.0
