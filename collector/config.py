@@ -179,7 +179,7 @@ class StoreConfig:
             the default 16 MiB holds about 0.7 million keys.
         row_group_rows: rows per DuckDB row group the writer appends; 0 (the default)
             chooses by DuckDB version: 16,384 from 1.5.6 on, DuckDB's 122,880 before
-            (:func:`loopwatch.collector.store.writer.default_row_group_rows`).
+            (:func:`loopwatch.collector.store.settings.default_row_group_rows`).
     """
 
     db: str = "./loopwatch.duckdb"

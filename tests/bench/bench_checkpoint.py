@@ -25,7 +25,7 @@ round, ``--rows`` generated runs with their stop reports appended in one transac
 - ``no vacuum``: the same with ``SET max_vacuum_tasks = 0``;
 - ``16,384-row groups``: the file attached with ``ROW_GROUP_SIZE 16384``, vacuum on (the
   collector with DuckDB 1.5.6 and later:
-  :func:`~loopwatch.collector.store.writer.default_row_group_rows`).
+  :func:`~loopwatch.collector.store.settings.default_row_group_rows`).
 
 Printed per variant: the longest checkpoint, the 99th and 50th percentiles and the sum,
 and the longest as a ratio of the first variant's. Rows are generated from the columns' types
