@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib.abc
+import os
 import sys
 from typing import Any, Final
 
@@ -101,22 +102,27 @@ def tune_allocators(
     the C heap's arena cap (:func:`limit_heap_arenas`), a fixed mmap threshold
     (glibc ``mallopt(M_MMAP_THRESHOLD)``, :data:`HEAP_MMAP_THRESHOLD_BYTES`), and
     pyarrow's system allocator instead of its bundled jemalloc or mimalloc pool, which
-    keeps freed pages for reuse outside the C heap that :func:`trim_heap` trims.
+    keeps freed pages for reuse outside the C heap that :func:`trim_heap` trims. The
+    collector's writer does not use pyarrow (:mod:`loopwatch.collector.store.arrow`);
+    the lake shipper does. So pyarrow is not imported here: ``ARROW_DEFAULT_MEMORY_POOL
+    =system`` (Arrow C++'s documented variable, read when its default pool is first
+    made) covers a later import, and an imported pyarrow is switched at once.
 
     Args:
         arenas: the arena cap, >= 1.
         mmap_threshold_bytes: the mmap threshold in bytes, >= 4096.
 
-    A no-op for each part the platform lacks (no ``mallopt``; pyarrow always has the
-    system pool).
+    A no-op for each part the platform lacks (no ``mallopt``). An
+    ``ARROW_DEFAULT_MEMORY_POOL`` already set by the operator is kept.
     """
     limit_heap_arenas(arenas)
     mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is not None:
         mallopt(_M_MMAP_THRESHOLD, max(int(mmap_threshold_bytes), 4096))
-    import pyarrow as pa
-
-    pa.set_memory_pool(pa.system_memory_pool())
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    pa = sys.modules.get("pyarrow")
+    if pa is not None and os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "system":
+        pa.set_memory_pool(pa.system_memory_pool())
 
 
 PANDAS_RSS_MIB: Final = 53

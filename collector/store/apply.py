@@ -5,7 +5,7 @@ store.writer.Store` owns the transaction and the futures). For a group of reques
 claims the span keys not stored yet (the rest of a request are client retries and
 are skipped whole), reads the rows of the runs the group touches (only keys the run-key
 Bloom filter may hold), merges the group into them (:mod:`loopwatch.collector.runs`),
-and writes every table through Arrow. Rules applied here:
+and writes every table through Arrow (:mod:`.arrow`, nanoarrow). Rules applied here:
 
 - Steps of a run are staged (``staged_steps``, bounded by the undecided runs) until the
   run's sampling decision, then handed to ``steps`` (sampled) or dropped (not sampled);
@@ -36,12 +36,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import duckdb
-import pyarrow as pa
 
 from ..detect import loop_tool
 from ..rows import KIND_TOOL_RESULT, MappedBatch, StepRow, StopRow
 from ..runs import Group, merge_rows, merge_stops
 from ..sample import NO_STOP_REASON, Sampler, hour_bucket
+from .arrow import BOOL, FLOAT64, INT64, STRING, UINT64, ArrowColumns, column
 from .keys import RecentKeys, RunKeyFilter, span_key
 from .schema import (
     AFTER_RECEIVED,
@@ -72,8 +72,6 @@ SDK's batch processor exports every 5 s); half an hour holds a run decided by th
 stop timeout (``sampling.stop_timeout_seconds``, 900 s by default) and its late spans."""
 
 _NS: Final = 1_000_000_000
-_INT64_MIN: Final = -(2**63)
-_INT64_MAX: Final = 2**63 - 1
 _MASK64: Final = 2**64 - 1
 
 _STEP_VALUES: Final = operator.attrgetter(*(f.name for f in dataclasses.fields(StepRow)))
@@ -85,54 +83,37 @@ _get_stop: Final = operator.attrgetter(*[f for f in STOP_FIELDS if f != "stop_in
 _STOP_INFERRED_AT: Final = STOP_FIELDS.index("stop_inferred")
 
 
-def _arrow_type(name: str) -> pa.DataType:
+def _arrow_type(name: str) -> Any:
     if name in INT_FIELDS:
-        return pa.int64()
+        return INT64
     if name in FLOAT_FIELDS:
-        return pa.float64()
+        return FLOAT64
     if name in BOOL_FIELDS:
-        return pa.bool_()
+        return BOOL
     if name in UINT_FIELDS:
-        return pa.uint64()
-    return pa.string()
+        return UINT64
+    return STRING
 
 
-def _column(name: str, values: Sequence[Any]) -> pa.Array:
-    typ = _arrow_type(name)
-    try:
-        return pa.array(values, type=typ)
-    except (pa.ArrowException, OverflowError, UnicodeError, TypeError, ValueError):
-        return pa.array([_clean(v, typ) for v in values], type=typ)
+def _column(name: str, values: Sequence[Any]) -> Any:
+    return column(values, _arrow_type(name))
 
 
-def _clean(value: Any, typ: pa.DataType) -> Any:
-    if value is None:
-        return None
-    if pa.types.is_string(typ):
-        text = value if isinstance(value, str) else str(value)
-        return text.encode("utf-8", "replace").decode("utf-8")
-    if pa.types.is_integer(typ):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        return value if ok and _INT64_MIN <= value <= _INT64_MAX else None
-    if pa.types.is_floating(typ):
-        return float(value) if isinstance(value, int | float) else None
-    return value if isinstance(value, bool) else None
-
-
-def _table(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
-    return pa.Table.from_arrays(
+def _table(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> ArrowColumns:
+    return ArrowColumns(
+        names,
         [_column(name, [row[i] for row in rows]) for i, name in enumerate(names)],
-        names=list(names),
+        len(rows),
     )
 
 
-def _step_table(steps: list[StepRow], runs: dict[str, dict[str, Any]], now_ns: int) -> pa.Table:
+def _step_table(steps: list[StepRow], runs: dict[str, dict[str, Any]], now_ns: int) -> ArrowColumns:
     keys = {run_id: row["run_key"] for run_id, row in runs.items()}
     arrays = [_column("run_key", [keys[s.run_id] for s in steps])]
     arrays += [_column(name, list(map(get, steps))) for name, get in _STEP_GETTERS]
-    arrays.append(pa.array([now_ns] * len(steps), type=pa.int64()))
+    arrays.append(column([now_ns] * len(steps), INT64))
     arrays += [_column(name, list(map(get, steps))) for name, get in _STEP_LATE_GETTERS]
-    return pa.Table.from_arrays(arrays, names=list(STEP_COLUMNS))
+    return ArrowColumns(STEP_COLUMNS, arrays, len(steps))
 
 
 def _stop_tuple(run_key: int, stop_row: StopRow, now_ns: int, counted: bool) -> tuple[Any, ...]:
@@ -326,22 +307,20 @@ class GroupWriter:
         self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], sql: str
     ) -> list[tuple[Any, ...]]:
         view = f"_lw_{name}"
-        self._con.register(view, _table(columns, rows))
+        # A capsule is scanned once: each ``sql`` here reads the view once.
+        self._con.register(view, _table(columns, rows).__arrow_c_stream__())
         try:
             return self._con.execute(sql.format(t=view)).fetchall()
         finally:
             self._con.unregister(view)
 
-    def _append(self, table: str, data: pa.Table) -> None:
+    def _append(self, table: str, data: ArrowColumns) -> None:
         """Append ``data`` (columns in the table's order) to ``table``.
 
         Through a relation (``from_arrow(...).insert_into``): about 1 ms less CPU per
         statement than registering a view, executing SQL over it and unregistering it
-        (measured here, DuckDB 1.5; a group writes five to seven such tables). The
-        relation is built from the table's Arrow C stream (``__arrow_c_stream__``, the
-        Arrow PyCapsule interface) rather than the ``pyarrow.Table`` itself, which DuckDB
-        scans through a ``pyarrow.dataset`` scanner: 0.48 ms against 0.84 ms of CPU for a
-        50-row, 3-column append (measured here, DuckDB 1.5.6, pyarrow 26).
+        (measured here, DuckDB 1.5; a group writes five to seven such tables). DuckDB
+        is handed the stream's capsule, not ``data`` (:class:`~.arrow.ArrowColumns`).
         """
         self._con.from_arrow(data.__arrow_c_stream__()).insert_into(table)
 
@@ -355,13 +334,14 @@ class GroupWriter:
             return set()
         self._append(
             "spans_seen",
-            pa.Table.from_arrays(
+            ArrowColumns(
+                ("span_key", "trace_key", "seen_unix_nano"),
                 [
-                    pa.array([k >> 64 for k in fresh], pa.uint64()),
-                    pa.array([k & _MASK64 for k in fresh], pa.uint64()),
-                    pa.array([now_ns] * len(fresh), pa.int64()),
+                    column([k >> 64 for k in fresh], UINT64),
+                    column([k & _MASK64 for k in fresh], UINT64),
+                    column([now_ns] * len(fresh), INT64),
                 ],
-                names=["span_key", "trace_key", "seen_unix_nano"],
+                len(fresh),
             ),
         )
         self.after_commit.append(lambda: self._recent.add(fresh, now_ns))

@@ -79,6 +79,8 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import duckdb
+import nanoarrow
+import numpy as np
 
 from ..errors import QueueFull, StoreClosed, StoreError, StoreUnavailable
 from ..process_memory import trim_heap
@@ -514,10 +516,13 @@ class Store:
             self._recent.add(slice_keys, slice_ns)
 
     def _load_run_keys(self) -> None:
-        """Fill the run-key filter from ``runs`` (a bounded batch of keys at a time)."""
-        reader = self._con.execute("SELECT run_key FROM runs").to_arrow_reader(1 << 18)
-        for batch in reader:
-            self._stored_runs.add_array(batch.column(0).to_numpy(zero_copy_only=False))
+        """Fill the run-key filter from ``runs``, a batch of keys at a time (DuckDB's
+        Arrow batches: a million keys, 8 MiB, read as ``uint64`` without a copy)."""
+        stream = nanoarrow.ArrayStream(self._con.sql("SELECT run_key FROM runs"))
+        for batch in stream:
+            keys = batch.child(0)  # run_key is NOT NULL: no validity to read
+            data = np.frombuffer(keys.buffer(1), dtype=np.uint64)
+            self._stored_runs.add_array(data[keys.offset : keys.offset + len(keys)])
 
     def _fit_memory_limit(self) -> None:
         """Set DuckDB's limit to the budget plus twice the memory of its key indexes.

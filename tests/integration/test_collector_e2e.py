@@ -149,9 +149,12 @@ def test_python_sdk_runs_reach_the_api_metrics_and_duckdb(collector: CollectorPr
     # All of the above bound parameters in DuckDB, which imports pandas on the first one
     # (53 MiB of a sidecar's memory) unless the command marked it absent
     # (keep_pandas_unloaded): no pandas library is mapped in the collector's process.
+    # Nor pyarrow (26 MiB): the writer builds its Arrow batches with nanoarrow.
     maps = Path(f"/proc/{collector.proc.pid}/maps")
     if maps.exists():
-        assert "/pandas/" not in maps.read_text(), "the collector process loaded pandas"
+        mapped = maps.read_text()
+        assert "/pandas/" not in mapped, "the collector process loaded pandas"
+        assert "/pyarrow/" not in mapped, "the collector process loaded pyarrow"
 
     assert collector.stop() == 0, collector.stderr_text()
 

@@ -130,7 +130,8 @@ def test_duckdb_limit_grows_with_the_key_indexes(tmp_path: Path) -> None:
 
 def test_allocator_tuning_takes_effect_in_a_fresh_process(tmp_path: Path) -> None:
     """Proves ``tune_allocators`` switches pyarrow to the system allocator (its bundled
-    pool kept freed pages the heap trim cannot return) and that glibc accepts the fixed
+    pool kept freed pages the heap trim cannot return) without importing it, so a later
+    import (the lake shipper's) gets that pool, and that glibc accepts the fixed
     mmap threshold: an 8 MiB block allocated after a 24 MiB one was freed is its own
     mapping, so freeing it lowers the process's mapped memory at once. Unfixed, glibc
     raises its threshold to 24 MiB at that free and serves 8 MiB from the heap. (A block
@@ -143,11 +144,14 @@ def test_allocator_tuning_takes_effect_in_a_fresh_process(tmp_path: Path) -> Non
 
     script = textwrap.dedent(
         """
-        import ctypes, ctypes.util
-        import pyarrow as pa
+        import ctypes, ctypes.util, os, sys
         from loopwatch.collector.process_memory import tune_allocators, _LIBC
 
+        os.environ.pop("ARROW_DEFAULT_MEMORY_POOL", None)
         tune_allocators(mmap_threshold_bytes=128 * 1024)
+        assert "pyarrow" not in sys.modules, "tune_allocators imported pyarrow"
+        import pyarrow as pa  # imported later, as the lake shipper does
+
         assert pa.default_memory_pool().backend_name == "system", pa.default_memory_pool()
         if _LIBC is not None and hasattr(_LIBC, "mallinfo2"):
             class Info(ctypes.Structure):
