@@ -42,10 +42,9 @@ import signal
 import socket
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from loopwatch.instrumentation.redaction import canaries_from_env, load_canaries
 from prometheus_client import CollectorRegistry
@@ -55,7 +54,7 @@ from .config import CollectorConfig, parse_hostport
 from .detect import DetectStage, loop_detector, loop_tool
 from .errors import ConfigError, QueueFull
 from .map import MapStage
-from .metrics import LoopwatchMetrics
+from .metrics import LoopwatchMetrics, RecentAgents
 from .nudges import nudge_results
 from .pipeline import Pipeline
 from .process_memory import tune_allocators
@@ -64,7 +63,6 @@ from .receive_http import create_otlp_app
 from .records import SpanBatch
 from .redact import REDACTION_FAILED, RedactStage
 from .rows import (
-    KIND_TOOL_RESULT,
     UNKNOWN_AGENT,
     MappedBatch,
 )
@@ -80,7 +78,6 @@ if TYPE_CHECKING:  # grpcio is imported only when server.otlp_grpc is set
     from .receive_grpc import OtlpGrpcServer
 
 _log = logging.getLogger("loopwatch.collector")
-_AGENT_CACHE: Final = 100_000
 
 
 @dataclass(frozen=True)
@@ -176,8 +173,7 @@ class Collector:
             self.store.submit(released)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self.metrics)
-        self._agents: OrderedDict[str, str] = OrderedDict()
-        self._agents_lock = threading.Lock()
+        self.agents = RecentAgents()
         self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loopwatch-pipeline")
         self._started = time.time()
         self.shipper: Shipper | None = None
@@ -219,32 +215,6 @@ class Collector:
 
     # ------------------------------------------------------------- pipeline
 
-    def _remember_agents(self, mapped: MappedBatch) -> None:
-        with self._agents_lock:
-            for run in mapped.runs:
-                if run.agent:
-                    self._agents[run.run_id] = run.agent
-                    self._agents.move_to_end(run.run_id)
-            while len(self._agents) > _AGENT_CACHE:
-                self._agents.popitem(last=False)
-
-    def _label_counts(self, mapped: MappedBatch) -> None:
-        """Fix the agent label of each tool call and stop before they are stored.
-
-        The counters (tool calls, stops, loop detections) label a row with its span's
-        own agent, else the last agent seen for its run, else ``unknown``. The store
-        keeps that label with the row (``run_tools.agent``, ``stops.agent``), so the API
-        files a run known only by its stop under the agent it was counted under.
-        """
-        with self._agents_lock:
-            agents = self._agents
-            for step in [*mapped.steps, *(row for row, _ in mapped.pending)]:
-                if step.kind == KIND_TOOL_RESULT and not step.agent:
-                    step.agent = agents.get(step.run_id, UNKNOWN_AGENT)
-            for stop in mapped.stops:
-                if not stop.agent:
-                    stop.agent = agents.get(stop.run_id, UNKNOWN_AGENT)
-
     def process(self, batch: SpanBatch) -> tuple[_Processed, Any]:
         """Run the in-process stages (:attr:`pipeline`) and queue the result for commit
         (pipeline thread).
@@ -270,8 +240,7 @@ class Collector:
             redactions = counts_delta(
                 dict(after.redactions_by_rule), dict(before.redactions_by_rule)
             )
-        self._remember_agents(mapped)
-        self._label_counts(mapped)
+        self.agents.label(mapped)
         try:
             future = self.store.submit(mapped)
         except Exception:

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import pytest
 from loopwatch.collector.metrics import (
     DETECTORS,
     METRIC_NAMES,
     NO_TOOL,
     OTHER,
     LoopwatchMetrics,
+    RecentAgents,
+)
+from loopwatch.collector.rows import (
+    KIND_TOOL_RESULT,
+    SOURCE_GENAI,
+    STOP_ORIGIN_INFERRED,
+    UNKNOWN_AGENT,
+    MappedBatch,
+    RunRow,
+    StepRow,
+    StopRow,
 )
 from loopwatch.instrumentation import StopReason
 from prometheus_client import CollectorRegistry
@@ -136,3 +148,78 @@ def test_ladder_metrics_have_bounded_labels_and_results_start_at_zero() -> None:
         (OTHER, "stopped"): 0,
         (OTHER, "ended"): 1,
     }
+
+
+# ---------------------------------------------------------------- RecentAgents
+
+
+def _run(run_id: str, agent: str | None) -> RunRow:
+    return RunRow(run_id, "ab" * 16, "cd" * 8, SOURCE_GENAI, True, agent=agent)
+
+
+def _tool(run_id: str, agent: str | None = None) -> StepRow:
+    return StepRow(
+        trace_id="ab" * 16,
+        span_id="ef" * 8,
+        run_id=run_id,
+        source=SOURCE_GENAI,
+        kind=KIND_TOOL_RESULT,
+        step=1,
+        start_unix_nano=1,
+        end_unix_nano=2,
+        agent=agent,
+    )
+
+
+def test_rows_without_an_agent_take_their_runs_last_agent() -> None:
+    agents = RecentAgents()
+    earlier = MappedBatch()
+    earlier.runs += [_run("r1", "planner"), _run("r2", None)]
+    agents.label(earlier)
+    batch = MappedBatch()
+    batch.runs.append(_run("r3", "coder"))
+    batch.runs.append(_run("r1", "replanner"))  # the last agent seen wins
+    batch.steps += [_tool("r1"), _tool("r2"), _tool("r3"), _tool("r1", "own")]
+    batch.pending.append((_tool("r3"), "parent"))
+    batch.stops.append(
+        StopRow(
+            trace_id="ab" * 16,
+            span_id="12" * 8,
+            run_id="r2",
+            source=SOURCE_GENAI,
+            origin=STOP_ORIGIN_INFERRED,
+            reason="completed",
+            time_unix_nano=1,
+        )
+    )
+    agents.label(batch)
+    assert [s.agent for s in batch.steps] == ["replanner", UNKNOWN_AGENT, "coder", "own"]
+    assert batch.pending[0][0].agent == "coder"
+    assert batch.stops[0].agent == UNKNOWN_AGENT
+
+
+@pytest.mark.parametrize("generation", [1, 3, 7])
+def test_the_last_generation_of_runs_is_always_known_and_at_most_two_held(
+    generation: int,
+) -> None:
+    agents = RecentAgents(generation)
+    for n in range(1, 5 * generation + 2):
+        agents.remember([_run(f"run-{n}", f"agent-{n % 4}")])
+        assert len(agents) <= 2 * generation
+        for back in range(min(n, generation)):
+            assert agents.get(f"run-{n - back}") == f"agent-{(n - back) % 4}"
+    assert agents.get("run-1") == UNKNOWN_AGENT  # long rotated out
+
+
+def test_agent_names_are_held_once() -> None:
+    agents = RecentAgents()
+    # Two equal names built at run time are two objects, as two unpickled batches bring.
+    names = ["".join(["plan", "ner"]) for _ in range(2)]
+    assert names[0] is not names[1]
+    agents.remember([_run("a", names[0]), _run("b", names[1])])
+    assert agents.get("a") is agents.get("b")
+
+
+def test_a_generation_holds_at_least_one_run() -> None:
+    with pytest.raises(ValueError, match="generation must be >= 1"):
+        RecentAgents(0)
