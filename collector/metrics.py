@@ -195,30 +195,37 @@ class RecentAgents:
     def remember(self, runs: Iterable[RunRow]) -> None:
         """Note the agent of each run row that names one (later rows win)."""
         with self._lock:
-            for run in runs:
-                if not run.agent:
-                    continue
-                self._young[hash(run.run_id)] = sys.intern(run.agent)
-                if len(self._young) >= self.generation:
-                    self._old, self._young = self._young, {}
+            self._remember(runs)
 
     def get(self, run_id: str) -> str:
         """The agent last remembered for ``run_id``, else ``unknown``."""
-        key = hash(run_id)
         with self._lock:
-            agent = self._young.get(key)
-            return agent if agent is not None else self._old.get(key, UNKNOWN_AGENT)
+            return self._get(run_id)
 
     def label(self, mapped: MappedBatch) -> None:
         """Remember ``mapped``'s runs, then fill the agent of each of its tool results
-        (steps and pending steps) and stops that names none, in place."""
-        self.remember(mapped.runs)
-        for step in [*mapped.steps, *(row for row, _ in mapped.pending)]:
-            if step.kind == KIND_TOOL_RESULT and not step.agent:
-                step.agent = self.get(step.run_id)
-        for stop in mapped.stops:
-            if not stop.agent:
-                stop.agent = self.get(stop.run_id)
+        (steps and pending steps) and stops that names none, in place (one lock a batch)."""
+        with self._lock:
+            self._remember(mapped.runs)
+            for step in [*mapped.steps, *(row for row, _ in mapped.pending)]:
+                if step.kind == KIND_TOOL_RESULT and not step.agent:
+                    step.agent = self._get(step.run_id)
+            for stop in mapped.stops:
+                if not stop.agent:
+                    stop.agent = self._get(stop.run_id)
+
+    def _remember(self, runs: Iterable[RunRow]) -> None:
+        for run in runs:
+            if not run.agent:
+                continue
+            self._young[hash(run.run_id)] = sys.intern(run.agent)
+            if len(self._young) >= self.generation:
+                self._old, self._young = self._young, {}
+
+    def _get(self, run_id: str) -> str:
+        key = hash(run_id)
+        agent = self._young.get(key)
+        return agent if agent is not None else self._old.get(key, UNKNOWN_AGENT)
 
 
 @dataclass
