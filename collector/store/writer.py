@@ -94,6 +94,7 @@ from .schema import apply_migrations, key_list
 from .settings import ALIAS, StoreConfig, memory_settings, open_file
 
 __all__ = [
+    "CHECKPOINT_HEADROOM",
     "CommitResult",
     "CommitStats",
     "Store",
@@ -105,6 +106,10 @@ logger = logging.getLogger("loopwatch.collector.store")
 
 _NS: Final = 1_000_000_000
 _T = TypeVar("_T")
+
+CHECKPOINT_HEADROOM: Final = 1
+"""How much a checkpoint may use past ``memory_limit_bytes``, as a multiple of it (1: up to
+twice the budget, for the checkpoint's length; :meth:`Store._checkpoint_with_headroom`)."""
 
 _ALLOCATOR_FLUSH_BYTES: Final = 16 << 20
 """Freed memory DuckDB's allocator may keep before handing it back to the system. DuckDB's
@@ -428,7 +433,7 @@ class Store:
         self._fit_memory_limit()
         started = time.perf_counter()
         try:
-            self._con.execute("CHECKPOINT")
+            self._checkpoint_with_headroom()
         except duckdb.Error:
             logger.exception("store checkpoint failed")
             return
@@ -523,6 +528,32 @@ class Store:
             keys = batch.child(0)  # run_key is NOT NULL: no validity to read
             data = np.frombuffer(keys.buffer(1), dtype=np.uint64)
             self._stored_runs.add_array(data[keys.offset : keys.offset + len(keys)])
+
+    def _checkpoint_with_headroom(self) -> None:
+        """``CHECKPOINT`` with DuckDB's limit raised by :data:`CHECKPOINT_HEADROOM` times
+        the budget for its length, then set back.
+
+        DuckDB invalidates the whole database when a checkpoint cannot allocate a block
+        ("Checkpoint failed ... The database has been invalidated", DuckDB 1.5.5), and
+        every later write fails. Readers on other cursors (the read API, the lake
+        shipper) hold working memory in the same pool, so a checkpoint at the limit is a
+        matter of timing: ``bench_lake_ship.py`` at capacity hit it once, with 64 MiB
+        used of 64. The headroom is used only by a checkpoint that needs it; the limit
+        is back before the next group commits.
+
+        Raises:
+            duckdb.Error: the checkpoint failed anyway.
+        """
+        base = self._memory_limit_bytes
+        raised = base > 0
+        if raised:
+            self._con.execute(f"SET memory_limit = '{base * (1 + CHECKPOINT_HEADROOM)}B'")
+        try:
+            self._con.execute("CHECKPOINT")
+        finally:
+            if raised:
+                with contextlib.suppress(duckdb.Error):
+                    self._con.execute(f"SET memory_limit = '{base}B'")
 
     def _fit_memory_limit(self) -> None:
         """Set DuckDB's limit to the budget plus twice the memory of its key indexes.

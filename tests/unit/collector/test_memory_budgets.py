@@ -3,6 +3,7 @@ applied to the real DuckDB connection and dedup window (docs/collector.md, "Memo
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,52 @@ def test_pandas_stays_unloaded_while_duckdb_binds_parameters(tmp_path: Path) -> 
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_checkpoint_may_use_twice_the_budget_then_the_limit_is_back(tmp_path: Path) -> None:
+    """DuckDB invalidates the whole database when a checkpoint cannot allocate a block,
+    and every later write fails; readers on other cursors (the read API, the lake
+    shipper) share the pool, so the writer raises the limit by ``CHECKPOINT_HEADROOM``
+    times the budget for the checkpoint's length only. The real connection is wrapped to
+    read DuckDB's own setting at the moment the writer runs ``CHECKPOINT``."""
+    from loopwatch.collector.store.writer import CHECKPOINT_HEADROOM
+
+    from tests.unit.test_store import commit, full_run
+
+    budget = 64 << 20
+    # A small log (DuckDB's own automatic checkpoint, inside COMMIT, is set at 8 times it).
+    config = StoreConfig(memory_limit_bytes=budget, checkpoint_wal_bytes=4096)
+    with Store(tmp_path / "c.duckdb", config=config) as store:
+        real = store._con
+        seen: list[int] = []
+
+        def limit_bytes() -> int:
+            row = real.execute("SELECT current_setting('memory_limit')").fetchone()
+            assert row is not None
+            number, unit = str(row[0]).split()
+            return int(float(number) * {"MiB": 1 << 20, "GiB": 1 << 30}[unit])
+
+        class Watched:
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def execute(self, sql: str, *args: object) -> object:
+                if sql == "CHECKPOINT":
+                    seen.append(limit_bytes())
+                return real.execute(sql, *args)
+
+        store._con = Watched()  # type: ignore[assignment]
+        try:
+            deadline = time.monotonic() + 30
+            runs = 0
+            while not seen and time.monotonic() < deadline:
+                commit(store, full_run(f"c{runs}", "repeated_action"))
+                runs += 1
+                time.sleep(0.05)
+            store.run_maintenance().result(timeout=30)  # past the checkpoint's turn
+        finally:
+            store._con = real
+        assert seen, "the writer did not checkpoint past a 4 KiB log"
+        assert CHECKPOINT_HEADROOM == 1
+        assert seen[0] == 2 * budget
+        assert limit_bytes() == budget
