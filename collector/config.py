@@ -324,6 +324,13 @@ class LakeConfig:
         ship_batch_runs: runs per lake transaction.
         ship_retry_max_seconds: the longest wait between retries of a failed batch
             (backoff doubles from ``ship_interval_seconds``).
+        memory_limit_mib: DuckDB's memory limit of each connection this collector opens
+            to the lake (the shipper's, and housekeeping's during a round), in MiB. It
+            holds the batch being shipped, the Parquet writer's buffers and the cache of
+            lake files read by the exactly-once check; past it DuckDB spills to
+            ``<store.db>.lake.tmp``. It comes on top of ``store.memory_limit_mib``: a
+            sidecar's DuckDB memory is at most the sum (``docs/collector.md``,
+            "Memory").
     """
 
     catalog: str = ""
@@ -335,6 +342,7 @@ class LakeConfig:
     ship_grace_seconds: float = 5.0
     ship_batch_runs: int = 2_000
     ship_retry_max_seconds: float = 60.0
+    memory_limit_mib: int = 64
 
     @property
     def enabled(self) -> bool:
@@ -363,6 +371,16 @@ class LakeConfig:
         _positive("lake.ship_interval_seconds", self.ship_interval_seconds)
         _positive("lake.ship_retry_max_seconds", self.ship_retry_max_seconds)
         _positive("lake.ship_batch_runs", self.ship_batch_runs)
+        limit = self.memory_limit_mib
+        if (
+            isinstance(limit, bool)
+            or not isinstance(limit, int)
+            or not _MIN_MEMORY_LIMIT_MIB <= limit <= 1 << 20
+        ):
+            raise ConfigError(
+                "lake.memory_limit_mib",
+                f"must be a whole number in {_MIN_MEMORY_LIMIT_MIB}..{1 << 20}",
+            )
         grace = self.ship_grace_seconds
         if isinstance(grace, bool) or not math.isfinite(grace) or grace < 0:
             raise ConfigError("lake.ship_grace_seconds", "must be a finite number >= 0")

@@ -103,8 +103,10 @@ def tune_allocators(
     (glibc ``mallopt(M_MMAP_THRESHOLD)``, :data:`HEAP_MMAP_THRESHOLD_BYTES`), and
     pyarrow's system allocator instead of its bundled jemalloc or mimalloc pool, which
     keeps freed pages for reuse outside the C heap that :func:`trim_heap` trims. The
-    collector's writer does not use pyarrow (:mod:`loopwatch.collector.store.arrow`);
-    the lake shipper does. So pyarrow is not imported here: ``ARROW_DEFAULT_MEMORY_POOL
+    collector itself never imports pyarrow (the writer builds Arrow batches with
+    nanoarrow, :mod:`loopwatch.collector.store.arrow`, and the lake shipper moves rows
+    DuckDB to DuckDB as Arrow C streams); a process that embeds it may. So pyarrow is
+    not imported here: ``ARROW_DEFAULT_MEMORY_POOL
     =system`` (Arrow C++'s documented variable, read when its default pool is first
     made) covers a later import, and an imported pyarrow is switched at once.
 

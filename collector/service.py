@@ -414,11 +414,11 @@ def _open_lake(config: CollectorConfig) -> LakeSession | None:
     """
     if not config.lake.enabled:
         return None
-    from .lake.connect import LakeTarget
+    from .lake.connect import target_of
     from .lake.ship import open_lake
 
     lake = config.lake
-    target = LakeTarget(lake.catalog, lake.data_path, lake.extension_directory or None)
+    target = target_of(config)
     session = open_lake(target)
     _log.info("lake: shipping to %s as %s", target.describe(), lake.collector_id)
     return session

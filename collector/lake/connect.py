@@ -32,12 +32,15 @@ from ..errors import LakeUnavailable
 if TYPE_CHECKING:
     import duckdb
 
+    from ..config import CollectorConfig
+
 __all__ = [
     "LakeTarget",
     "attach_lake",
     "connect_lake",
     "extension_files",
     "mask_catalog",
+    "target_of",
 ]
 
 ALIAS: Final = "lake"
@@ -69,11 +72,19 @@ class LakeTarget:
             end up the same string for every collector and reader of one lake.
         extension_directory: where ``LOAD`` looks when the extension wheels are absent;
             None keeps DuckDB's default (``~/.duckdb/extensions``).
+        memory_limit_mib: DuckDB ``memory_limit`` of the connections a collector opens
+            to the lake (the shipper's, housekeeping's), in MiB: their buffer cache,
+            the batch being shipped and the Parquet writer share it, and spill to
+            ``temp_directory`` past it. None keeps DuckDB's default (80 % of the RAM).
+        temp_directory: where those connections spill; None keeps DuckDB's default
+            (``.tmp`` under the working directory, for an in-memory database).
     """
 
     catalog: str
     data_path: str
     extension_directory: str | None = None
+    memory_limit_mib: int | None = None
+    temp_directory: str | None = None
 
     def __post_init__(self) -> None:
         if not self.catalog.strip():
@@ -176,9 +187,11 @@ def connect_lake(
     """A new in-memory DuckDB connection with the lake attached as ``lake``.
 
     Args:
-        target: the catalog and data path.
+        target: the catalog and data path (and the connection's memory limit and temp
+            directory, when it names them).
         read_only: attach the lake read-only (readers).
-        memory_limit: DuckDB ``memory_limit`` such as ``"256MB"``; None keeps DuckDB's.
+        memory_limit: DuckDB ``memory_limit`` such as ``"256MB"``; None takes
+            ``target.memory_limit_mib``, else DuckDB's.
         threads: DuckDB ``threads``; None keeps DuckDB's.
 
     Raises:
@@ -192,8 +205,12 @@ def connect_lake(
     }
     if target.extension_directory is not None:
         config["extension_directory"] = target.extension_directory
+    if memory_limit is None and target.memory_limit_mib is not None:
+        memory_limit = f"{int(target.memory_limit_mib)}MiB"
     if memory_limit is not None:
         config["memory_limit"] = memory_limit
+    if target.temp_directory is not None:
+        config["temp_directory"] = target.temp_directory
     if threads is not None:
         config["threads"] = threads
     con = duckdb.connect(":memory:", config=config)
@@ -203,3 +220,22 @@ def connect_lake(
         con.close()
         raise
     return con
+
+
+def target_of(config: CollectorConfig) -> LakeTarget:
+    """The lake a collector writes to, from its ``[lake]`` and ``[store]`` settings.
+
+    Its connections take ``lake.memory_limit_mib`` and spill beside the local file
+    (``<store.db>.lake.tmp``), as the store's own DuckDB spills to ``<store.db>.tmp``.
+
+    Raises:
+        ValueError: ``[lake]`` names no catalog or data path.
+    """
+    lake = config.lake
+    return LakeTarget(
+        lake.catalog,
+        lake.data_path,
+        lake.extension_directory or None,
+        memory_limit_mib=lake.memory_limit_mib,
+        temp_directory=f"{config.store.db}.lake.tmp",
+    )

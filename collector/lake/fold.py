@@ -10,10 +10,10 @@ file merge undoes: every lake writer, housekeeping's merge included, holds the s
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from .connect import ALIAS
-from .schema import LAKE_TABLES, lake_columns
+from .schema import BATCH_TABLES, LAKE_TABLES, lake_columns
 
 if TYPE_CHECKING:
     import duckdb
@@ -46,9 +46,13 @@ def _fragment(alias: str) -> str:
     return _FRAGMENT.format(t=alias)
 
 
-def fold_fragments(
-    con: duckdb.DuckDBPyConnection, tables: dict[str, Any], collector_id: str, shipped_ns: int
-) -> list[int]:
+_RUNS: Final = BATCH_TABLES["runs"]
+_STEPS: Final = BATCH_TABLES["steps"]
+_TOOLS: Final = BATCH_TABLES["run_tools"]
+_FLAGS: Final = BATCH_TABLES["canary_flags"]
+
+
+def fold_fragments(con: duckdb.DuckDBPyConnection, collector_id: str, shipped_ns: int) -> list[int]:
     """Make a trace split over two collectors ONE run in the lake (inside the caller's
     locked lake transaction, before the batch is inserted).
 
@@ -69,46 +73,40 @@ def fold_fragments(
     whose steps are in the lake already was folded by the committed attempt.
 
     Args:
-        con: the lake connection, inside the locked lake transaction.
-        tables: the batch's rows to insert (:class:`LakeBatch` tables).
+        con: the lake connection, inside the locked lake transaction, with the batch
+            to insert in its batch tables (:data:`~loopwatch.collector.lake.schema.
+            BATCH_TABLES`).
         collector_id: written with folded rows.
         shipped_ns: written with folded rows.
 
     Returns:
         The batch's fragment run keys that were folded (not to be inserted).
     """
-    runs = tables["runs"]
-    if not runs.num_rows:
+    has = con.execute(
+        f"SELECT count(*) FILTER ({_fragment('r')}), "
+        "count(*) FILTER (source <> 'loopwatch' AND run_id <> trace_id), "
+        f"min(start_unix_nano), max(start_unix_nano) FROM {_RUNS} r"
+    ).fetchone()
+    assert has is not None
+    fragments, agent_runs, low, high = has
+    if not fragments and not agent_runs:
         return []
-    con.register("fold_runs", runs)
-    try:
-        has = con.execute(
-            f"SELECT count(*) FILTER ({_fragment('r')}), "
-            "count(*) FILTER (source <> 'loopwatch' AND run_id <> trace_id), "
-            "min(start_unix_nano), max(start_unix_nano) FROM fold_runs r"
-        ).fetchone()
-        assert has is not None
-        fragments, agent_runs, low, high = has
-        if not fragments and not agent_runs:
-            return []
-        window = (
-            f"l.start_unix_nano BETWEEN {int(low or 0) - _FOLD_WINDOW_NS} "
-            f"AND {int(high or 0) + _FOLD_WINDOW_NS}"
-        )
-        if agent_runs:
-            _replace_lake_fragments(con, window)
-        if not fragments:
-            return []
-        return _fold_batch_fragments(con, tables, window, collector_id, shipped_ns)
-    finally:
-        con.unregister("fold_runs")
+    window = (
+        f"l.start_unix_nano BETWEEN {int(low or 0) - _FOLD_WINDOW_NS} "
+        f"AND {int(high or 0) + _FOLD_WINDOW_NS}"
+    )
+    if agent_runs:
+        _replace_lake_fragments(con, window)
+    if not fragments:
+        return []
+    return _fold_batch_fragments(con, window, collector_id, shipped_ns)
 
 
 def _replace_lake_fragments(con: duckdb.DuckDBPyConnection, window: str) -> None:
     """Fragments already in the lake, whose trace's run arrives in this batch."""
     pairs = con.execute(
         f"SELECT l.run_key, l.run_id, a.run_key, a.run_id FROM {ALIAS}.runs l "
-        "JOIN (SELECT trace_id, run_key, run_id FROM fold_runs r "
+        f"JOIN (SELECT trace_id, run_key, run_id FROM {_RUNS} r "
         f"WHERE source <> 'loopwatch' AND NOT ({_fragment('r')}) "
         "QUALIFY row_number() OVER (PARTITION BY trace_id "
         "ORDER BY parent_run_id IS NOT NULL, start_unix_nano, run_key) = 1) a "
@@ -129,20 +127,16 @@ def _replace_lake_fragments(con: duckdb.DuckDBPyConnection, window: str) -> None
 
 
 def _fold_batch_fragments(
-    con: duckdb.DuckDBPyConnection,
-    tables: dict[str, Any],
-    window: str,
-    collector_id: str,
-    shipped_ns: int,
+    con: duckdb.DuckDBPyConnection, window: str, collector_id: str, shipped_ns: int
 ) -> list[int]:
     """This batch's fragments whose trace's run is in the lake or in this batch."""
     pairs = con.execute(
-        "SELECT f.run_key, f.run_id, t.run_key, t.run_id FROM fold_runs f JOIN ("
+        f"SELECT f.run_key, f.run_id, t.run_key, t.run_id FROM {_RUNS} f JOIN ("
         f"SELECT trace_id, run_key, run_id FROM (SELECT trace_id, run_key, run_id, "
         f"parent_run_id, start_unix_nano FROM {ALIAS}.runs l WHERE {window} "
-        f"AND NOT ({_fragment('l')}) AND trace_id IN (SELECT trace_id FROM fold_runs r "
+        f"AND NOT ({_fragment('l')}) AND trace_id IN (SELECT trace_id FROM {_RUNS} r "
         f"WHERE {_fragment('r')}) UNION ALL SELECT trace_id, run_key, run_id, "
-        f"parent_run_id, start_unix_nano FROM fold_runs r WHERE NOT ({_fragment('r')})) "
+        f"parent_run_id, start_unix_nano FROM {_RUNS} r WHERE NOT ({_fragment('r')})) "
         "QUALIFY row_number() OVER (PARTITION BY trace_id "
         "ORDER BY parent_run_id IS NOT NULL, start_unix_nano, run_key) = 1) t "
         f"USING (trace_id) WHERE {_fragment('f')}"
@@ -151,43 +145,34 @@ def _fold_batch_fragments(
         return []
     steps_cols = ", ".join(name for name, _ in lake_columns("steps"))
     tools_cols = ", ".join(name for name, _ in lake_columns("run_tools"))
-    con.register("fold_steps", tables["steps"])
-    con.register("fold_tools", tables["run_tools"])
-    con.register("fold_flags", tables["canary_flags"])
-    try:
-        for _, old_id, new_key, new_id in pairs:
-            new = int(new_key)
-            # Filters on run_id, not run_key: a UBIGINT literal past 2**63 does not push
-            # down into a registered Arrow table (see _only).
-            # Witness of an earlier committed fold (a crash before the local mark):
-            # the fragment's spans are in the lake already.
-            seen = con.execute(
-                f"SELECT count(*) FROM {ALIAS}.steps l WHERE l.trace_id = ? AND {window} "
-                "AND l.span_id IN (SELECT span_id FROM fold_steps WHERE run_id = ?)",
-                [old_id, old_id],
-            ).fetchone()
-            if seen is not None and int(seen[0]) > 0:
-                continue
-            con.execute(
-                f"INSERT INTO {ALIAS}.steps ({steps_cols}) SELECT * REPLACE "
-                f"({new}::UBIGINT AS run_key, ? AS run_id), ?, ? FROM (SELECT {_own('steps')} "
-                "FROM fold_steps WHERE run_id = ?)",
-                [new_id, collector_id, shipped_ns, old_id],
-            )
-            con.execute(
-                f"INSERT INTO {ALIAS}.run_tools ({tools_cols}) SELECT * REPLACE "
-                f"({new}::UBIGINT AS run_key, ? AS run_id), ?, ? FROM (SELECT "
-                f"{_own('run_tools')} FROM fold_tools WHERE run_id = ?)",
-                [new_id, collector_id, shipped_ns, old_id],
-            )
-            con.execute(
-                f"INSERT INTO {ALIAS}.canary_flags SELECT ?, first_seen_unix_nano, ?, ? "
-                "FROM fold_flags WHERE run_id = ? AND NOT EXISTS (SELECT 1 FROM "
-                f"{ALIAS}.canary_flags WHERE run_id = ?)",
-                [new_id, collector_id, shipped_ns, old_id, new_id],
-            )
-            _log.info("lake: trace-level fragment %s folded into run %s", old_id, new_id)
-    finally:
-        for view in ("fold_steps", "fold_tools", "fold_flags"):
-            con.unregister(view)
+    for _, old_id, new_key, new_id in pairs:
+        new = int(new_key)
+        # Witness of an earlier committed fold (a crash before the local mark): the
+        # fragment's spans are in the lake already.
+        seen = con.execute(
+            f"SELECT count(*) FROM {ALIAS}.steps l WHERE l.trace_id = ? AND {window} "
+            f"AND l.span_id IN (SELECT span_id FROM {_STEPS} WHERE run_id = ?)",
+            [old_id, old_id],
+        ).fetchone()
+        if seen is not None and int(seen[0]) > 0:
+            continue
+        con.execute(
+            f"INSERT INTO {ALIAS}.steps ({steps_cols}) SELECT * REPLACE "
+            f"({new}::UBIGINT AS run_key, ? AS run_id), ?, ? FROM (SELECT {_own('steps')} "
+            f"FROM {_STEPS} WHERE run_id = ?)",
+            [new_id, collector_id, shipped_ns, old_id],
+        )
+        con.execute(
+            f"INSERT INTO {ALIAS}.run_tools ({tools_cols}) SELECT * REPLACE "
+            f"({new}::UBIGINT AS run_key, ? AS run_id), ?, ? FROM (SELECT "
+            f"{_own('run_tools')} FROM {_TOOLS} WHERE run_id = ?)",
+            [new_id, collector_id, shipped_ns, old_id],
+        )
+        con.execute(
+            f"INSERT INTO {ALIAS}.canary_flags SELECT ?, first_seen_unix_nano, ?, ? "
+            f"FROM {_FLAGS} WHERE run_id = ? AND NOT EXISTS (SELECT 1 FROM "
+            f"{ALIAS}.canary_flags WHERE run_id = ?)",
+            [new_id, collector_id, shipped_ns, old_id, new_id],
+        )
+        _log.info("lake: trace-level fragment %s folded into run %s", old_id, new_id)
     return [int(old_key) for old_key, *_ in pairs]

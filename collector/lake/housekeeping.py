@@ -67,7 +67,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from .connect import ALIAS, LakeTarget, connect_lake, mask_catalog
+from .connect import ALIAS, LakeTarget, connect_lake, mask_catalog, target_of
 from .schema import LAKE_TABLES
 from .ship import SHIP_LOCK_KEY
 
@@ -487,7 +487,7 @@ def housekeeper_for(config: CollectorConfig) -> Housekeeper | None:
     lake, settings = config.lake, config.lake_housekeeping
     if not lake.enabled or not settings.enabled:
         return None
-    target = LakeTarget(lake.catalog, lake.data_path, lake.extension_directory or None)
+    target = target_of(config)
     if not target.is_postgres:
         return None
     return Housekeeper(

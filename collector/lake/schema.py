@@ -23,7 +23,7 @@ from .connect import ALIAS
 if TYPE_CHECKING:
     import duckdb
 
-__all__ = ["LAKE_TABLES", "LAKE_VERSION", "ensure_lake_schema", "lake_columns"]
+__all__ = ["BATCH_TABLES", "LAKE_TABLES", "LAKE_VERSION", "ensure_lake_schema", "lake_columns"]
 
 LAKE_VERSION: Final = 1
 """The contract version of docs/lake.md. Raise it (with a migration) when a column changes."""
@@ -84,6 +84,10 @@ LAKE_TABLES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     "canary_flags": (("run_id", "VARCHAR"), ("first_seen_unix_nano", "BIGINT")),
 }  # fmt: skip
 """Each lake table's own columns, in order; :func:`lake_columns` adds the shipped pair."""
+
+BATCH_TABLES: Final = {table: f"loopwatch_batch_{table}" for table in LAKE_TABLES}
+"""The temporary tables of the shipper's lake connection that hold the batch being
+shipped, one per lake table, with that table's own columns (:data:`LAKE_TABLES`)."""
 
 
 def lake_columns(table: str) -> tuple[tuple[str, str], ...]:

@@ -147,6 +147,11 @@ def test_acknowledged_runs_reach_the_lake_once(pg: PostgresProcess, tmp_path: Pa
         assert tools[0][0] == 10 * 3  # two ok calls and the blocked third, per loop
         collector_ids = lake_rows(target, "SELECT DISTINCT collector_id FROM lake.runs")
         assert collector_ids == [("c1",)]
+        # The shipper moves rows DuckDB to DuckDB through Arrow capsules: pyarrow (26
+        # MiB of a sidecar's memory) is not loaded in a shipping collector either.
+        maps = Path(f"/proc/{collector.proc.pid}/maps")
+        if maps.exists():
+            assert "/pyarrow/" not in maps.read_text(), "the shipping collector loaded pyarrow"
     assert_exactly_once(target, expected)
 
 
@@ -314,7 +319,7 @@ def _publish(
 def test_concurrent_publishers_insert_one_copy(pg: PostgresProcess, tmp_path: Path) -> None:
     """Two shippers publish the same batch at the same instant, five times over: the
     advisory lock serializes check and insert, so each run is inserted by exactly one."""
-    from loopwatch.collector.lake.ship import open_lake, read_batch, select_finished
+    from loopwatch.collector.lake.ship import open_lake, select_finished
     from loopwatch.collector.sample import SamplingConfig
     from loopwatch.collector.store import Store, StoreConfig
 
@@ -330,9 +335,10 @@ def test_concurrent_publishers_insert_one_copy(pg: PostgresProcess, tmp_path: Pa
                 commit(store, full_run(f"same-{round_}-{i}", "completed"))
             clock.now += 10
             cursor = store.read_cursor()
-            batch = read_batch(
-                cursor, select_finished(cursor, now_ns=int(clock() * NS), grace_ns=0, limit=40)
-            )
+            done = select_finished(cursor, now_ns=int(clock() * NS), grace_ns=0, limit=40)
+            # Each session stages the same batch in its own lake connection.
+            batch = sessions[0].stage(cursor, done)
+            assert sessions[1].stage(cursor, done) == batch
             cursor.close()
             barrier = threading.Barrier(2)
             outcomes: list[object] = [None, None]

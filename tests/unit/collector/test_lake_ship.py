@@ -14,6 +14,7 @@ import duckdb
 import pytest
 from loopwatch.collector.errors import LakeUnavailable
 from loopwatch.collector.lake.connect import LakeTarget, connect_lake
+from loopwatch.collector.lake.schema import BATCH_TABLES, LAKE_TABLES
 from loopwatch.collector.lake.ship import (
     LakeSession,
     Shipper,
@@ -28,12 +29,14 @@ from loopwatch.collector.lake.ship import (
     split_existing,
 )
 from loopwatch.collector.metrics import LAKE_METRIC_NAMES, LakeShipMetrics
+from loopwatch.collector.rows import KIND_DECISION
 from loopwatch.collector.sample import SamplingConfig
 from loopwatch.collector.store import Store, StoreConfig
 from loopwatch.collector.store.schema import run_key_of
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tests.unit.test_store import NS, Clock, commit, full_run, run_row
+from tests.unit.test_store import NS, Clock, commit, full_run, run_row, step_row, stop_row
+from tests.unit.test_store import batch as batch_of
 
 GRACE_NS = 5 * NS
 
@@ -103,14 +106,53 @@ def test_batch_holds_the_lake_rows(store: Store, clock: Clock) -> None:
     commit(store, canary)
     clock.now += 10
     cursor = store.read_cursor()
-    batch = read_batch(cursor, finished(store, clock))
+    lake = duckdb.connect(":memory:")
+    batch = read_batch(cursor, finished(store, clock), lake)
     cursor.close()
     assert set(batch.run_keys) == {run_key_of("loop"), run_key_of("leak")}
     assert batch.rows("runs") == 2 and batch.rows("stops") == 2
     assert batch.rows("steps") == 12  # three decisions and three tool results each
-    tools = {(r["run_id"], r["tool"], r["calls"]) for r in batch.tables["run_tools"].to_pylist()}
+    tools = set(
+        lake.execute(f"SELECT run_id, tool, calls FROM {BATCH_TABLES['run_tools']}").fetchall()
+    )
     assert ("loop", "search", 3) in tools
-    assert batch.tables["canary_flags"].column("run_id").to_pylist() == ["leak"]
+    flags = lake.execute(f"SELECT run_id FROM {BATCH_TABLES['canary_flags']}").fetchall()
+    assert flags == [("leak",)]
+    # The batch tables have the lake tables' own columns, in order.
+    for table, columns in LAKE_TABLES.items():
+        described = lake.execute(f"DESCRIBE {BATCH_TABLES[table]}").fetchall()
+        assert [(name, kind) for name, kind, *_ in described] == list(columns), table
+
+
+def test_batch_reads_rows_stored_long_before_the_run_finished(store: Store, clock: Clock) -> None:
+    """Each local read is bounded by time (the pass floor for runs, the batch's earliest
+    first span for stops and steps); a run whose first steps were stored an hour before
+    its stop still ships whole."""
+    commit(store, full_run("long", None, tools=("early",)))
+    clock.now += 3600
+    commit(
+        store,
+        batch_of(
+            step_row("long", 2, kind=KIND_DECISION),
+            step_row("long", 2, tool="late"),
+            stop_row("long", "no_progress", step=2),
+        ),
+    )
+    commit(store, full_run("short", "completed"))
+    clock.now += 10
+    now_ns = int(clock() * NS)
+    cursor = store.read_cursor()
+    lake = duckdb.connect(":memory:")
+    batch = read_batch(cursor, finished(store, clock), lake, floor_ns=now_ns - 300 * NS)
+    cursor.close()
+    assert set(batch.run_keys) == {run_key_of("long"), run_key_of("short")}
+    tools = lake.execute(
+        f"SELECT tool FROM {BATCH_TABLES['steps']} WHERE run_id = 'long' AND tool IS NOT NULL "
+        "ORDER BY step"
+    ).fetchall()
+    assert tools == [("early",), ("late",)]
+    stops = lake.execute(f"SELECT run_id, reason FROM {BATCH_TABLES['stops']} ORDER BY run_id")
+    assert stops.fetchall() == [("long", "no_progress"), ("short", "completed")]
 
 
 def test_split_existing() -> None:
@@ -172,7 +214,7 @@ def test_ship_once_publishes_then_marks(store: Store, clock: Clock, tmp_path: Pa
     commit(store, full_run("d", "completed"))
     clock.now += 10
     cursor = store.read_cursor()
-    batch = read_batch(cursor, finished(store, clock))
+    batch = session.stage(cursor, finished(store, clock))
     cursor.close()
     assert session.publish(batch, "c1").inserted == [run_key_of("d")]
     assert shipper.ship_once() is False
@@ -183,7 +225,7 @@ def test_ship_once_publishes_then_marks(store: Store, clock: Clock, tmp_path: Pa
         commit(other, full_run("a", "completed"))
         clock.now += 10
         cursor = other.read_cursor()
-        outcome = session.publish(read_batch(cursor, finished(other, clock)), "c2")
+        outcome = session.publish(session.stage(cursor, finished(other, clock)), "c2")
         cursor.close()
         assert (outcome.inserted, outcome.mine, outcome.skipped) == ([], [], [run_key_of("a")])
     finally:

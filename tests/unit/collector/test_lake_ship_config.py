@@ -66,6 +66,10 @@ def test_durations(text: str, seconds: float) -> None:
          "lake.ship_interval_seconds"),
         ({"catalog": CATALOG, "data_path": "/d", "ship_batch_runs": "0"}, "lake.ship_batch_runs"),
         ({"catalog": CATALOG, "data_path": "/d", "collector_id": " "}, "lake.collector_id"),
+        ({"catalog": CATALOG, "data_path": "/d", "memory_limit_mib": "32"},
+         "lake.memory_limit_mib"),
+        ({"catalog": CATALOG, "data_path": "/d", "memory_limit_mib": "lots"},
+         "lake.memory_limit_mib"),
         ({"catalog": "x'y.ducklake", "data_path": "/d"}, "lake.catalog"),
     ],
 )  # fmt: skip
@@ -74,6 +78,35 @@ def test_bad_lake_settings(lake: dict[str, str], where: str) -> None:
         load_config(environ={}, overrides={"lake": lake})
     assert str(info.value).startswith(where)
     assert "s3cr3t" not in str(info.value)
+
+
+def test_lake_connections_take_the_memory_limit_and_spill_beside_the_file(
+    tmp_path: Path,
+) -> None:
+    """The shipper's and housekeeping's lake connections get ``lake.memory_limit_mib``
+    (not DuckDB's 80 % of the machine) and spill to ``<store.db>.lake.tmp``."""
+    from loopwatch.collector.lake.connect import connect_lake, target_of
+
+    db = tmp_path / "local.duckdb"
+    config = load_config(
+        environ={
+            "LOOPWATCH_LAKE": str(tmp_path / "catalog.ducklake"),
+            "LOOPWATCH_LAKE_DATA": str(tmp_path / "data") + "/",
+            "LOOPWATCH_LAKE_MEMORY_LIMIT_MIB": "96",
+        },
+        overrides={"store": {"db": str(db)}},
+    )
+    target = target_of(config)
+    assert (target.memory_limit_mib, target.temp_directory) == (96, f"{db}.lake.tmp")
+    con = connect_lake(target)
+    try:
+        limit, temp = con.execute(
+            "SELECT current_setting('memory_limit'), current_setting('temp_directory')"
+        ).fetchone() or (None, None)
+    finally:
+        con.close()
+    assert limit == "96.0 MiB" and temp == f"{db}.lake.tmp"
+    assert load_config(environ={}).lake.memory_limit_mib == 64
 
 
 def test_docs_list_every_lake_setting_flag_and_metric() -> None:
