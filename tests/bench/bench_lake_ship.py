@@ -158,6 +158,48 @@ def _histogram_p99(text: str, name: str) -> float | None:
     return None
 
 
+def _rss_mib(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+class _Rss:
+    """Samples the collector's resident memory (``VmRSS``) every ``interval`` seconds
+    while in a ``with`` block; ``max_mib`` and ``last_mib`` after it."""
+
+    def __init__(self, pid: int, interval: float = 1.0) -> None:
+        self.pid, self.interval = pid, interval
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            rss = _rss_mib(self.pid)
+            if rss is not None:
+                self.samples.append(rss)
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> _Rss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def figures(self) -> dict[str, float]:
+        samples = self.samples or [float("nan")]
+        return {"rss_max_mib": max(samples), "rss_last_mib": samples[-1]}
+
+
 class _Poller:
     """Reads ``lake.runs`` every ``interval`` seconds; records when each run first shows."""
 
@@ -219,20 +261,24 @@ def run_once(
         tmp.chmod(0o755)
         with _collector(tmp / "plain") as (proc, otlp, _api):
             before = ingest._cpu_seconds(proc.pid) or 0.0
-            plain = _run_load(spec | {"phase": "saturate", "port": otlp})
+            with _Rss(proc.pid) as rss:
+                plain = _run_load(spec | {"phase": "saturate", "port": otlp})
             cpu = (ingest._cpu_seconds(proc.pid) or 0.0) - before
-        figures["plain"] = plain | {"us_per_span": cpu / max(plain["acked_spans"], 1) * 1e6}
+        figures["plain"] = plain | rss.figures() | {
+            "us_per_span": cpu / max(plain["acked_spans"], 1) * 1e6
+        }
         with start_postgres(tmp) as pg:
             pg.create_database("lake")
             catalog, data = pg.catalog("lake"), str(tmp / "lake-data") + "/"
             lake_args = ("--lake", catalog, "--lake-data", data, "--collector-id", "bench")
             with _collector(tmp / "lake", *lake_args) as (proc, otlp, api):
                 before = ingest._cpu_seconds(proc.pid) or 0.0
-                lake = _run_load(spec | {"phase": "saturate", "port": otlp, "seed": 2})
-                shipped = _drain(api)
+                with _Rss(proc.pid) as rss:
+                    lake = _run_load(spec | {"phase": "saturate", "port": otlp, "seed": 2})
+                    shipped = _drain(api)
                 cpu = (ingest._cpu_seconds(proc.pid) or 0.0) - before
                 ship_cpu = ingest._metric(_metrics(api), "loopwatch_lake_ship_cpu_seconds_total")
-                figures["lake"] = lake | {
+                figures["lake"] = lake | rss.figures() | {
                     "us_per_span": cpu / max(lake["acked_spans"], 1) * 1e6,
                     "ship_thread_us_per_span": (ship_cpu or 0.0)
                     / max(lake["acked_spans"], 1)
@@ -243,17 +289,18 @@ def run_once(
                 poller = _Poller(catalog, data, poll_seconds)
                 poller.baseline()
                 poller.start()
-                paced = _run_load(
-                    spec
-                    | {"phase": "pace", "port": otlp, "seed": 3, "rate": rate,
-                       "clients": paced_clients}
-                )  # fmt: skip
-                _drain(api)
+                with _Rss(proc.pid) as rss:
+                    paced = _run_load(
+                        spec
+                        | {"phase": "pace", "port": otlp, "seed": 3, "rate": rate,
+                           "clients": paced_clients}
+                    )  # fmt: skip
+                    _drain(api)
                 time.sleep(poll_seconds * 2)
                 poller.stop()
                 text = _metrics(api)
                 lags = poller.lags()
-                figures["paced"] = paced | {
+                figures["paced"] = paced | rss.figures() | {
                     "offered_spans_per_s": rate,
                     "runs_seen": len(lags),
                     "lag_p50_s": ingest._percentile(lags, 50),
@@ -301,6 +348,9 @@ def report(f: dict[str, Any]) -> str:
             f"  lake lag          : p50 {pc['lag_p50_s']:.1f} s, p99 {pc['lag_p99_s']:.1f} s, "
             f"max {pc['lag_max_s']:.1f} s (target p99 <= 15 s; collector histogram p99 <= "
             f"{pc['histogram_p99_le_s']} s)",
+            f"  collector RSS MiB : max {p['rss_max_mib']:.0f} at capacity without the lake; "
+            f"with it, max {lk['rss_max_mib']:.0f} at capacity, {pc['rss_max_mib']:.0f} at half "
+            f"capacity (last {pc['rss_last_mib']:.0f}; target <= 300)",
             f"  lake runs         : {f['lake_runs']} rows, {f['lake_distinct_runs']} distinct; "
             f"failures {pc['failures']:.0f}, skipped {pc['skipped']:.0f}",
         ]

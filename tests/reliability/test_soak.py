@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
 import httpx
 import pytest
 from loopwatch.collector.store.keys import DEDUP_BYTES_PER_KEY
@@ -63,7 +64,7 @@ from tests.bench.bench_ingest import (
 )
 from tests.conftest import slow_enabled
 
-from .support import launch_collector, rss_bytes
+from .support import CollectorProcess, launch_collector, rss_bytes
 
 SOAK_SECONDS = float(os.environ.get("LOOPWATCH_SOAK_SECONDS", "1800" if slow_enabled() else "60"))
 RSS_BUDGET_BYTES = int(float(os.environ.get("LOOPWATCH_SOAK_RSS_MIB", "300")) * 2**20)
@@ -84,6 +85,13 @@ RETENTION_MINUTES = float(os.environ.get("LOOPWATCH_SOAK_RETENTION_MINUTES", "0"
 # LOOPWATCH_SOAK_CHECKPOINT_WAL_MIB=N: the collector's store.checkpoint_wal_mib (default:
 # the collector's own default), to compare checkpoint sizes under the same load.
 CHECKPOINT_WAL_MIB = os.environ.get("LOOPWATCH_SOAK_CHECKPOINT_WAL_MIB", "")
+# LOOPWATCH_SOAK_LAKE=1: fleet mode (issue 27, "A sidecar is light"). The collector ships
+# to a DuckLake on a real PostgreSQL (scripts/postgres.sh, started here) with a local data
+# folder, as `--lake` does; its RSS then includes the shipper's lake connection. At the
+# end the shipper's backlog must drain, and the lake must hold each decided local run
+# exactly once.
+LAKE = os.environ.get("LOOPWATCH_SOAK_LAKE", "") not in ("", "0")
+LAKE_DRAIN_SECONDS = 300.0
 
 SAMPLE_PRINT_SECONDS = 30.0
 # Open loop: on a busy machine the paced phase can run past SOAK_SECONDS (requests due
@@ -287,6 +295,22 @@ def _rss_curve(samples: list[_Sample]) -> str:
 
 
 def test_soak_half_capacity(tmp_path: Path) -> None:
+    if not LAKE:
+        _soak(tmp_path, {})
+        return
+    from tests.integration.postgres import start_postgres
+
+    with start_postgres(tmp_path / "pg") as pg:
+        pg.create_database("lake")
+        lake = {
+            "LOOPWATCH_LAKE": pg.catalog("lake"),
+            "LOOPWATCH_LAKE_DATA": str(tmp_path / "lake-data") + "/",
+            "LOOPWATCH_LAKE_COLLECTOR_ID": "soak",
+        }
+        _soak(tmp_path, lake)
+
+
+def _soak(tmp_path: Path, lake: dict[str, str]) -> None:
     templates = [build_template(seed, capture_fraction=0.25) for seed in range(1, TEMPLATES + 1)]
     db = tmp_path / "soak.duckdb"
     # LOOPWATCH_SOAK_LOG_LEVEL=debug: the writer logs its memory by component each minute
@@ -299,6 +323,7 @@ def test_soak_half_capacity(tmp_path: Path) -> None:
         env["LOOPWATCH_STORE_RETENTION_DAYS"] = repr(RETENTION_MINUTES / (24 * 60))
     if CHECKPOINT_WAL_MIB:
         env["LOOPWATCH_STORE_CHECKPOINT_WAL_MIB"] = CHECKPOINT_WAL_MIB
+    env.update(lake)
     collector = launch_collector(tmp_path, db_path=db, canaries=CANARIES, env=env)
     host, port_text = collector.otlp_address.rsplit(":", 1)
     port = int(port_text)
@@ -322,6 +347,7 @@ def test_soak_half_capacity(tmp_path: Path) -> None:
         received = (
             collector.metrics().total("loopwatch_collector_spans_received_total") - received_before
         )
+        shipped = _drain_lake(collector) if lake else None
     finally:
         exit_code = collector.stop(timeout_seconds=120)
 
@@ -351,6 +377,7 @@ def test_soak_half_capacity(tmp_path: Path) -> None:
         f"\n  RSS curve MiB: {_rss_curve(soak.samples)}"
         f"\n  queue spans: first quarter mean {queue_first:.0f}, last quarter mean"
         f" {queue_last:.0f}, max {max(s.queue_spans for s in soak.samples)}"
+        + (f"\n  lake: {shipped:,.0f} runs shipped, backlog drained" if lake else "")
     )
 
     if log_level == "debug":
@@ -375,6 +402,47 @@ def test_soak_half_capacity(tmp_path: Path) -> None:
         )
     assert p99_last <= 2 * p99_first + P99_SLACK_MS, (p99_first, p99_last)
     _assert_all_stored(db, templates, acked)
+    if lake:
+        _assert_lake_holds_each_run_once(db, lake, shipped)
+
+
+def _drain_lake(collector: CollectorProcess) -> float:
+    """Wait until the shipper's backlog is empty and its shipped count stops moving;
+    returns the shipped count."""
+    deadline = time.monotonic() + LAKE_DRAIN_SECONDS
+    last = -1.0
+    while time.monotonic() < deadline:
+        metrics = collector.metrics()
+        backlog = metrics.value("loopwatch_lake_backlog_runs")
+        shipped = metrics.total("loopwatch_lake_runs_shipped_total")
+        if backlog == 0 and shipped == last:
+            return shipped
+        last = shipped
+        time.sleep(3.0)
+    raise AssertionError(f"the lake backlog did not drain in {LAKE_DRAIN_SECONDS:.0f} s")
+
+
+def _assert_lake_holds_each_run_once(db: Path, lake: dict[str, str], shipped: float) -> None:
+    """Every decided local run is in the lake, once, and the shipped counter says so."""
+    from loopwatch.collector.lake.connect import LakeTarget, connect_lake
+
+    local = duckdb.connect(str(db), read_only=True)
+    try:
+        decided = {
+            int(k) for (k,) in local.execute("SELECT run_key FROM runs WHERE sampled IS NOT NULL")
+        }
+    finally:
+        local.close()
+    con = connect_lake(
+        LakeTarget(lake["LOOPWATCH_LAKE"], lake["LOOPWATCH_LAKE_DATA"]), read_only=True
+    )
+    try:
+        keys = [int(k) for (k,) in con.execute("SELECT run_key FROM lake.runs").fetchall()]
+    finally:
+        con.close()
+    assert len(keys) == len(set(keys)), f"{len(keys) - len(set(keys))} runs twice in the lake"
+    assert set(keys) == decided, (len(decided - set(keys)), len(set(keys) - decided))
+    assert shipped == len(keys)
 
 
 def _assert_all_stored(db: Path, templates: list[Template], acked: list[_Request]) -> None:
