@@ -321,7 +321,10 @@ class LakeConfig:
         ship_interval_seconds: how often the shipper looks for finished runs.
         ship_grace_seconds: a decided run ships once no span of it arrived for this long
             (late spans of a run land in its local copy only after it shipped).
-        ship_batch_runs: runs per lake transaction.
+        ship_batch_runs: runs per lake transaction. A pass costs about the same CPU
+            whatever its size (the local reads, a Parquet file per table, the commit:
+            143 ms of the shipping thread at 2,000 runs, 259 ms at 10,000), so at
+            capacity larger batches cost less per run (72 against 26 us).
         ship_retry_max_seconds: the longest wait between retries of a failed batch
             (backoff doubles from ``ship_interval_seconds``).
         memory_limit_mib: DuckDB's memory limit of each connection this collector opens
@@ -340,7 +343,7 @@ class LakeConfig:
     local_retention_seconds: float = 0.0
     ship_interval_seconds: float = 3.0
     ship_grace_seconds: float = 5.0
-    ship_batch_runs: int = 2_000
+    ship_batch_runs: int = 10_000
     ship_retry_max_seconds: float = 60.0
     memory_limit_mib: int = 64
 

@@ -50,6 +50,9 @@ _EXTENSIONS: Final = (
     ("postgres_scanner", "duckdb_extension_postgres_scanner"),
     ("ducklake", "duckdb_extension_ducklake"),
 )
+_SIDECAR_ALLOCATOR_FLUSH: Final = "16MiB"
+"""DuckDB's allocator flush thresholds on a collector's lake connections, as the store
+sets them on its own (``collector/store/writer.py``, ``_ALLOCATOR_FLUSH_BYTES``)."""
 _PASSWORD = re.compile(r"(password\s*=\s*)(\S+)", re.IGNORECASE)
 _URI_PASSWORD = re.compile(r"(://[^:/@\s]+:)([^@\s]+)(@)")
 
@@ -191,7 +194,8 @@ def connect_lake(
             directory, when it names them).
         read_only: attach the lake read-only (readers).
         memory_limit: DuckDB ``memory_limit`` such as ``"256MB"``; None takes
-            ``target.memory_limit_mib``, else DuckDB's.
+            ``target.memory_limit_mib`` (with the store's allocator flush thresholds,
+            16 MiB), else DuckDB's.
         threads: DuckDB ``threads``; None keeps DuckDB's.
 
     Raises:
@@ -207,6 +211,10 @@ def connect_lake(
         config["extension_directory"] = target.extension_directory
     if memory_limit is None and target.memory_limit_mib is not None:
         memory_limit = f"{int(target.memory_limit_mib)}MiB"
+        # A sidecar's connection: freed memory goes back to the system as the store's
+        # does (DuckDB keeps up to 128 MiB, 512 MiB after a bulk free, outside the limit).
+        config["allocator_flush_threshold"] = _SIDECAR_ALLOCATOR_FLUSH
+        config["allocator_bulk_deallocation_flush_threshold"] = _SIDECAR_ALLOCATOR_FLUSH
     if memory_limit is not None:
         config["memory_limit"] = memory_limit
     if target.temp_directory is not None:

@@ -134,6 +134,9 @@ _CONNECT_TIMEOUT_SECONDS: Final = 10
 _LOCK_TIMEOUT: Final = "60s"
 _SCHEMA_ATTEMPTS: Final = 5
 _FLOOR_MARGIN_NS: Final = 300 * _NS
+_RECEIVED_MARGIN_NS: Final = 60 * _NS
+"""How far a batch's local reads of ``stop_reports`` and ``steps`` look past its runs'
+first and last span (:func:`read_batch`): room for the store's clock set back by NTP."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +156,7 @@ class ShipSettings:
     collector_id: str
     interval_seconds: float = 3.0
     grace_seconds: float = 5.0
-    batch_runs: int = 2_000
+    batch_runs: int = 10_000
     retry_max_seconds: float = 60.0
     pause_after_commit_seconds: float = 0.0
 
@@ -272,34 +275,36 @@ def read_batch(
     con: duckdb.DuckDBPyConnection,
     finished: Sequence[tuple[int, int]],
     lake: duckdb.DuckDBPyConnection,
-    *,
-    floor_ns: int | None = None,
 ) -> LakeBatch:
     """Read the lake rows of ``finished`` runs from the local file, in one snapshot, into
     ``lake``'s batch tables (replacing the previous batch).
 
-    Each local read is bounded by time as well as by key, so a pass reads the recent
-    part of the local tables, not all of them (DuckDB skips row groups by their min/max;
-    the tables are appended in time order):
+    Each local read is bounded by time as well as by key, so a pass reads a slice of the
+    local tables, not all of them (DuckDB skips row groups by their min/max; the tables
+    are appended in time order, and a run's row again each time it is touched):
 
-    - ``runs`` by ``decided_unix_nano >= floor_ns``, the rule that selected the batch
-      (:func:`select_finished`);
-    - ``stop_reports`` and ``steps`` by ``received_unix_nano``: a row is stored in the
-      same writer group as its run or later, so it was received at or after its run's
-      ``first_seen_unix_nano`` (both are the store's clock); the bound is the batch's
-      earliest, less :data:`_FLOOR_MARGIN_NS` for a clock set back.
+    - ``runs`` by ``last_seen_unix_nano`` within the batch's range, as
+      :func:`select_finished` saw it. A run that got a span since then falls outside
+      and leaves the batch: it is no longer quiet, and ships in a later pass.
+    - ``stop_reports`` and ``steps`` by ``received_unix_nano``. The writer stores a row
+      in the group that touches its run, so it was received between the run's
+      ``first_seen_unix_nano`` and its ``last_seen_unix_nano`` (the store's clock, all
+      three); the window is the batch's earliest first span to its latest last span,
+      widened by :data:`_RECEIVED_MARGIN_NS` on each side for a clock set back.
+    - ``run_tools`` (no time column) and ``canary_flags`` by key only.
 
-    ``run_tools`` has no time column: it is read by key, joined to the batch's runs.
+    Ranking the stop reports and summing the tool counts happen in ``lake``, so their
+    working memory comes out of the lake connection's budget, not the store's, which
+    the writer's checkpoints need.
 
     Args:
         con: a cursor of the local file (a temporary key table and a read transaction
             are opened and closed here).
         finished: ``[(run_key, last_seen_unix_nano), ...]`` from :func:`select_finished`.
         lake: the lake connection that stages the batch (:class:`LakeSession`'s).
-        floor_ns: the floor :func:`select_finished` used (None: no time bound on runs).
 
     Returns:
-        The batch; a run removed meanwhile (retention) simply has no rows.
+        The batch: the runs of ``finished`` still there and still quiet.
     """
     keys = [key for key, _ in finished]
     source = ArrowColumns(["run_key"], [column(keys, UINT64)], len(keys))
@@ -311,24 +316,22 @@ def read_batch(
     finally:
         con.unregister(_SOURCE)
     in_batch = f"run_key IN (SELECT run_key FROM {_KEYS})"
-    decided = r_decided = ""
-    if floor_ns is not None:
-        decided = f" AND decided_unix_nano >= {int(floor_ns)}"
-        r_decided = f" AND r.decided_unix_nano >= {int(floor_ns)}"
+    seen = [last for _, last in finished]
+    window = f"BETWEEN {min(seen, default=0)} AND {max(seen, default=0)}"
+    quiet = f" AND last_seen_unix_nano {window}"
     runs, stops, tools = BATCH_TABLES["runs"], BATCH_TABLES["stops"], BATCH_TABLES["run_tools"]
-    # The local queries are plain filtered scans: ranking and summing happen in the lake
-    # connection, so their working memory (hash tables, windows) comes out of its own
-    # budget (lake.memory_limit_mib), not out of the store's, which the writer's
-    # checkpoints need.
     con.execute("BEGIN TRANSACTION")
     try:
-        _stage(con, lake, runs, f"SELECT {_own('runs')} FROM runs WHERE {in_batch}{decided}")
-        row = lake.execute(f"SELECT count(*), min(first_seen_unix_nano) FROM {runs}").fetchone()
-        present, earliest = (0, None) if row is None else (int(row[0]), row[1])
+        _stage(con, lake, runs, f"SELECT {_own('runs')} FROM runs WHERE {in_batch}{quiet}")
+        row = lake.execute(
+            f"SELECT count(*), min(first_seen_unix_nano), max(last_seen_unix_nano) FROM {runs}"
+        ).fetchone()
+        present, earliest, latest = (0, None, None) if row is None else row
         received = (
             ""
-            if earliest is None
-            else f" AND received_unix_nano >= {int(earliest) - _FLOOR_MARGIN_NS}"
+            if earliest is None or latest is None
+            else f" AND received_unix_nano BETWEEN {int(earliest) - _RECEIVED_MARGIN_NS} "
+            f"AND {int(latest) + _RECEIVED_MARGIN_NS}"
         )
         _stage(
             con,
@@ -355,7 +358,7 @@ def read_batch(
             BATCH_TABLES["canary_flags"],
             "SELECT r.run_id, min(c.first_seen_unix_nano) AS first_seen_unix_nano "
             "FROM runs r JOIN canary_flags c ON c.run_id = r.run_id OR c.run_id = r.trace_id "
-            f"WHERE r.{in_batch}{r_decided} GROUP BY r.run_id",
+            f"WHERE r.{in_batch} AND r.last_seen_unix_nano {window} GROUP BY r.run_id",
         )
     finally:
         con.execute("ROLLBACK")
@@ -373,11 +376,12 @@ def read_batch(
     )
     lake.execute(f"DROP TABLE {_REPORTS}")
     lake.execute(f"DROP TABLE {_TOOL_ROWS}")
-    counts = {table: present if table == "runs" else _count(lake, table) for table in LAKE_TABLES}
-    if present == len(finished):
-        return LakeBatch(dict(finished), counts)
     found = {int(k) for (k,) in lake.execute(f"SELECT run_key FROM {runs}").fetchall()}
-    return LakeBatch({k: seen for k, seen in finished if k in found}, counts)
+    if len(found) < len(finished):
+        # Runs that left the batch (a late span; retention): their other rows leave too.
+        _keep_only(lake, sorted(found))
+    counts = {table: present if table == "runs" else _count(lake, table) for table in LAKE_TABLES}
+    return LakeBatch({k: last for k, last in finished if k in found}, counts)
 
 
 def _count(lake: duckdb.DuckDBPyConnection, table: str) -> int:
@@ -567,11 +571,7 @@ class LakeSession:
                 self.lock_con.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
     def stage(
-        self,
-        cursor: duckdb.DuckDBPyConnection,
-        finished: Sequence[tuple[int, int]],
-        *,
-        floor_ns: int | None = None,
+        self, cursor: duckdb.DuckDBPyConnection, finished: Sequence[tuple[int, int]]
     ) -> LakeBatch:
         """Read a batch from the local file into this session's batch tables
         (:func:`read_batch`), connecting first if needed; :meth:`publish` ships it.
@@ -582,7 +582,7 @@ class LakeSession:
         """
         self.connect()
         assert self.con is not None
-        return read_batch(cursor, finished, self.con, floor_ns=floor_ns)
+        return read_batch(cursor, finished, self.con)
 
     def publish(self, batch: LakeBatch, collector_id: str) -> ShipOutcome:
         """Insert the staged batch's runs not yet in the lake, in one lake transaction
@@ -870,7 +870,7 @@ class Shipper:
             )
             if not finished:
                 return False
-            batch = self.session.stage(cursor, finished, floor_ns=self.floor_ns)
+            batch = self.session.stage(cursor, finished)
         finally:
             cursor.close()
         try:

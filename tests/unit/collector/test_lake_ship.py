@@ -140,10 +140,9 @@ def test_batch_reads_rows_stored_long_before_the_run_finished(store: Store, cloc
     )
     commit(store, full_run("short", "completed"))
     clock.now += 10
-    now_ns = int(clock() * NS)
     cursor = store.read_cursor()
     lake = duckdb.connect(":memory:")
-    batch = read_batch(cursor, finished(store, clock), lake, floor_ns=now_ns - 300 * NS)
+    batch = read_batch(cursor, finished(store, clock), lake)
     cursor.close()
     assert set(batch.run_keys) == {run_key_of("long"), run_key_of("short")}
     tools = lake.execute(
@@ -153,6 +152,27 @@ def test_batch_reads_rows_stored_long_before_the_run_finished(store: Store, cloc
     assert tools == [("early",), ("late",)]
     stops = lake.execute(f"SELECT run_id, reason FROM {BATCH_TABLES['stops']} ORDER BY run_id")
     assert stops.fetchall() == [("long", "no_progress"), ("short", "completed")]
+
+
+def test_a_run_touched_after_selection_leaves_the_batch_whole(store: Store, clock: Clock) -> None:
+    """A span that arrives between the selection and the read makes the run not quiet:
+    it leaves this batch with all its rows (none staged without their run), and ships
+    in a later pass."""
+    commit(store, full_run("busy", "repeated_action"))
+    commit(store, full_run("quiet", "completed"))
+    clock.now += 10
+    selected = finished(store, clock)
+    assert {key for key, _ in selected} == {run_key_of("busy"), run_key_of("quiet")}
+    commit(store, batch_of(step_row("busy", 4, tool="late")))
+    cursor = store.read_cursor()
+    lake = duckdb.connect(":memory:")
+    staged = read_batch(cursor, selected, lake)
+    cursor.close()
+    assert staged.run_keys == [run_key_of("quiet")]
+    for table in ("runs", "stops", "steps", "run_tools"):
+        sql = f"SELECT DISTINCT run_id FROM {BATCH_TABLES[table]}"
+        assert lake.execute(sql).fetchall() == [("quiet",)], table
+    assert staged.rows("steps") == 6 and staged.rows("stops") == 1
 
 
 def test_split_existing() -> None:

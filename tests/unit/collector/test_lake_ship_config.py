@@ -100,12 +100,13 @@ def test_lake_connections_take_the_memory_limit_and_spill_beside_the_file(
     assert (target.memory_limit_mib, target.temp_directory) == (96, f"{db}.lake.tmp")
     con = connect_lake(target)
     try:
-        limit, temp = con.execute(
-            "SELECT current_setting('memory_limit'), current_setting('temp_directory')"
-        ).fetchone() or (None, None)
+        limit, temp, flush = con.execute(
+            "SELECT current_setting('memory_limit'), current_setting('temp_directory'), "
+            "current_setting('allocator_flush_threshold')"
+        ).fetchone() or (None, None, None)
     finally:
         con.close()
-    assert limit == "96.0 MiB" and temp == f"{db}.lake.tmp"
+    assert limit == "96.0 MiB" and temp == f"{db}.lake.tmp" and flush == "16.0 MiB"
     assert load_config(environ={}).lake.memory_limit_mib == 64
 
 
