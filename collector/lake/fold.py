@@ -10,10 +10,10 @@ file merge undoes: every lake writer, housekeeping's merge included, holds the s
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .connect import ALIAS
-from .schema import BATCH_TABLES, LAKE_TABLES, lake_columns
+from .schema import BATCH_TABLES, LAKE_TABLES, lake_columns, views
 
 if TYPE_CHECKING:
     import duckdb
@@ -46,13 +46,16 @@ def _fragment(alias: str) -> str:
     return _FRAGMENT.format(t=alias)
 
 
+_SOURCE: Final = "loopwatch_fold_source"
 _RUNS: Final = BATCH_TABLES["runs"]
 _STEPS: Final = BATCH_TABLES["steps"]
 _TOOLS: Final = BATCH_TABLES["run_tools"]
 _FLAGS: Final = BATCH_TABLES["canary_flags"]
 
 
-def fold_fragments(con: duckdb.DuckDBPyConnection, collector_id: str, shipped_ns: int) -> list[int]:
+def fold_fragments(
+    con: duckdb.DuckDBPyConnection, tables: dict[str, Any], collector_id: str, shipped_ns: int
+) -> list[int]:
     """Make a trace split over two collectors ONE run in the lake (inside the caller's
     locked lake transaction, before the batch is inserted).
 
@@ -73,20 +76,21 @@ def fold_fragments(con: duckdb.DuckDBPyConnection, collector_id: str, shipped_ns
     whose steps are in the lake already was folded by the committed attempt.
 
     Args:
-        con: the lake connection, inside the locked lake transaction, with the batch
-            to insert in its batch tables (:data:`~loopwatch.collector.lake.schema.
-            BATCH_TABLES`).
+        con: the lake connection, inside the locked lake transaction.
+        tables: the batch's rows to insert (:class:`~loopwatch.collector.lake.ship.
+            LakeBatch` arrays).
         collector_id: written with folded rows.
         shipped_ns: written with folded rows.
 
     Returns:
         The batch's fragment run keys that were folded (not to be inserted).
     """
-    has = con.execute(
-        f"SELECT count(*) FILTER ({_fragment('r')}), "
-        "count(*) FILTER (source <> 'loopwatch' AND run_id <> trace_id), "
-        f"min(start_unix_nano), max(start_unix_nano) FROM {_RUNS} r"
-    ).fetchone()
+    with views(con, {"runs": tables["runs"]}):
+        has = con.execute(
+            f"SELECT count(*) FILTER ({_fragment('r')}), "
+            "count(*) FILTER (source <> 'loopwatch' AND run_id <> trace_id), "
+            f"min(start_unix_nano), max(start_unix_nano) FROM {_RUNS} r"
+        ).fetchone()
     assert has is not None
     fragments, agent_runs, low, high = has
     if not fragments and not agent_runs:
@@ -95,11 +99,26 @@ def fold_fragments(con: duckdb.DuckDBPyConnection, collector_id: str, shipped_ns
         f"l.start_unix_nano BETWEEN {int(low or 0) - _FOLD_WINDOW_NS} "
         f"AND {int(high or 0) + _FOLD_WINDOW_NS}"
     )
-    if agent_runs:
-        _replace_lake_fragments(con, window)
     if not fragments:
+        with views(con, {"runs": tables["runs"]}):
+            _replace_lake_fragments(con, window)
         return []
-    return _fold_batch_fragments(con, window, collector_id, shipped_ns)
+    # A fragment in the batch (rare: a trace split over collectors): its statements read
+    # the batch's tables more than once, so they become temporary tables for the fold.
+    used = ("runs", "steps", "run_tools", "canary_flags")
+    for table in used:
+        con.register(_SOURCE, tables[table].__arrow_c_stream__())
+        try:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {BATCH_TABLES[table]} AS FROM {_SOURCE}")
+        finally:
+            con.unregister(_SOURCE)
+    try:
+        if agent_runs:
+            _replace_lake_fragments(con, window)
+        return _fold_batch_fragments(con, window, collector_id, shipped_ns)
+    finally:
+        for table in used:
+            con.execute(f"DROP TABLE IF EXISTS {BATCH_TABLES[table]}")
 
 
 def _replace_lake_fragments(con: duckdb.DuckDBPyConnection, window: str) -> None:

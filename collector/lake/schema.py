@@ -14,8 +14,10 @@ contract version; a lake written by a newer contract is refused, never rewritten
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import TYPE_CHECKING, Final
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import LakeUnavailable
 from .connect import ALIAS
@@ -23,7 +25,14 @@ from .connect import ALIAS
 if TYPE_CHECKING:
     import duckdb
 
-__all__ = ["BATCH_TABLES", "LAKE_TABLES", "LAKE_VERSION", "ensure_lake_schema", "lake_columns"]
+__all__ = [
+    "BATCH_TABLES",
+    "LAKE_TABLES",
+    "LAKE_VERSION",
+    "ensure_lake_schema",
+    "lake_columns",
+    "views",
+]
 
 LAKE_VERSION: Final = 1
 """The contract version of docs/lake.md. Raise it (with a migration) when a column changes."""
@@ -86,8 +95,29 @@ LAKE_TABLES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
 """Each lake table's own columns, in order; :func:`lake_columns` adds the shipped pair."""
 
 BATCH_TABLES: Final = {table: f"loopwatch_batch_{table}" for table in LAKE_TABLES}
-"""The temporary tables of the shipper's lake connection that hold the batch being
-shipped, one per lake table, with that table's own columns (:data:`LAKE_TABLES`)."""
+"""The names under which the shipper shows DuckDB the batch being shipped, one per lake
+table, with that table's own columns (:data:`LAKE_TABLES`): Arrow views
+(:func:`views`), or temporary tables where a statement reads one twice (``fold.py``)."""
+
+
+@contextlib.contextmanager
+def views(con: duckdb.DuckDBPyConnection, tables: dict[str, Any]) -> Iterator[None]:
+    """Register each array of ``tables`` under its :data:`~loopwatch.collector.lake.schema.
+    BATCH_TABLES` name for ONE statement: DuckDB scans an Arrow C stream capsule once,
+    and is handed capsules only (given another object, its client imports pyarrow to ask
+    whether it is a pyarrow table; ``collector/store/arrow.py``).
+
+    Args:
+        con: the connection the statement runs on.
+        tables: ``{lake table: array}``, each read at most once by the statement.
+    """
+    for table, array in tables.items():
+        con.register(BATCH_TABLES[table], array.__arrow_c_stream__())
+    try:
+        yield
+    finally:
+        for table in tables:
+            con.unregister(BATCH_TABLES[table])
 
 
 def lake_columns(table: str) -> tuple[tuple[str, str], ...]:

@@ -61,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import random
 import threading
@@ -72,12 +73,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import nanoarrow as na
+
 from ..errors import LakeUnavailable
 from ..store.arrow import BOOL, INT64, UINT64, ArrowColumns, column
-from ..store.schema import STOP_ORDER, key_list
+from ..store.schema import STOP_ORDER
 from .connect import ALIAS, LakeTarget, connect_lake, mask_catalog
 from .fold import fold_fragments
-from .schema import BATCH_TABLES, LAKE_TABLES, ensure_lake_schema, lake_columns
+from .schema import BATCH_TABLES, LAKE_TABLES, ensure_lake_schema, lake_columns, views
 
 if TYPE_CHECKING:
     import duckdb
@@ -93,13 +96,14 @@ __all__ = [
     "ShipSettings",
     "Shipper",
     "classify_failure",
-    "clear_batch",
     "fold_fragments",
     "mark_shipped",
+    "only",
     "open_lake",
     "read_batch",
     "select_finished",
     "split_existing",
+    "views",
 ]
 
 _log = logging.getLogger("loopwatch.collector.lake")
@@ -229,17 +233,20 @@ def _own(table: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LakeBatch:
-    """One batch read from the local file, staged in the lake connection's temporary
-    tables (:data:`~loopwatch.collector.lake.schema.BATCH_TABLES`, lake column order,
-    without ``collector_id`` and ``shipped_unix_nano``) until it is published.
+    """One batch's rows, read from the local file as Arrow arrays (lake column order,
+    without ``collector_id`` and ``shipped_unix_nano``), held by nanoarrow.
+
+    Arrays, not DuckDB temporary tables: an in-memory table takes at least one 256 KiB
+    block per column, about 35 MiB for the five tables' 140 columns whatever the batch
+    holds (27 MiB for 2,500 runs, measured); the arrays take what the rows take.
 
     Attributes:
         last_seen: ``{run_key: last_seen_unix_nano}`` of the batch's runs (for the lag).
-        counts: ``{lake table: rows staged}``.
+        tables: ``{lake table: nanoarrow.Array}``; :func:`views` hands them to DuckDB.
     """
 
     last_seen: dict[int, int]
-    counts: dict[str, int]
+    tables: dict[str, Any]
 
     @property
     def run_keys(self) -> list[int]:
@@ -248,27 +255,16 @@ class LakeBatch:
 
     def rows(self, table: str) -> int:
         """Rows of ``table`` in the batch."""
-        return self.counts[table]
+        return len(self.tables[table])
 
 
 _KEYS: Final = "loopwatch_ship_keys"
 _SOURCE: Final = "loopwatch_ship_source"
-_REPORTS: Final = "loopwatch_ship_stop_reports"
-_TOOL_ROWS: Final = "loopwatch_ship_tool_rows"
 
 
-def _stage(
-    con: duckdb.DuckDBPyConnection, lake: duckdb.DuckDBPyConnection, name: str, sql: str
-) -> None:
-    """Copy one query's rows from the local file into the temporary table ``name`` of the
-    lake connection, through the Arrow C stream interface: DuckDB to DuckDB, no Python
-    objects per row and no pyarrow (whose import alone costs the sidecar 26 MiB;
-    ``collector/store/arrow.py``)."""
-    lake.register(_SOURCE, con.sql(sql).__arrow_c_stream__())
-    try:
-        lake.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS FROM {_SOURCE}")
-    finally:
-        lake.unregister(_SOURCE)
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
+    """The rows of ``sql`` as one nanoarrow array (DuckDB's Arrow export, no copy)."""
+    return na.Array(con.sql(sql))
 
 
 def read_batch(
@@ -276,8 +272,7 @@ def read_batch(
     finished: Sequence[tuple[int, int]],
     lake: duckdb.DuckDBPyConnection,
 ) -> LakeBatch:
-    """Read the lake rows of ``finished`` runs from the local file, in one snapshot, into
-    ``lake``'s batch tables (replacing the previous batch).
+    """Read the lake rows of ``finished`` runs from the local file, in one snapshot.
 
     Each local read is bounded by time as well as by key, so a pass reads a slice of the
     local tables, not all of them (DuckDB skips row groups by their min/max; the tables
@@ -293,7 +288,7 @@ def read_batch(
       widened by :data:`_RECEIVED_MARGIN_NS` on each side for a clock set back.
     - ``run_tools`` (no time column) and ``canary_flags`` by key only.
 
-    Ranking the stop reports and summing the tool counts happen in ``lake``, so their
+    Ranking the stop reports and summing the tool counts happen on ``lake``, so their
     working memory comes out of the lake connection's budget, not the store's, which
     the writer's checkpoints need.
 
@@ -301,7 +296,7 @@ def read_batch(
         con: a cursor of the local file (a temporary key table and a read transaction
             are opened and closed here).
         finished: ``[(run_key, last_seen_unix_nano), ...]`` from :func:`select_finished`.
-        lake: the lake connection that stages the batch (:class:`LakeSession`'s).
+        lake: a connection for the ranking and summing (:class:`LakeSession`'s).
 
     Returns:
         The batch: the runs of ``finished`` still there and still quiet.
@@ -318,44 +313,34 @@ def read_batch(
     in_batch = f"run_key IN (SELECT run_key FROM {_KEYS})"
     seen = [last for _, last in finished]
     window = f"BETWEEN {min(seen, default=0)} AND {max(seen, default=0)}"
-    quiet = f" AND last_seen_unix_nano {window}"
-    runs, stops, tools = BATCH_TABLES["runs"], BATCH_TABLES["stops"], BATCH_TABLES["run_tools"]
     con.execute("BEGIN TRANSACTION")
     try:
-        _stage(con, lake, runs, f"SELECT {_own('runs')} FROM runs WHERE {in_batch}{quiet}")
-        row = lake.execute(
-            f"SELECT count(*), min(first_seen_unix_nano), max(last_seen_unix_nano) FROM {runs}"
-        ).fetchone()
-        present, earliest, latest = (0, None, None) if row is None else row
+        runs = _fetch(
+            con,
+            f"SELECT {_own('runs')} FROM runs WHERE {in_batch} AND last_seen_unix_nano {window}",
+        )
+        with views(lake, {"runs": runs}):
+            row = lake.execute(
+                "SELECT min(first_seen_unix_nano), max(last_seen_unix_nano) "
+                f"FROM {BATCH_TABLES['runs']}"
+            ).fetchone()
+        earliest, latest = (None, None) if row is None else row
         received = (
             ""
             if earliest is None or latest is None
             else f" AND received_unix_nano BETWEEN {int(earliest) - _RECEIVED_MARGIN_NS} "
             f"AND {int(latest) + _RECEIVED_MARGIN_NS}"
         )
-        _stage(
-            con,
-            lake,
-            _REPORTS,
-            f"SELECT {_own('stops')} FROM stop_reports WHERE {in_batch}{received}",
+        reports = _fetch(
+            con, f"SELECT {_own('stops')} FROM stop_reports WHERE {in_batch}{received}"
         )
-        _stage(
-            con,
-            lake,
-            BATCH_TABLES["steps"],
-            f"SELECT {_own('steps')} FROM steps WHERE {in_batch}{received}",
-        )
-        _stage(
-            con,
-            lake,
-            _TOOL_ROWS,
-            f"SELECT run_key, tool, outcome, calls, agent FROM run_tools WHERE {in_batch}",
+        steps = _fetch(con, f"SELECT {_own('steps')} FROM steps WHERE {in_batch}{received}")
+        tool_rows = _fetch(
+            con, f"SELECT run_key, tool, outcome, calls, agent FROM run_tools WHERE {in_batch}"
         )
         # A flag names a run id or a trace id; in the lake it names each run it marks.
-        _stage(
+        flags = _fetch(
             con,
-            lake,
-            BATCH_TABLES["canary_flags"],
             "SELECT r.run_id, min(c.first_seen_unix_nano) AS first_seen_unix_nano "
             "FROM runs r JOIN canary_flags c ON c.run_id = r.run_id OR c.run_id = r.trace_id "
             f"WHERE r.{in_batch} AND r.last_seen_unix_nano {window} GROUP BY r.run_id",
@@ -365,34 +350,58 @@ def read_batch(
         con.execute(f"DROP TABLE IF EXISTS {_KEYS}")
     # The stops view's rule over this batch's reports (the view would rank every stored
     # report), and the tool counts summed per run, tool, outcome and agent, with run_id.
-    lake.execute(
-        f"CREATE OR REPLACE TEMP TABLE {stops} AS FROM {_REPORTS} QUALIFY {STOP_ORDER} = 1"
-    )
-    lake.execute(
-        f"CREATE OR REPLACE TEMP TABLE {tools} AS SELECT t.run_key, r.run_id, t.tool, "
-        "t.outcome, CAST(sum(t.calls) AS BIGINT) AS calls, t.agent "
-        f"FROM {_TOOL_ROWS} t JOIN {runs} r ON r.run_key = t.run_key "
-        "GROUP BY t.run_key, r.run_id, t.tool, t.outcome, t.agent"
-    )
-    lake.execute(f"DROP TABLE {_REPORTS}")
-    lake.execute(f"DROP TABLE {_TOOL_ROWS}")
-    found = {int(k) for (k,) in lake.execute(f"SELECT run_key FROM {runs}").fetchall()}
+    with views(lake, {"stops": reports}):
+        stops = _fetch(lake, f"FROM {BATCH_TABLES['stops']} QUALIFY {STOP_ORDER} = 1")
+    with views(lake, {"run_tools": tool_rows, "runs": runs}):
+        tools = _fetch(
+            lake,
+            "SELECT t.run_key, r.run_id, t.tool, t.outcome, CAST(sum(t.calls) AS BIGINT) "
+            f"AS calls, t.agent FROM {BATCH_TABLES['run_tools']} t "
+            f"JOIN {BATCH_TABLES['runs']} r ON r.run_key = t.run_key "
+            "GROUP BY t.run_key, r.run_id, t.tool, t.outcome, t.agent",
+        )
+    tables = {"runs": runs, "stops": stops, "steps": steps, "run_tools": tools,
+              "canary_flags": flags}  # fmt: skip
+    with views(lake, {"runs": runs}):
+        found = {
+            int(k)
+            for (k,) in lake.execute(f"SELECT run_key FROM {BATCH_TABLES['runs']}").fetchall()
+        }
     if len(found) < len(finished):
         # Runs that left the batch (a late span; retention): their other rows leave too.
-        _keep_only(lake, sorted(found))
-    counts = {table: present if table == "runs" else _count(lake, table) for table in LAKE_TABLES}
-    return LakeBatch({k: last for k, last in finished if k in found}, counts)
+        tables = only(lake, tables, sorted(found))
+    return LakeBatch({k: last for k, last in finished if k in found}, tables)
 
 
-def _count(lake: duckdb.DuckDBPyConnection, table: str) -> int:
-    row = lake.execute(f"SELECT count(*) FROM {BATCH_TABLES[table]}").fetchone()
-    return 0 if row is None else int(row[0])
+def only(
+    con: duckdb.DuckDBPyConnection, tables: dict[str, Any], keys: Sequence[int]
+) -> dict[str, Any]:
+    """The rows of ``tables`` that belong to the runs ``keys`` (new arrays).
 
-
-def clear_batch(lake: duckdb.DuckDBPyConnection) -> None:
-    """Drop the batch tables (their memory goes back to the lake connection's pool)."""
-    for name in (*BATCH_TABLES.values(), _REPORTS, _TOOL_ROWS):
-        lake.execute(f"DROP TABLE IF EXISTS {name}")
+    The keys are joined from an Arrow column: a literal list of 2,000 UBIGINTs costs
+    DuckDB tens of milliseconds to plan.
+    """
+    keep = ArrowColumns(["run_key"], [column(list(keys), UINT64)], len(keys))
+    out: dict[str, Any] = {}
+    for table, array in tables.items():
+        if table == "canary_flags":
+            continue
+        con.register(_SOURCE, keep.__arrow_c_stream__())
+        try:
+            with views(con, {table: array}):
+                out[table] = _fetch(
+                    con,
+                    f"FROM {BATCH_TABLES[table]} WHERE run_key IN (SELECT run_key FROM {_SOURCE})",
+                )
+        finally:
+            con.unregister(_SOURCE)
+    with views(con, {"canary_flags": tables["canary_flags"], "runs": out["runs"]}):
+        out["canary_flags"] = _fetch(
+            con,
+            f"FROM {BATCH_TABLES['canary_flags']} WHERE run_id IN "
+            f"(SELECT run_id FROM {BATCH_TABLES['runs']})",
+        )
+    return {table: out[table] for table in tables}
 
 
 def mark_shipped(
@@ -573,8 +582,9 @@ class LakeSession:
     def stage(
         self, cursor: duckdb.DuckDBPyConnection, finished: Sequence[tuple[int, int]]
     ) -> LakeBatch:
-        """Read a batch from the local file into this session's batch tables
-        (:func:`read_batch`), connecting first if needed; :meth:`publish` ships it.
+        """Read a batch from the local file (:func:`read_batch`, ranking and summing on
+        this session's connection, which is opened first if needed); :meth:`publish`
+        ships it, on this session or another.
 
         Raises:
             LakeUnavailable: the lake cannot be reached.
@@ -585,9 +595,7 @@ class LakeSession:
         return read_batch(cursor, finished, self.con)
 
     def publish(self, batch: LakeBatch, collector_id: str) -> ShipOutcome:
-        """Insert the staged batch's runs not yet in the lake, in one lake transaction
-        (the batch of the last :meth:`stage`; a reconnect in between loses it: stage
-        again).
+        """Insert the batch's runs not yet in the lake, in one lake transaction.
 
         Raises:
             duckdb.Error, psycopg.Error, LakeUnavailable: nothing of the batch was
@@ -602,20 +610,19 @@ class LakeSession:
             shipped_ns = time.time_ns()
             con.execute("BEGIN TRANSACTION")
             try:
-                existing = _existing(con)
+                existing = _existing(con, batch)
                 new, mine, skipped = split_existing(keys, existing, collector_id)
                 folded: list[int] = []
                 if new:
                     # Usually every run is new: filter only when some are not.
-                    if len(new) < len(keys):
-                        _keep_only(con, new)
-                    folded = fold_fragments(con, collector_id, shipped_ns)
+                    tables = batch.tables if len(new) == len(keys) else only(con, batch.tables, new)
+                    folded = fold_fragments(con, tables, collector_id, shipped_ns)
                     if folded:
                         gone = set(folded)
                         new = [k for k in new if k not in gone]
-                        _keep_only(con, new)
+                        tables = only(con, tables, new)
                     if new:
-                        _insert(con, collector_id, shipped_ns)
+                        _insert(con, tables, collector_id, shipped_ns)
                 con.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -630,49 +637,43 @@ _CHECK_WINDOW_NS: Final = 86_400 * _NS
 for copies already in the lake (by ``shipped_unix_nano``)."""
 
 
-def _existing(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str]]:
-    """``(run_key, collector_id)`` of the staged batch's runs already in ``lake.runs``.
+def _existing(con: duckdb.DuckDBPyConnection, batch: LakeBatch) -> list[tuple[int, str]]:
+    """``(run_key, collector_id)`` of the batch's runs already in ``lake.runs``.
 
     Two costs kept off the check, which runs on every pass: the keys are joined from the
-    batch table (a literal ``IN`` list of 2,000 UBIGINTs cost more to plan than the whole
-    insert), and only lake rows shipped at most a day before the batch's earliest first
-    span are read: DuckLake skips the data files whose ``shipped_unix_nano`` range ends
-    earlier, so the check no longer grows with the lake. A copy is shipped after its
-    run's first span reached its collector, so it is in the window unless the same run's
-    spans reached two collectors more than a day apart (docs/lake.md, "Exactly once").
+    batch's Arrow array (a literal ``IN`` list of 2,000 UBIGINTs cost more to plan than
+    the whole insert), and only lake rows shipped at most a day before the batch's
+    earliest first span are read: DuckLake skips the data files whose
+    ``shipped_unix_nano`` range ends earlier, so the check no longer grows with the
+    lake. A copy is shipped after its run's first span reached its collector, so it is
+    in the window unless the same run's spans reached two collectors more than a day
+    apart (docs/lake.md, "Exactly once").
     """
     runs = BATCH_TABLES["runs"]
-    row = con.execute(f"SELECT min(first_seen_unix_nano) FROM {runs}").fetchone()
+    with views(con, {"runs": batch.tables["runs"]}):
+        row = con.execute(f"SELECT min(first_seen_unix_nano) FROM {runs}").fetchone()
     earliest = None if row is None else row[0]
     now_ns = time.time_ns()
     # shipped_unix_nano is this host's wall clock; first_seen the store's (a test's may
     # run ahead): the earlier of the two.
     floor = min(now_ns, int(earliest) if earliest is not None else now_ns) - _CHECK_WINDOW_NS
-    return [
-        (int(key), str(owner))
-        for key, owner in con.execute(
-            f"SELECT l.run_key, l.collector_id FROM {ALIAS}.runs l "
-            f"SEMI JOIN {runs} b ON l.run_key = b.run_key "
-            f"WHERE l.shipped_unix_nano >= {floor}"
-        ).fetchall()
-    ]
+    with views(con, {"runs": batch.tables["runs"]}):
+        return [
+            (int(key), str(owner))
+            for key, owner in con.execute(
+                f"SELECT l.run_key, l.collector_id FROM {ALIAS}.runs l "
+                f"SEMI JOIN {runs} b ON l.run_key = b.run_key "
+                f"WHERE l.shipped_unix_nano >= {floor}"
+            ).fetchall()
+        ]
 
 
-def _keep_only(con: duckdb.DuckDBPyConnection, keys: Sequence[int]) -> None:
-    """Remove from the batch tables every run not in ``keys`` (inside the lake
-    transaction: a rollback restores them)."""
-    kept = f"(SELECT unnest([{key_list(keys)}]::UBIGINT[]))" if keys else "(SELECT NULL::UBIGINT)"
+def _insert(
+    con: duckdb.DuckDBPyConnection, tables: dict[str, Any], collector_id: str, shipped_ns: int
+) -> None:
     for table, name in BATCH_TABLES.items():
-        if table != "canary_flags":
-            con.execute(f"DELETE FROM {name} WHERE run_key NOT IN {kept}")
-    con.execute(
-        f"DELETE FROM {BATCH_TABLES['canary_flags']} "
-        f"WHERE run_id NOT IN (SELECT run_id FROM {BATCH_TABLES['runs']})"
-    )
-
-
-def _insert(con: duckdb.DuckDBPyConnection, collector_id: str, shipped_ns: int) -> None:
-    for table, name in BATCH_TABLES.items():
+        if not len(tables[table]):
+            continue
         columns = ", ".join(column_name for column_name, _ in lake_columns(table))
         # One flag row per run: a folded fragment may have brought the run's flag.
         only_new = (
@@ -680,11 +681,12 @@ def _insert(con: duckdb.DuckDBPyConnection, collector_id: str, shipped_ns: int) 
             if table == "canary_flags"
             else ""
         )
-        con.execute(
-            f"INSERT INTO {ALIAS}.{table} ({columns}) SELECT {_own(table)}, ?, ? "
-            f"FROM {name}{only_new}",
-            [collector_id, shipped_ns],
-        )
+        with views(con, {table: tables[table]}):
+            con.execute(
+                f"INSERT INTO {ALIAS}.{table} ({columns}) SELECT {_own(table)}, ?, ? "
+                f"FROM {name}{only_new}",
+                [collector_id, shipped_ns],
+            )
 
 
 def _pg_connect(target: LakeTarget) -> Any:
@@ -794,6 +796,7 @@ class Shipper:
         self._thread = threading.Thread(target=self._loop, name="loopwatch-lake-ship", daemon=True)
         self.failures_in_a_row = 0
         self.floor_ns: int | None = None
+        self._memory_logged = -math.inf
 
     def start(self) -> None:
         """Start the thread."""
@@ -834,6 +837,27 @@ class Shipper:
             self._count_cpu(started)
             self.failures_in_a_row = 0
             delay = 0.0 if full else self.settings.interval_seconds
+            self._log_memory()
+
+    def _log_memory(self) -> None:
+        """Once a minute at debug level: the lake connection's DuckDB memory by tag, to
+        see what its budget (``lake.memory_limit_mib``) holds."""
+        now = time.monotonic()
+        if not _log.isEnabledFor(logging.DEBUG) or now - self._memory_logged < 60:
+            return
+        self._memory_logged = now
+        con = self.session.con
+        if con is None:
+            return
+        try:
+            rows = con.execute(
+                "SELECT tag, memory_usage_bytes FROM duckdb_memory() "
+                "WHERE memory_usage_bytes > 0 ORDER BY tag"
+            ).fetchall()
+        except Exception:  # duckdb.Error: the next pass reconnects
+            return
+        tags = " ".join(f"{tag}={int(used) >> 20}" for tag, used in rows)
+        _log.debug("lake connection memory MiB: duckdb %s", tags or "none")
 
     def _count_cpu(self, started: float) -> None:
         if self._on_cpu is not None:
@@ -873,17 +897,11 @@ class Shipper:
             batch = self.session.stage(cursor, finished)
         finally:
             cursor.close()
-        try:
-            outcome = (
-                self.session.publish(batch, settings.collector_id)
-                if batch.last_seen
-                else ShipOutcome([], [], [], time.time_ns())
-            )
-        finally:
-            # After a failure the session is closed, which drops them anyway.
-            if self.session.con is not None:
-                with contextlib.suppress(Exception):
-                    clear_batch(self.session.con)
+        outcome = (
+            self.session.publish(batch, settings.collector_id)
+            if batch.last_seen
+            else ShipOutcome([], [], [], time.time_ns())
+        )
         if settings.pause_after_commit_seconds > 0:
             _log.warning(
                 "lake commit done (%d runs); test hook: pausing %.1f s before the local mark",

@@ -107,9 +107,12 @@ logger = logging.getLogger("loopwatch.collector.store")
 _NS: Final = 1_000_000_000
 _T = TypeVar("_T")
 
-CHECKPOINT_HEADROOM: Final = 1
-"""How much a checkpoint may use past ``memory_limit_bytes``, as a multiple of it (1: up to
-twice the budget, for the checkpoint's length; :meth:`Store._checkpoint_with_headroom`)."""
+CHECKPOINT_HEADROOM: Final = 0.5
+"""How much a checkpoint may use past ``memory_limit_bytes``, as a fraction of it (0.5: up
+to 1.5 times the budget, 96 MiB for the default 64, for the checkpoint's length;
+:meth:`Store._checkpoint_with_headroom`). The failure it prevents wanted one more 256 KiB
+block; DuckDB may keep blocks cached up to the raised limit while the checkpoint runs, so
+the headroom is a visible RSS spike, and is kept to half the budget."""
 
 _ALLOCATOR_FLUSH_BYTES: Final = 16 << 20
 """Freed memory DuckDB's allocator may keep before handing it back to the system. DuckDB's
@@ -530,8 +533,8 @@ class Store:
             self._stored_runs.add_array(data[keys.offset : keys.offset + len(keys)])
 
     def _checkpoint_with_headroom(self) -> None:
-        """``CHECKPOINT`` with DuckDB's limit raised by :data:`CHECKPOINT_HEADROOM` times
-        the budget for its length, then set back.
+        """``CHECKPOINT`` with DuckDB's limit raised by :data:`CHECKPOINT_HEADROOM` of the
+        budget for its length, then set back.
 
         DuckDB invalidates the whole database when a checkpoint cannot allocate a block
         ("Checkpoint failed ... The database has been invalidated", DuckDB 1.5.5), and
@@ -547,7 +550,7 @@ class Store:
         base = self._memory_limit_bytes
         raised = base > 0
         if raised:
-            self._con.execute(f"SET memory_limit = '{base * (1 + CHECKPOINT_HEADROOM)}B'")
+            self._con.execute(f"SET memory_limit = '{int(base * (1 + CHECKPOINT_HEADROOM))}B'")
         try:
             self._con.execute("CHECKPOINT")
         finally:

@@ -264,9 +264,9 @@ def run_once(
             with _Rss(proc.pid) as rss:
                 plain = _run_load(spec | {"phase": "saturate", "port": otlp})
             cpu = (ingest._cpu_seconds(proc.pid) or 0.0) - before
-        figures["plain"] = plain | rss.figures() | {
-            "us_per_span": cpu / max(plain["acked_spans"], 1) * 1e6
-        }
+        figures["plain"] = (
+            plain | rss.figures() | {"us_per_span": cpu / max(plain["acked_spans"], 1) * 1e6}
+        )
         with start_postgres(tmp) as pg:
             pg.create_database("lake")
             catalog, data = pg.catalog("lake"), str(tmp / "lake-data") + "/"
@@ -278,13 +278,17 @@ def run_once(
                     shipped = _drain(api)
                 cpu = (ingest._cpu_seconds(proc.pid) or 0.0) - before
                 ship_cpu = ingest._metric(_metrics(api), "loopwatch_lake_ship_cpu_seconds_total")
-                figures["lake"] = lake | rss.figures() | {
-                    "us_per_span": cpu / max(lake["acked_spans"], 1) * 1e6,
-                    "ship_thread_us_per_span": (ship_cpu or 0.0)
-                    / max(lake["acked_spans"], 1)
-                    * 1e6,
-                    "shipped_runs": shipped,
-                }
+                figures["lake"] = (
+                    lake
+                    | rss.figures()
+                    | {
+                        "us_per_span": cpu / max(lake["acked_spans"], 1) * 1e6,
+                        "ship_thread_us_per_span": (ship_cpu or 0.0)
+                        / max(lake["acked_spans"], 1)
+                        * 1e6,
+                        "shipped_runs": shipped,
+                    }
+                )
                 rate = plain["phase_spans_per_s"] / 2
                 poller = _Poller(catalog, data, poll_seconds)
                 poller.baseline()
@@ -300,16 +304,22 @@ def run_once(
                 poller.stop()
                 text = _metrics(api)
                 lags = poller.lags()
-                figures["paced"] = paced | rss.figures() | {
-                    "offered_spans_per_s": rate,
-                    "runs_seen": len(lags),
-                    "lag_p50_s": ingest._percentile(lags, 50),
-                    "lag_p99_s": ingest._percentile(lags, 99),
-                    "lag_max_s": max(lags, default=float("nan")),
-                    "histogram_p99_le_s": _histogram_p99(text, "loopwatch_lake_ship_lag_seconds"),
-                    "failures": ingest._metric(text, "loopwatch_lake_ship_failures_total"),
-                    "skipped": ingest._metric(text, "loopwatch_lake_runs_skipped_total"),
-                }
+                figures["paced"] = (
+                    paced
+                    | rss.figures()
+                    | {
+                        "offered_spans_per_s": rate,
+                        "runs_seen": len(lags),
+                        "lag_p50_s": ingest._percentile(lags, 50),
+                        "lag_p99_s": ingest._percentile(lags, 99),
+                        "lag_max_s": max(lags, default=float("nan")),
+                        "histogram_p99_le_s": _histogram_p99(
+                            text, "loopwatch_lake_ship_lag_seconds"
+                        ),
+                        "failures": ingest._metric(text, "loopwatch_lake_ship_failures_total"),
+                        "skipped": ingest._metric(text, "loopwatch_lake_runs_skipped_total"),
+                    }
+                )
             from loopwatch.collector.lake.connect import LakeTarget, connect_lake
 
             con = connect_lake(LakeTarget(catalog, data), read_only=True)

@@ -336,9 +336,8 @@ def test_concurrent_publishers_insert_one_copy(pg: PostgresProcess, tmp_path: Pa
             clock.now += 10
             cursor = store.read_cursor()
             done = select_finished(cursor, now_ns=int(clock() * NS), grace_ns=0, limit=40)
-            # Each session stages the same batch in its own lake connection.
+            # One batch (Arrow arrays), published by both sessions at once.
             batch = sessions[0].stage(cursor, done)
-            assert sessions[1].stage(cursor, done) == batch
             cursor.close()
             barrier = threading.Barrier(2)
             outcomes: list[object] = [None, None]

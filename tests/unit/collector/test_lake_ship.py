@@ -14,8 +14,9 @@ import duckdb
 import pytest
 from loopwatch.collector.errors import LakeUnavailable
 from loopwatch.collector.lake.connect import LakeTarget, connect_lake
-from loopwatch.collector.lake.schema import BATCH_TABLES, LAKE_TABLES
+from loopwatch.collector.lake.schema import BATCH_TABLES, LAKE_TABLES, views
 from loopwatch.collector.lake.ship import (
+    LakeBatch,
     LakeSession,
     Shipper,
     ShipSettings,
@@ -54,6 +55,16 @@ def store(tmp_path: Path, clock: Clock) -> Iterator[Store]:
         clock=clock,
     ) as s:
         yield s
+
+
+def query(batch: LakeBatch, table: str, sql: str) -> list[tuple[object, ...]]:
+    """Run ``sql`` (``{}`` is the table) over one table of a batch, in a fresh DuckDB."""
+    con = duckdb.connect(":memory:")
+    try:
+        with views(con, {table: batch.tables[table]}):
+            return con.execute(sql.format(BATCH_TABLES[table])).fetchall()
+    finally:
+        con.close()
 
 
 def finished(store: Store, clock: Clock, limit: int = 100) -> list[tuple[int, int]]:
@@ -112,15 +123,13 @@ def test_batch_holds_the_lake_rows(store: Store, clock: Clock) -> None:
     assert set(batch.run_keys) == {run_key_of("loop"), run_key_of("leak")}
     assert batch.rows("runs") == 2 and batch.rows("stops") == 2
     assert batch.rows("steps") == 12  # three decisions and three tool results each
-    tools = set(
-        lake.execute(f"SELECT run_id, tool, calls FROM {BATCH_TABLES['run_tools']}").fetchall()
-    )
+    tools = set(query(batch, "run_tools", "SELECT run_id, tool, calls FROM {}"))
     assert ("loop", "search", 3) in tools
-    flags = lake.execute(f"SELECT run_id FROM {BATCH_TABLES['canary_flags']}").fetchall()
+    flags = query(batch, "canary_flags", "SELECT run_id FROM {}")
     assert flags == [("leak",)]
     # The batch tables have the lake tables' own columns, in order.
     for table, columns in LAKE_TABLES.items():
-        described = lake.execute(f"DESCRIBE {BATCH_TABLES[table]}").fetchall()
+        described = query(batch, table, "DESCRIBE {}")
         assert [(name, kind) for name, kind, *_ in described] == list(columns), table
 
 
@@ -145,13 +154,14 @@ def test_batch_reads_rows_stored_long_before_the_run_finished(store: Store, cloc
     batch = read_batch(cursor, finished(store, clock), lake)
     cursor.close()
     assert set(batch.run_keys) == {run_key_of("long"), run_key_of("short")}
-    tools = lake.execute(
-        f"SELECT tool FROM {BATCH_TABLES['steps']} WHERE run_id = 'long' AND tool IS NOT NULL "
-        "ORDER BY step"
-    ).fetchall()
+    tools = query(
+        batch,
+        "steps",
+        "SELECT tool FROM {} WHERE run_id = 'long' AND tool IS NOT NULL ORDER BY step",
+    )
     assert tools == [("early",), ("late",)]
-    stops = lake.execute(f"SELECT run_id, reason FROM {BATCH_TABLES['stops']} ORDER BY run_id")
-    assert stops.fetchall() == [("long", "no_progress"), ("short", "completed")]
+    stops = query(batch, "stops", "SELECT run_id, reason FROM {} ORDER BY run_id")
+    assert stops == [("long", "no_progress"), ("short", "completed")]
 
 
 def test_a_run_touched_after_selection_leaves_the_batch_whole(store: Store, clock: Clock) -> None:
@@ -170,8 +180,7 @@ def test_a_run_touched_after_selection_leaves_the_batch_whole(store: Store, cloc
     cursor.close()
     assert staged.run_keys == [run_key_of("quiet")]
     for table in ("runs", "stops", "steps", "run_tools"):
-        sql = f"SELECT DISTINCT run_id FROM {BATCH_TABLES[table]}"
-        assert lake.execute(sql).fetchall() == [("quiet",)], table
+        assert query(staged, table, "SELECT DISTINCT run_id FROM {}") == [("quiet",)], table
     assert staged.rows("steps") == 6 and staged.rows("stops") == 1
 
 
