@@ -300,7 +300,7 @@ def test_soak_half_capacity(tmp_path: Path) -> None:
         return
     from tests.integration.postgres import start_postgres
 
-    with start_postgres(tmp_path / "pg") as pg:
+    with start_postgres(tmp_path) as pg:
         pg.create_database("lake")
         lake = {
             "LOOPWATCH_LAKE": pg.catalog("lake"),
@@ -428,9 +428,8 @@ def _assert_lake_holds_each_run_once(db: Path, lake: dict[str, str], shipped: fl
 
     local = duckdb.connect(str(db), read_only=True)
     try:
-        decided = {
-            int(k) for (k,) in local.execute("SELECT run_key FROM runs WHERE sampled IS NOT NULL")
-        }
+        rows = local.execute("SELECT run_key FROM runs WHERE sampled IS NOT NULL").fetchall()
+        decided = {int(k) for (k,) in rows}
     finally:
         local.close()
     con = connect_lake(
