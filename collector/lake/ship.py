@@ -15,10 +15,11 @@ to the lake afterwards, in batches:
    cursor of the store (:meth:`~loopwatch.collector.store.writer.Store.read_cursor`) in
    one read transaction: a consistent MVCC snapshot that never blocks the writer's group
    commit, as the read API's cursors do. Each read is bounded by time as well as by key,
-   so a pass reads the recent end of the local tables, not all of them. The rows go
-   straight from the store's DuckDB into temporary tables of the lake connection's
-   DuckDB (:data:`~loopwatch.collector.lake.schema.BATCH_TABLES`) as Arrow C streams:
-   no Python object per row, and no pyarrow in the process.
+   so a pass reads a time slice of the local tables, not all of them. The rows leave
+   the store's DuckDB as Arrow arrays (its own export, held by nanoarrow), which the
+   lake connection reads as Arrow C stream capsules
+   (:func:`~loopwatch.collector.lake.schema.views`): no Python object per row, and no
+   pyarrow in the process.
 3. **Publish** (:meth:`LakeSession.publish`): in ONE lake transaction, insert the rows of
    the batch's runs whose ``run_key`` is not in ``lake.runs`` yet; commit. The lake
    connection's memory is capped by ``lake.memory_limit_mib`` (it spills past it).
