@@ -9,6 +9,7 @@ file merge undoes: every lake writer, housekeeping's merge included, holds the s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
@@ -117,8 +118,11 @@ def fold_fragments(
             _replace_lake_fragments(con, window)
         return _fold_batch_fragments(con, window, collector_id, shipped_ns)
     finally:
+        # After a failed statement the transaction is aborted and the drop fails too;
+        # the caller's rollback removes the tables, and the first error is the one raised.
         for table in used:
-            con.execute(f"DROP TABLE IF EXISTS {BATCH_TABLES[table]}")
+            with contextlib.suppress(Exception):
+                con.execute(f"DROP TABLE IF EXISTS {BATCH_TABLES[table]}")
 
 
 def _replace_lake_fragments(con: duckdb.DuckDBPyConnection, window: str) -> None:

@@ -14,8 +14,8 @@ to the lake afterwards, in batches:
    ``run_id``) and its canary flag (a flag naming the run id or its trace id), read on a
    cursor of the store (:meth:`~loopwatch.collector.store.writer.Store.read_cursor`) in
    one read transaction: a consistent MVCC snapshot that never blocks the writer's group
-   commit, as the read API's cursors do. Each read is bounded by time as well as by key,
-   so a pass reads a time slice of the local tables, not all of them. The rows leave
+   commit, as the read API's cursors do. The runs are also bounded by the batch's
+   ``last_seen`` range, so that read skips most of the table. The rows leave
    the store's DuckDB as Arrow arrays (its own export, held by nanoarrow), which the
    lake connection reads as Arrow C stream capsules
    (:func:`~loopwatch.collector.lake.schema.views`): no Python object per row, and no
@@ -139,9 +139,6 @@ _CONNECT_TIMEOUT_SECONDS: Final = 10
 _LOCK_TIMEOUT: Final = "60s"
 _SCHEMA_ATTEMPTS: Final = 5
 _FLOOR_MARGIN_NS: Final = 300 * _NS
-_RECEIVED_MARGIN_NS: Final = 60 * _NS
-"""How far a batch's local reads of ``stop_reports`` and ``steps`` look past its runs'
-first and last span (:func:`read_batch`): room for the store's clock set back by NTP."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,19 +272,15 @@ def read_batch(
 ) -> LakeBatch:
     """Read the lake rows of ``finished`` runs from the local file, in one snapshot.
 
-    Each local read is bounded by time as well as by key, so a pass reads a slice of the
-    local tables, not all of them (DuckDB skips row groups by their min/max; the tables
-    are appended in time order, and a run's row again each time it is touched):
-
-    - ``runs`` by ``last_seen_unix_nano`` within the batch's range, as
-      :func:`select_finished` saw it. A run that got a span since then falls outside
-      and leaves the batch: it is no longer quiet, and ships in a later pass.
-    - ``stop_reports`` and ``steps`` by ``received_unix_nano``. The writer stores a row
-      in the group that touches its run, so it was received between the run's
-      ``first_seen_unix_nano`` and its ``last_seen_unix_nano`` (the store's clock, all
-      three); the window is the batch's earliest first span to its latest last span,
-      widened by :data:`_RECEIVED_MARGIN_NS` on each side for a clock set back.
-    - ``run_tools`` (no time column) and ``canary_flags`` by key only.
+    Each local read selects by run key. ``runs`` is also bounded by the batch's
+    ``last_seen_unix_nano`` range, as :func:`select_finished` saw it: DuckDB skips the
+    row groups outside it (a run's row is appended again each time it is touched), and a
+    run that got a span since then falls outside and leaves the batch whole: it is no
+    longer quiet, and ships in a later pass. ``stop_reports`` and ``steps`` are read by
+    key only: a window on ``received_unix_nano`` (between the runs' first and last span)
+    would lose rows for good when the store's clock is set back between two groups of a
+    run, since the writer takes each group's time from the wall clock and sets a run's
+    ``last_seen`` to it; the run would ship without them and be marked shipped.
 
     Ranking the stop reports and summing the tool counts happen on ``lake``, so their
     working memory comes out of the lake connection's budget, not the store's, which
@@ -320,22 +313,8 @@ def read_batch(
             con,
             f"SELECT {_own('runs')} FROM runs WHERE {in_batch} AND last_seen_unix_nano {window}",
         )
-        with views(lake, {"runs": runs}):
-            row = lake.execute(
-                "SELECT min(first_seen_unix_nano), max(last_seen_unix_nano) "
-                f"FROM {BATCH_TABLES['runs']}"
-            ).fetchone()
-        earliest, latest = (None, None) if row is None else row
-        received = (
-            ""
-            if earliest is None or latest is None
-            else f" AND received_unix_nano BETWEEN {int(earliest) - _RECEIVED_MARGIN_NS} "
-            f"AND {int(latest) + _RECEIVED_MARGIN_NS}"
-        )
-        reports = _fetch(
-            con, f"SELECT {_own('stops')} FROM stop_reports WHERE {in_batch}{received}"
-        )
-        steps = _fetch(con, f"SELECT {_own('steps')} FROM steps WHERE {in_batch}{received}")
+        reports = _fetch(con, f"SELECT {_own('stops')} FROM stop_reports WHERE {in_batch}")
+        steps = _fetch(con, f"SELECT {_own('steps')} FROM steps WHERE {in_batch}")
         tool_rows = _fetch(
             con, f"SELECT run_key, tool, outcome, calls, agent FROM run_tools WHERE {in_batch}"
         )

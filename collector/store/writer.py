@@ -555,8 +555,13 @@ class Store:
             self._con.execute("CHECKPOINT")
         finally:
             if raised:
-                with contextlib.suppress(duckdb.Error):
+                try:
                     self._con.execute(f"SET memory_limit = '{base}B'")
+                except duckdb.Error:
+                    # DuckDB keeps the raised limit when it cannot evict down to the lower
+                    # one (readers holding memory): the next fit sets it again.
+                    logger.warning("store memory limit not set back after a checkpoint")
+                    self._memory_limit_bytes = -1
 
     def _fit_memory_limit(self) -> None:
         """Set DuckDB's limit to the budget plus twice the memory of its key indexes.

@@ -164,6 +164,34 @@ def test_batch_reads_rows_stored_long_before_the_run_finished(store: Store, cloc
     assert stops == [("long", "no_progress"), ("short", "completed")]
 
 
+def test_a_clock_set_back_between_two_groups_of_a_run_loses_none_of_its_rows(
+    store: Store, clock: Clock
+) -> None:
+    """The writer takes each group's time from the wall clock and sets the run's
+    ``last_seen`` to it, so after the clock is set back a run's earlier rows were
+    received after its ``last_seen``: the batch reads stops and steps by key, not by a
+    time window, and ships them all."""
+    commit(store, full_run("jump", None, tools=("before",)))
+    clock.now -= 3600  # NTP steps the clock back an hour
+    commit(
+        store,
+        batch_of(
+            step_row("jump", 2, kind=KIND_DECISION),
+            step_row("jump", 2, tool="after"),
+            stop_row("jump", "no_progress", step=2),
+        ),
+    )
+    clock.now += 10
+    cursor = store.read_cursor()
+    lake = duckdb.connect(":memory:")
+    batch = read_batch(cursor, finished(store, clock), lake)
+    cursor.close()
+    assert batch.run_keys == [run_key_of("jump")]
+    tools = query(batch, "steps", "SELECT tool FROM {} WHERE tool IS NOT NULL ORDER BY step")
+    assert tools == [("before",), ("after",)]
+    assert query(batch, "stops", "SELECT reason FROM {}") == [("no_progress",)]
+
+
 def test_a_run_touched_after_selection_leaves_the_batch_whole(store: Store, clock: Clock) -> None:
     """A span that arrives between the selection and the read makes the run not quiet:
     it leaves this batch with all its rows (none staged without their run), and ships
